@@ -1,0 +1,18 @@
+//! Limits, algorithms and the layered decision.
+//!
+//! A request is checked against up to four scopes in order ip -> key -> tenant -> global,
+//! each with one or more windows. The decision is all-or-nothing: every window of every
+//! scope is evaluated first (a dry run), and only when all of them allow the request is
+//! any of them charged. When a later scope rejects, the earlier scopes keep their
+//! remaining count untouched: nothing is charged (unlike Envoy ratelimit #185).
+//!
+//! This module knows nothing of HTTP or Pingora; stores (`crate::store`) own atomicity.
+
+pub mod algorithm;
+pub mod check;
+pub mod decision;
+pub mod policy;
+
+pub use check::{Check, Ident, ScopeCheck};
+pub use decision::{Decision, Verdict, WindowDecision};
+pub use policy::{Algorithm, OnFailure, Scope, ScopeLimits, Window, WindowLimit};

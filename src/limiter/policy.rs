@@ -1,0 +1,245 @@
+//! The validated description of a limit: scopes, windows, algorithms.
+//!
+//! Built once from `gateway.toml` (see `config`), shared read-only by every request.
+
+use std::fmt;
+
+/// Who a limit counts: the client IP, the API key, the key's tenant, or the whole fleet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Scope {
+    /// Keyed by the resolved client IP.
+    Ip,
+    /// Keyed by the API key id.
+    Key,
+    /// Keyed by the tenant id.
+    Tenant,
+    /// One counter for all traffic.
+    Global,
+}
+
+/// The length of a limit's window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Window {
+    /// 1 s.
+    Second,
+    /// 60 s.
+    Minute,
+    /// 3600 s.
+    Hour,
+    /// 86 400 s.
+    Day,
+    /// The calendar month in UTC for window-aligned algorithms; 30 days for the rate-based ones.
+    Month,
+}
+
+/// How a window counts. Defaults per window: token bucket for second and minute,
+/// sliding-window counter for hour and day, fixed window for month.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Algorithm {
+    /// Continuous refill at `limit / window`, capacity `limit x burst_multiplier`.
+    TokenBucket,
+    /// Two epoch-aligned fixed windows, the previous one weighted by its overlap.
+    SlidingWindow,
+    /// Epoch-aligned counter (calendar month for `1mo`).
+    FixedWindow,
+    /// Exact log of admitted requests over the trailing window.
+    SlidingLog,
+    /// A meter draining at `limit / window`; rejects when full.
+    LeakyBucket,
+}
+
+/// What a scope does when its store cannot answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnFailure {
+    /// Allow the request.
+    Open,
+    /// Reject with 503.
+    Closed,
+    /// Decide locally with each limit divided by the instance count.
+    #[default]
+    Local,
+}
+
+/// One window of one scope: `limit` requests per `window`, counted by `algorithm`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WindowLimit {
+    /// The window.
+    pub window: Window,
+    /// Requests (cost units) per window; at least 1.
+    pub limit: u32,
+    /// The counting algorithm.
+    pub algorithm: Algorithm,
+    /// Token-bucket capacity (`limit x burst_multiplier`, rounded down, at least `limit`);
+    /// equal to `limit` for every other algorithm.
+    pub capacity: u32,
+    /// Upper bound (exclusive) of the per-key reset offset for day and month windows, in ms.
+    pub jitter_ms: u64,
+}
+
+/// The windows of one scope table, with its failure policy and 429 message.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScopeLimits {
+    /// At most one limit per `Window`, ordered from shortest to longest.
+    pub windows: Vec<WindowLimit>,
+    /// Failure policy of the scope.
+    pub on_failure: OnFailure,
+    /// 429 message template (`{limit}`, `{window}`, `{retry_after}`, `{scope}`).
+    pub message: Option<String>,
+}
+
+// === impl Scope ===
+
+impl Scope {
+    /// Every scope, in evaluation order.
+    pub const ALL: [Scope; 4] = [Scope::Ip, Scope::Key, Scope::Tenant, Scope::Global];
+
+    /// The name used on the wire, in metrics and in Redis keys.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scope::Ip => "ip",
+            Scope::Key => "key",
+            Scope::Tenant => "tenant",
+            Scope::Global => "global",
+        }
+    }
+}
+
+impl fmt::Display for Scope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+// === impl Window ===
+
+impl Window {
+    /// Every window, shortest first.
+    pub const ALL: [Window; 5] = [
+        Window::Second,
+        Window::Minute,
+        Window::Hour,
+        Window::Day,
+        Window::Month,
+    ];
+
+    /// Nominal length in ms (30 days for `Month`).
+    pub const fn period_ms(self) -> u64 {
+        match self {
+            Window::Second => 1_000,
+            Window::Minute => 60_000,
+            Window::Hour => 3_600_000,
+            Window::Day => 86_400_000,
+            Window::Month => 30 * 86_400_000,
+        }
+    }
+
+    /// The wire label: `1s`, `1m`, `1h`, `1d`, `1mo`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Window::Second => "1s",
+            Window::Minute => "1m",
+            Window::Hour => "1h",
+            Window::Day => "1d",
+            Window::Month => "1mo",
+        }
+    }
+
+    /// The English noun, for messages: "second", "minute", ...
+    pub fn noun(self) -> &'static str {
+        match self {
+            Window::Second => "second",
+            Window::Minute => "minute",
+            Window::Hour => "hour",
+            Window::Day => "day",
+            Window::Month => "month",
+        }
+    }
+
+    /// The `gateway.toml` key: `per_second`, ...
+    pub fn config_key(self) -> &'static str {
+        match self {
+            Window::Second => "per_second",
+            Window::Minute => "per_minute",
+            Window::Hour => "per_hour",
+            Window::Day => "per_day",
+            Window::Month => "per_month",
+        }
+    }
+
+    /// The algorithm used when the scope table names none.
+    pub fn default_algorithm(self) -> Algorithm {
+        match self {
+            Window::Second | Window::Minute => Algorithm::TokenBucket,
+            Window::Hour | Window::Day => Algorithm::SlidingWindow,
+            Window::Month => Algorithm::FixedWindow,
+        }
+    }
+}
+
+// === impl Algorithm ===
+
+impl Algorithm {
+    /// The `gateway.toml` spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Algorithm::TokenBucket => "token_bucket",
+            Algorithm::SlidingWindow => "sliding_window",
+            Algorithm::FixedWindow => "fixed_window",
+            Algorithm::SlidingLog => "sliding_log",
+            Algorithm::LeakyBucket => "leaky_bucket",
+        }
+    }
+
+    /// Parses the `gateway.toml` spelling.
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "token_bucket" => Algorithm::TokenBucket,
+            "sliding_window" => Algorithm::SlidingWindow,
+            "fixed_window" => Algorithm::FixedWindow,
+            "sliding_log" => Algorithm::SlidingLog,
+            "leaky_bucket" => Algorithm::LeakyBucket,
+            _ => return None,
+        })
+    }
+}
+
+// === impl WindowLimit ===
+
+impl WindowLimit {
+    /// A limit with the window's default algorithm, no burst and no jitter.
+    pub fn new(window: Window, limit: u32) -> Self {
+        Self::with_algorithm(window, limit, window.default_algorithm())
+    }
+
+    /// A limit with an explicit algorithm, no burst and no jitter.
+    pub fn with_algorithm(window: Window, limit: u32, algorithm: Algorithm) -> Self {
+        Self {
+            window,
+            limit: limit.max(1),
+            algorithm,
+            capacity: limit.max(1),
+            jitter_ms: 0,
+        }
+    }
+
+    /// Sets the token-bucket capacity to `limit x multiplier` (rounded down, never below the limit).
+    pub fn with_burst(mut self, multiplier: f64) -> Self {
+        if self.algorithm == Algorithm::TokenBucket {
+            let cap = (f64::from(self.limit) * multiplier).floor();
+            self.capacity = if cap.is_finite() && cap >= f64::from(self.limit) {
+                cap.min(f64::from(u32::MAX)) as u32
+            } else {
+                self.limit
+            };
+        }
+        self
+    }
+
+    /// Sets the reset jitter bound (applies to day and month windows only).
+    pub fn with_jitter_ms(mut self, jitter_ms: u64) -> Self {
+        if matches!(self.window, Window::Day | Window::Month) {
+            self.jitter_ms = jitter_ms;
+        }
+        self
+    }
+}

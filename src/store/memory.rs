@@ -1,0 +1,232 @@
+//! The embedded, in-process store: a sharded map of window states.
+//!
+//! Atomicity: a check locks the shards of all its scopes (in index order, so two checks
+//! never deadlock), dry-runs every window, and charges only when every window allows.
+//! Concurrent checks of the same identities are therefore serialized and exact.
+//!
+//! Memory is bounded by the number of identities *active* within their longest window:
+//! each slot records when its state returns to the initial value (`idle_at`: the bucket is
+//! full, the window is over, the log is empty), and slots past it are evicted by `sweep`
+//! (run every second by the gateway) and by an amortized sweep of a shard whenever it has
+//! doubled since its last sweep. An evicted slot is indistinguishable from a fresh one,
+//! so eviction never hands an active client a fresh bucket. A client spraying a million
+//! source IPs costs memory only until those IPs' windows have passed.
+
+use std::hash::{BuildHasher, Hash};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use arrayvec::ArrayVec;
+use async_trait::async_trait;
+use hashbrown::{DefaultHashBuilder, Equivalent, HashMap};
+
+use super::{LimitStore, StoreError};
+use crate::clock::{Clock, SystemClock};
+use crate::limiter::algorithm::{step, State};
+use crate::limiter::{Check, Ident, Scope, Verdict, Window, WindowDecision};
+
+const SHARDS: usize = 64;
+/// A shard below this size is never swept inline.
+const INLINE_SWEEP_MIN: usize = 4_096;
+/// Upper bound of windows in one check: 4 scopes x 5 windows.
+const MAX_WINDOWS: usize = 20;
+
+/// The embedded limit store.
+pub struct MemoryStore<C: Clock = SystemClock> {
+    shards: Box<[Mutex<Shard>]>,
+    hasher: DefaultHashBuilder,
+    clock: C,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct StateKey {
+    scope: Scope,
+    window: Window,
+    ident: Ident,
+}
+
+/// Borrowed form of `StateKey`: same field order, so the derived hashes agree.
+#[derive(Hash)]
+struct KeyRef<'a> {
+    scope: Scope,
+    window: Window,
+    ident: &'a Ident,
+}
+
+struct Slot {
+    /// When `state` is back to its initial value (Unix ms).
+    idle_at: u64,
+    state: State,
+}
+
+#[derive(Default)]
+struct Shard {
+    map: HashMap<StateKey, Slot>,
+    len_after_sweep: usize,
+}
+
+// === impl MemoryStore ===
+
+impl MemoryStore<SystemClock> {
+    /// A store on the system clock.
+    pub fn new() -> Self {
+        Self::with_clock(SystemClock)
+    }
+}
+
+impl Default for MemoryStore<SystemClock> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<C: Clock> MemoryStore<C> {
+    /// A store reading time from `clock`.
+    pub fn with_clock(clock: C) -> Self {
+        Self {
+            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
+            hasher: DefaultHashBuilder::default(),
+            clock,
+        }
+    }
+
+    /// The store's clock.
+    pub fn clock(&self) -> &C {
+        &self.clock
+    }
+
+    /// Decides `check` now; see the module docs for the atomicity argument.
+    pub fn decide(&self, check: &Check<'_>) -> Verdict {
+        self.decide_at(check, self.clock.now_ms())
+    }
+
+    /// Decides `check` at `now_ms`.
+    pub fn decide_at(&self, check: &Check<'_>, now_ms: u64) -> Verdict {
+        if check.is_empty() {
+            return Verdict::UNLIMITED;
+        }
+        let mut shard_of = [0usize; 4];
+        for (i, s) in check.scopes.iter().enumerate() {
+            shard_of[i] = self.hasher.hash_one((s.scope, &s.ident)) as usize % SHARDS;
+        }
+        let mut order: ArrayVec<usize, 4> = shard_of[..check.scopes.len()].iter().copied().collect();
+        order.sort_unstable();
+        let mut guards: ArrayVec<(usize, MutexGuard<'_, Shard>), 4> = ArrayVec::new();
+        for idx in order {
+            if guards.last().is_none_or(|(last, _)| *last != idx) {
+                let g = self.shards[idx].lock().unwrap_or_else(PoisonError::into_inner);
+                guards.push((idx, g));
+            }
+        }
+        let mut decisions: ArrayVec<WindowDecision, MAX_WINDOWS> = ArrayVec::new();
+        for (i, s) in check.scopes.iter().enumerate() {
+            let shard = shard_mut(&mut guards, shard_of[i]);
+            for limit in &s.limits.windows {
+                let key = KeyRef { scope: s.scope, window: limit.window, ident: &s.ident };
+                let offset = s.ident.offset_ms(limit);
+                let decision = match shard.map.get_mut(&key) {
+                    Some(slot) => step(&mut slot.state, limit, now_ms, offset, check.cost, false),
+                    None => {
+                        let mut fresh = State::initial(limit.algorithm);
+                        step(&mut fresh, limit, now_ms, offset, check.cost, false)
+                    }
+                };
+                let _ = decisions.try_push(WindowDecision { scope: s.scope, window: limit.window, decision });
+            }
+        }
+        let verdict = Verdict::from_decisions(decisions.iter().copied());
+        if verdict.allowed {
+            for (i, s) in check.scopes.iter().enumerate() {
+                let shard = shard_mut(&mut guards, shard_of[i]);
+                shard.charge(s.scope, &s.ident, &s.limits.windows, now_ms, check.cost);
+            }
+        }
+        verdict
+    }
+
+    /// Evicts every slot whose state has returned to its initial value by `now_ms`.
+    pub fn sweep_at(&self, now_ms: u64) {
+        for shard in self.shards.iter() {
+            shard.lock().unwrap_or_else(PoisonError::into_inner).sweep(now_ms);
+        }
+    }
+
+    /// `sweep_at` the clock's now.
+    pub fn sweep(&self) {
+        self.sweep_at(self.clock.now_ms());
+    }
+
+    /// Number of window states held.
+    pub fn len(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| s.lock().unwrap_or_else(PoisonError::into_inner).map.len())
+            .sum()
+    }
+
+    /// Whether no state is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+fn shard_mut<'g, 'a>(guards: &'g mut ArrayVec<(usize, MutexGuard<'a, Shard>), 4>, idx: usize) -> &'g mut Shard {
+    // Every index in `shard_of` was locked above, so the search always succeeds; the
+    // fallback keeps this free of panics all the same.
+    let pos = guards.iter().position(|(i, _)| *i == idx).unwrap_or(0);
+    &mut guards[pos].1
+}
+
+#[async_trait]
+impl<C: Clock> LimitStore for MemoryStore<C> {
+    async fn check(&self, check: &Check<'_>) -> Result<Verdict, StoreError> {
+        Ok(self.decide(check))
+    }
+
+    fn name(&self) -> &'static str {
+        "memory"
+    }
+}
+
+// === impl Shard ===
+
+impl Shard {
+    fn charge(&mut self, scope: Scope, ident: &Ident, windows: &[crate::limiter::WindowLimit], now_ms: u64, cost: u32) {
+        for limit in windows {
+            let key = KeyRef { scope, window: limit.window, ident };
+            let offset = ident.offset_ms(limit);
+            let slot = match self.map.get_mut(&key) {
+                Some(slot) => slot,
+                None => {
+                    self.maybe_sweep(now_ms);
+                    let key = StateKey { scope, window: limit.window, ident: ident.clone() };
+                    let fresh = Slot { idle_at: 0, state: State::initial(limit.algorithm) };
+                    self.map.entry(key).or_insert(fresh)
+                }
+            };
+            let d = step(&mut slot.state, limit, now_ms, offset, cost, true);
+            slot.idle_at = now_ms.saturating_add(d.reset_after_ms);
+        }
+    }
+
+    fn maybe_sweep(&mut self, now_ms: u64) {
+        if self.map.len() >= INLINE_SWEEP_MIN && self.map.len() >= 2 * self.len_after_sweep {
+            self.sweep(now_ms);
+        }
+    }
+
+    fn sweep(&mut self, now_ms: u64) {
+        self.map.retain(|_, slot| slot.idle_at > now_ms);
+        self.len_after_sweep = self.map.len();
+    }
+}
+
+// === impl KeyRef ===
+
+impl Equivalent<StateKey> for KeyRef<'_> {
+    fn equivalent(&self, key: &StateKey) -> bool {
+        self.scope == key.scope && self.window == key.window && *self.ident == key.ident
+    }
+}
+
+#[cfg(test)]
+mod tests;
