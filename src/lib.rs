@@ -31,5 +31,6 @@
 //! ```
 
 pub mod clock;
+pub mod config;
 pub mod limiter;
 pub mod store;

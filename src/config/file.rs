@@ -1,0 +1,199 @@
+//! The serde mirror of `gateway.toml`: user-facing and stable. Unknown keys are errors.
+//! Values that are validated later carry their span (`Spanned`) so errors can name
+//! `file:line:col`.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+use toml::Spanned;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct File {
+    #[serde(default)]
+    pub(crate) server: ServerFile,
+    #[serde(default)]
+    pub(crate) client_ip: ClientIpFile,
+    #[serde(default)]
+    pub(crate) store: StoreFile,
+    pub(crate) database: Option<DatabaseFile>,
+    #[serde(default)]
+    pub(crate) limits: LimitsFile,
+    #[serde(default)]
+    pub(crate) tiers: BTreeMap<String, Spanned<TierFile>>,
+    #[serde(default)]
+    pub(crate) routes: Vec<Spanned<RouteFile>>,
+    #[serde(default)]
+    pub(crate) keys: Vec<Spanned<KeyFile>>,
+    #[serde(default)]
+    pub(crate) tenants: Vec<TenantFile>,
+    #[serde(default)]
+    pub(crate) blocks: Vec<BlockFile>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ServerFile {
+    pub(crate) listen: Option<Spanned<String>>,
+    pub(crate) admin_listen: Option<Spanned<String>>,
+    pub(crate) instance_id: Option<String>,
+    pub(crate) threads: Option<Spanned<usize>>,
+    pub(crate) grace_period_secs: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ClientIpFile {
+    #[serde(default)]
+    pub(crate) trusted_proxies: Vec<Spanned<String>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct StoreFile {
+    #[serde(default)]
+    pub(crate) backend: Option<Spanned<BackendFile>>,
+    pub(crate) url: Option<String>,
+    pub(crate) cluster: Option<Vec<String>>,
+    pub(crate) sentinel: Option<SentinelFile>,
+    pub(crate) timeout_ms: Option<Spanned<u64>>,
+    pub(crate) on_failure: Option<OnFailureFile>,
+    pub(crate) instances: Option<Spanned<u32>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct SentinelFile {
+    pub(crate) urls: Vec<String>,
+    pub(crate) master: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum BackendFile {
+    Memory,
+    Redis,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum OnFailureFile {
+    Open,
+    Closed,
+    Local,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct DatabaseFile {
+    pub(crate) url: String,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct LimitsFile {
+    pub(crate) ip: Option<ScopeFile>,
+    pub(crate) global: Option<ScopeFile>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum AlgorithmFile {
+    TokenBucket,
+    SlidingWindow,
+    FixedWindow,
+    SlidingLog,
+    LeakyBucket,
+}
+
+/// A scope table: `[limits.ip]`, `[limits.global]`, or a tier's `key` / `tenant`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ScopeFile {
+    pub(crate) per_second: Option<Spanned<u64>>,
+    pub(crate) per_minute: Option<Spanned<u64>>,
+    pub(crate) per_hour: Option<Spanned<u64>>,
+    pub(crate) per_day: Option<Spanned<u64>>,
+    pub(crate) per_month: Option<Spanned<u64>>,
+    pub(crate) algorithm: Option<AlgorithmFile>,
+    pub(crate) burst_multiplier: Option<Spanned<f64>>,
+    pub(crate) on_failure: Option<OnFailureFile>,
+    pub(crate) reset_jitter_secs: Option<u64>,
+    pub(crate) message: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct TierFile {
+    pub(crate) message: Option<String>,
+    pub(crate) burst_multiplier: Option<Spanned<f64>>,
+    pub(crate) key: Option<ScopeFile>,
+    pub(crate) tenant: Option<ScopeFile>,
+}
+
+#[derive(Debug, Clone, Copy, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum AuthFile {
+    #[default]
+    Required,
+    Optional,
+    None,
+}
+
+#[derive(Debug, Clone, Copy, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum ModeFile {
+    #[default]
+    Enforce,
+    Shadow,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RouteFile {
+    pub(crate) name: Spanned<String>,
+    pub(crate) path_prefix: Spanned<String>,
+    pub(crate) host: Option<String>,
+    pub(crate) upstreams: Spanned<Vec<Spanned<String>>>,
+    #[serde(default)]
+    pub(crate) auth: AuthFile,
+    pub(crate) cost: Option<Spanned<u32>>,
+    #[serde(default)]
+    pub(crate) mode: ModeFile,
+    pub(crate) connect_timeout_ms: Option<u64>,
+    pub(crate) read_timeout_ms: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct KeyFile {
+    pub(crate) id: Spanned<String>,
+    pub(crate) key: Option<Spanned<String>>,
+    pub(crate) key_sha256: Option<Spanned<String>>,
+    pub(crate) tenant: String,
+    pub(crate) tier: Spanned<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct TenantFile {
+    pub(crate) id: String,
+    pub(crate) tier: Spanned<String>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum BlockScopeFile {
+    Ip,
+    Key,
+    Tenant,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct BlockFile {
+    pub(crate) scope: BlockScopeFile,
+    pub(crate) value: Spanned<String>,
+    pub(crate) reason: Option<String>,
+    pub(crate) expires_at: Option<Spanned<toml::value::Datetime>>,
+}

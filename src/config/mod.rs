@@ -1,0 +1,38 @@
+//! `gateway.toml`: parsed once (serde, unknown keys rejected) and validated into the
+//! internal types of `model`. Every error names `file:line:col` (`ConfigError`).
+
+mod error;
+mod file;
+mod model;
+mod validate;
+
+use std::path::Path;
+
+pub use error::{line_col, ConfigError};
+pub use model::{Auth, Backend, BlockEntry, BlockTarget, Config, KeyEntry, Mode, Route, Server, Store, Tier};
+
+/// The config shipped with Throttle (the repository's `gateway.toml`), used by
+/// `throttle demo` when no file is found.
+pub const SHIPPED: &str = include_str!("../../gateway.toml");
+
+/// Reads and validates `path`.
+///
+/// # Errors
+/// `ConfigError` naming the file, and line and column when the error has a position.
+pub fn load(path: &Path) -> Result<Config, ConfigError> {
+    let name = path.display().to_string();
+    let source = std::fs::read_to_string(path).map_err(|e| ConfigError::file(&name, format!("cannot read: {e}")))?;
+    parse(&name, &source)
+}
+
+/// Validates `source`, naming it `name` in errors.
+///
+/// # Errors
+/// `ConfigError` at the position of the first problem found.
+pub fn parse(name: &str, source: &str) -> Result<Config, ConfigError> {
+    let raw: file::File = toml::from_str(source).map_err(|e| ConfigError::at(name, source, e.span(), e.message().trim_end()))?;
+    validate::validate(name, source, raw)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,170 @@
+//! Validated internal configuration: what the gateway runs on. Built only by
+//! `config::parse`, so every value here has passed validation.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ipnet::IpNet;
+
+use crate::limiter::{OnFailure, ScopeLimits};
+
+/// The whole validated `gateway.toml`.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The file it came from (as given), for messages.
+    pub source: String,
+    /// `[server]`.
+    pub server: Server,
+    /// `[client_ip] trusted_proxies`.
+    pub trusted_proxies: Vec<IpNet>,
+    /// `[store]`.
+    pub store: Store,
+    /// `[database] url`.
+    pub database_url: Option<String>,
+    /// `[limits.ip]`.
+    pub ip_limits: Option<Arc<ScopeLimits>>,
+    /// `[limits.global]`.
+    pub global_limits: Option<Arc<ScopeLimits>>,
+    /// `[tiers.NAME]` by name.
+    pub tiers: HashMap<String, Arc<Tier>>,
+    /// `[[routes]]` in file order.
+    pub routes: Vec<Route>,
+    /// `[[keys]]`.
+    pub keys: Vec<KeyEntry>,
+    /// `[[tenants]]`: tenant id -> tier name.
+    pub tenants: HashMap<String, String>,
+    /// `[[blocks]]`.
+    pub blocks: Vec<BlockEntry>,
+}
+
+/// `[server]`.
+#[derive(Debug, Clone)]
+pub struct Server {
+    /// Proxy listener.
+    pub listen: SocketAddr,
+    /// Admin listener.
+    pub admin_listen: SocketAddr,
+    /// Instance id (defaults to hostname:pid).
+    pub instance_id: String,
+    /// Worker threads of the proxy service.
+    pub threads: usize,
+    /// SIGTERM drain budget.
+    pub grace_period: Duration,
+}
+
+/// Store backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// The embedded in-process store.
+    Memory,
+    /// Redis (single node, Sentinel or Cluster).
+    Redis,
+}
+
+/// `[store]`.
+#[derive(Debug, Clone)]
+pub struct Store {
+    /// Backend.
+    pub backend: Backend,
+    /// `url`.
+    pub url: Option<String>,
+    /// `cluster` seed URLs.
+    pub cluster: Vec<String>,
+    /// Per-call deadline.
+    pub timeout: Duration,
+    /// Default failure policy.
+    pub on_failure: OnFailure,
+    /// Fixed fleet size for the local fallback.
+    pub instances: Option<u32>,
+}
+
+/// `[tiers.NAME]`: the key and tenant limits of a plan.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tier {
+    /// Tier name.
+    pub name: String,
+    /// Limits per API key.
+    pub key: Arc<ScopeLimits>,
+    /// Limits per tenant.
+    pub tenant: Arc<ScopeLimits>,
+}
+
+/// `auth` of a route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Auth {
+    /// A valid key is required (401 otherwise).
+    Required,
+    /// A key is used when present; an invalid one is still 401.
+    Optional,
+    /// Keys are not looked at.
+    None,
+}
+
+/// `mode` of a route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Reject over-limit requests.
+    Enforce,
+    /// Count and send headers, never reject.
+    Shadow,
+}
+
+/// `[[routes]]`.
+#[derive(Debug, Clone)]
+pub struct Route {
+    /// Unique name (metrics label).
+    pub name: Arc<str>,
+    /// Lower-case host without port, if the route is host-specific.
+    pub host: Option<String>,
+    /// Path prefix, without a trailing slash (except `/`).
+    pub path_prefix: String,
+    /// Resolved upstream addresses.
+    pub upstreams: Vec<SocketAddr>,
+    /// Key requirement.
+    pub auth: Auth,
+    /// Units spent per request.
+    pub cost: u32,
+    /// Enforce or shadow.
+    pub mode: Mode,
+    /// Upstream connect timeout.
+    pub connect_timeout: Duration,
+    /// Upstream read timeout.
+    pub read_timeout: Duration,
+}
+
+/// `[[keys]]`: a key known from the file.
+#[derive(Debug, Clone)]
+pub struct KeyEntry {
+    /// Key id (never the key).
+    pub id: String,
+    /// SHA-256 of the key.
+    pub sha256: [u8; 32],
+    /// Tenant id.
+    pub tenant: String,
+    /// Tier name.
+    pub tier: String,
+}
+
+/// What a block matches.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BlockTarget {
+    /// An address or CIDR.
+    Ip(IpNet),
+    /// A key id.
+    Key(String),
+    /// A tenant id.
+    Tenant(String),
+}
+
+/// `[[blocks]]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockEntry {
+    /// What is blocked.
+    pub target: BlockTarget,
+    /// Why (for operators).
+    pub reason: Option<String>,
+    /// Unix ms after which the block no longer applies.
+    pub expires_at_ms: Option<u64>,
+}

@@ -1,0 +1,107 @@
+use std::path::Path;
+
+use super::*;
+use crate::limiter::{Algorithm, OnFailure, Window};
+
+fn fixture_dir(kind: &str) -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/config").join(kind)
+}
+
+/// Every invalid fixture fails with the `LINE:COL: message` its first line expects.
+#[test]
+fn every_invalid_fixture_fails_at_its_position() {
+    let mut seen = 0;
+    let mut wrong = Vec::new();
+    for entry in std::fs::read_dir(fixture_dir("invalid")).unwrap() {
+        let path = entry.unwrap().path();
+        let source = std::fs::read_to_string(&path).unwrap();
+        let expect = source.lines().next().unwrap().strip_prefix("# expect: ").unwrap().trim();
+        let err = parse("f.toml", &source).expect_err(&format!("{} should be rejected", path.display()));
+        let shown = err.to_string();
+        if !shown.starts_with(&format!("f.toml:{expect}")) {
+            wrong.push(format!("{}: got {shown:?}, expected f.toml:{expect}", path.display()));
+        }
+        seen += 1;
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
+    assert!(seen >= 10, "only {seen} fixtures");
+}
+
+/// The shipped gateway.toml and every valid fixture are accepted.
+#[test]
+fn shipped_and_valid_configs_are_accepted() {
+    parse("gateway.toml", SHIPPED).unwrap();
+    for entry in std::fs::read_dir(fixture_dir("valid")).unwrap() {
+        let path = entry.unwrap().path();
+        load(&path).unwrap_or_else(|e| panic!("{e}"));
+    }
+}
+
+/// Defaults: algorithm per window, burst from the tier, failure policy from the store.
+#[test]
+fn applies_defaults_and_tier_settings() {
+    let c = parse("gateway.toml", SHIPPED).unwrap();
+    let pro = &c.tiers["pro"];
+    let sec = pro.key.windows.iter().find(|w| w.window == Window::Second).unwrap();
+    assert_eq!((sec.algorithm, sec.limit, sec.capacity), (Algorithm::TokenBucket, 50, 75));
+    let hour = pro.key.windows.iter().find(|w| w.window == Window::Hour).unwrap();
+    assert_eq!((hour.algorithm, hour.capacity), (Algorithm::SlidingWindow, 100_000));
+    let free = &c.tiers["free"];
+    let month = free.key.windows.iter().find(|w| w.window == Window::Month).unwrap();
+    assert_eq!(month.algorithm, Algorithm::FixedWindow);
+    assert_eq!(free.key.on_failure, OnFailure::Local);
+    assert!(free.key.message.as_deref().unwrap().contains("{limit}"));
+    assert_eq!(c.routes[0].path_prefix, "/v1");
+    assert_eq!(c.server.grace_period.as_secs(), 5);
+}
+
+/// A scope's own settings override the tier's and the store's.
+#[test]
+fn scope_settings_override_defaults() {
+    let src = r#"
+[store]
+on_failure = "open"
+[limits.ip]
+per_minute = 10
+algorithm = "sliding_log"
+on_failure = "closed"
+[limits.global]
+per_second = 100
+[tiers.t]
+burst_multiplier = 2.0
+key = { per_second = 10, burst_multiplier = 3.0 }
+tenant = { per_second = 10, reset_jitter_secs = 60, per_day = 5 }
+"#;
+    let c = parse("x.toml", src).unwrap();
+    let ip = c.ip_limits.as_ref().unwrap();
+    assert_eq!((ip.windows[0].algorithm, ip.on_failure), (Algorithm::SlidingLog, OnFailure::Closed));
+    assert_eq!(c.global_limits.as_ref().unwrap().on_failure, OnFailure::Open);
+    assert_eq!(c.tiers["t"].key.windows[0].capacity, 30);
+    let tenant = &c.tiers["t"].tenant;
+    assert_eq!(tenant.windows[0].capacity, 20);
+    assert_eq!((tenant.windows[0].jitter_ms, tenant.windows[1].jitter_ms), (0, 60_000));
+}
+
+/// Blocks parse addresses, CIDRs and expiry times.
+#[test]
+fn parses_blocks_with_expiry() {
+    let src = r#"
+[[blocks]]
+scope = "ip"
+value = "198.51.100.7"
+[[blocks]]
+scope = "tenant"
+value = "evil"
+expires_at = 2026-01-01T01:00:00+01:00
+"#;
+    let c = parse("x.toml", src).unwrap();
+    assert_eq!(c.blocks[0].target, BlockTarget::Ip("198.51.100.7/32".parse().unwrap()));
+    assert_eq!(c.blocks[1].expires_at_ms, Some(1_767_225_600_000));
+}
+
+/// An unreadable file is named in the error.
+#[test]
+fn missing_file_is_named() {
+    let e = load(Path::new("/nonexistent/gw.toml")).unwrap_err();
+    assert!(e.to_string().starts_with("/nonexistent/gw.toml: cannot read"), "{e}");
+}

@@ -1,0 +1,384 @@
+//! From the serde mirror (`file`) to the validated model: one function per section.
+
+use std::collections::{HashMap, HashSet};
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::ops::Range;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ipnet::IpNet;
+use sha2::{Digest, Sha256};
+use toml::Spanned;
+
+use super::error::ConfigError;
+use super::file::*;
+use super::model::*;
+use crate::limiter::{Algorithm, OnFailure, ScopeLimits, Window, WindowLimit};
+
+/// Largest accepted limit: keeps Redis' Lua numbers (doubles) exact.
+const MAX_LIMIT: u64 = 1_000_000_000;
+
+struct Ctx<'a> {
+    name: &'a str,
+    source: &'a str,
+}
+
+impl Ctx<'_> {
+    fn err(&self, span: Range<usize>, msg: impl Into<String>) -> ConfigError {
+        ConfigError::at(self.name, self.source, Some(span), msg)
+    }
+}
+
+pub(super) fn validate(name: &str, source: &str, raw: File) -> Result<Config, ConfigError> {
+    let cx = Ctx { name, source };
+    let store = store(&cx, &raw.store)?;
+    let ip_limits = match &raw.limits.ip {
+        Some(s) => Some(Arc::new(scope(&cx, s, None, None, store.on_failure)?)),
+        None => None,
+    };
+    let global_limits = match &raw.limits.global {
+        Some(s) => Some(Arc::new(scope(&cx, s, None, None, store.on_failure)?)),
+        None => None,
+    };
+    let mut tiers = HashMap::new();
+    for (tier_name, t) in &raw.tiers {
+        tiers.insert(tier_name.clone(), Arc::new(tier(&cx, tier_name, t.get_ref(), store.on_failure)?));
+    }
+    let keys = keys(&cx, &raw.keys, &tiers)?;
+    let mut tenants = HashMap::new();
+    for t in &raw.tenants {
+        known_tier(&cx, &t.tier, &tiers)?;
+        tenants.insert(t.id.clone(), t.tier.get_ref().clone());
+    }
+    let routes = routes(&cx, &raw.routes)?;
+    check_costs(&cx, &raw.routes, &routes, [&ip_limits, &global_limits], &tiers)?;
+    Ok(Config {
+        source: name.to_string(),
+        server: server(&cx, &raw.server)?,
+        trusted_proxies: trusted(&cx, &raw.client_ip.trusted_proxies)?,
+        store,
+        database_url: raw.database.map(|d| d.url),
+        ip_limits,
+        global_limits,
+        tiers,
+        routes,
+        keys,
+        tenants,
+        blocks: blocks(&cx, &raw.blocks)?,
+    })
+}
+
+fn server(cx: &Ctx<'_>, s: &ServerFile) -> Result<Server, ConfigError> {
+    let addr = |v: &Option<Spanned<String>>, default: &str| -> Result<SocketAddr, ConfigError> {
+        match v {
+            None => Ok(default.parse().unwrap_or(SocketAddr::from(([127, 0, 0, 1], 0)))),
+            Some(v) => v
+                .get_ref()
+                .parse()
+                .map_err(|_| cx.err(v.span(), format!("invalid listen address {:?}: expected IP:PORT", v.get_ref()))),
+        }
+    };
+    let threads = match &s.threads {
+        Some(t) if *t.get_ref() == 0 => return Err(cx.err(t.span(), "threads must be at least 1")),
+        Some(t) => *t.get_ref(),
+        None => 2,
+    };
+    Ok(Server {
+        listen: addr(&s.listen, "127.0.0.1:8080")?,
+        admin_listen: addr(&s.admin_listen, "127.0.0.1:9090")?,
+        instance_id: s.instance_id.clone().unwrap_or_else(default_instance_id),
+        threads,
+        grace_period: Duration::from_secs(s.grace_period_secs.unwrap_or(5)),
+    })
+}
+
+fn default_instance_id() -> String {
+    let host = std::fs::read_to_string("/etc/hostname").map(|h| h.trim().to_string()).unwrap_or_default();
+    let host = if host.is_empty() { "throttle".to_string() } else { host };
+    format!("{host}:{}", std::process::id())
+}
+
+fn trusted(cx: &Ctx<'_>, list: &[Spanned<String>]) -> Result<Vec<IpNet>, ConfigError> {
+    list.iter().map(|c| cidr(cx, c)).collect()
+}
+
+/// An address or CIDR; a bare address is a /32 or /128.
+fn cidr(cx: &Ctx<'_>, v: &Spanned<String>) -> Result<IpNet, ConfigError> {
+    let s = v.get_ref().trim();
+    if let Ok(net) = s.parse::<IpNet>() {
+        return Ok(net.trunc());
+    }
+    s.parse::<IpAddr>()
+        .map(IpNet::from)
+        .map_err(|_| cx.err(v.span(), format!("invalid CIDR {s:?}: expected an address or ADDRESS/PREFIX")))
+}
+
+fn store(cx: &Ctx<'_>, s: &StoreFile) -> Result<Store, ConfigError> {
+    let backend = match s.backend.as_ref().map(|b| *b.get_ref()) {
+        Some(BackendFile::Redis) => Backend::Redis,
+        _ => Backend::Memory,
+    };
+    if let (Some(b), Backend::Redis) = (&s.backend, backend) {
+        if s.url.is_none() && s.cluster.is_none() && s.sentinel.is_none() {
+            return Err(cx.err(b.span(), "backend = \"redis\" needs `url`, `cluster` or `sentinel`"));
+        }
+    }
+    if let Some(t) = &s.timeout_ms {
+        if *t.get_ref() == 0 {
+            return Err(cx.err(t.span(), "timeout_ms must be at least 1"));
+        }
+    }
+    if let Some(n) = &s.instances {
+        if *n.get_ref() == 0 {
+            return Err(cx.err(n.span(), "instances must be at least 1"));
+        }
+    }
+    Ok(Store {
+        backend,
+        url: s.url.clone(),
+        cluster: s.cluster.clone().unwrap_or_default(),
+        timeout: Duration::from_millis(s.timeout_ms.as_ref().map_or(25, |t| *t.get_ref())),
+        on_failure: s.on_failure.map_or(OnFailure::Local, on_failure),
+        instances: s.instances.as_ref().map(|n| *n.get_ref()),
+    })
+}
+
+fn on_failure(f: OnFailureFile) -> OnFailure {
+    match f {
+        OnFailureFile::Open => OnFailure::Open,
+        OnFailureFile::Closed => OnFailure::Closed,
+        OnFailureFile::Local => OnFailure::Local,
+    }
+}
+
+fn algorithm(a: AlgorithmFile) -> Algorithm {
+    match a {
+        AlgorithmFile::TokenBucket => Algorithm::TokenBucket,
+        AlgorithmFile::SlidingWindow => Algorithm::SlidingWindow,
+        AlgorithmFile::FixedWindow => Algorithm::FixedWindow,
+        AlgorithmFile::SlidingLog => Algorithm::SlidingLog,
+        AlgorithmFile::LeakyBucket => Algorithm::LeakyBucket,
+    }
+}
+
+fn burst(cx: &Ctx<'_>, b: &Spanned<f64>) -> Result<f64, ConfigError> {
+    let v = *b.get_ref();
+    if !(v.is_finite() && (1.0..=1000.0).contains(&v)) {
+        return Err(cx.err(b.span(), format!("burst_multiplier must be between 1.0 and 1000, got {v}")));
+    }
+    Ok(v)
+}
+
+/// A scope table; `tier_burst` / `tier_message` are the enclosing tier's defaults.
+fn scope(
+    cx: &Ctx<'_>,
+    s: &ScopeFile,
+    tier_burst: Option<f64>,
+    tier_message: Option<&String>,
+    default_failure: OnFailure,
+) -> Result<ScopeLimits, ConfigError> {
+    let multiplier = match &s.burst_multiplier {
+        Some(b) => burst(cx, b)?,
+        None => tier_burst.unwrap_or(1.0),
+    };
+    let jitter_ms = s.reset_jitter_secs.unwrap_or(0).saturating_mul(1000);
+    let fields = [&s.per_second, &s.per_minute, &s.per_hour, &s.per_day, &s.per_month];
+    let mut windows = Vec::new();
+    for (window, field) in Window::ALL.into_iter().zip(fields) {
+        let Some(v) = field else { continue };
+        let n = *v.get_ref();
+        if n == 0 {
+            return Err(cx.err(v.span(), format!("{} must be at least 1 (a zero limit blocks everything; use [[blocks]])", window.config_key())));
+        }
+        if n > MAX_LIMIT {
+            return Err(cx.err(v.span(), format!("{} = {n} is above the maximum of {MAX_LIMIT}", window.config_key())));
+        }
+        let alg = s.algorithm.map_or(window.default_algorithm(), algorithm);
+        windows.push(WindowLimit::with_algorithm(window, n as u32, alg).with_burst(multiplier).with_jitter_ms(jitter_ms));
+    }
+    Ok(ScopeLimits {
+        windows,
+        on_failure: s.on_failure.map_or(default_failure, on_failure),
+        message: s.message.clone().or_else(|| tier_message.cloned()),
+    })
+}
+
+fn tier(cx: &Ctx<'_>, name: &str, t: &TierFile, default_failure: OnFailure) -> Result<Tier, ConfigError> {
+    let b = match &t.burst_multiplier {
+        Some(b) => Some(burst(cx, b)?),
+        None => None,
+    };
+    let empty = ScopeFile::default();
+    Ok(Tier {
+        name: name.to_string(),
+        key: Arc::new(scope(cx, t.key.as_ref().unwrap_or(&empty), b, t.message.as_ref(), default_failure)?),
+        tenant: Arc::new(scope(cx, t.tenant.as_ref().unwrap_or(&empty), b, t.message.as_ref(), default_failure)?),
+    })
+}
+
+fn known_tier(cx: &Ctx<'_>, tier: &Spanned<String>, tiers: &HashMap<String, Arc<Tier>>) -> Result<(), ConfigError> {
+    if tiers.contains_key(tier.get_ref()) {
+        return Ok(());
+    }
+    let mut known: Vec<&str> = tiers.keys().map(String::as_str).collect();
+    known.sort_unstable();
+    Err(cx.err(tier.span(), format!("unknown tier {:?} (known tiers: {})", tier.get_ref(), known.join(", "))))
+}
+
+fn keys(cx: &Ctx<'_>, list: &[Spanned<KeyFile>], tiers: &HashMap<String, Arc<Tier>>) -> Result<Vec<KeyEntry>, ConfigError> {
+    let mut ids = HashSet::new();
+    let mut out = Vec::with_capacity(list.len());
+    for k in list {
+        let (span, k) = (k.span(), k.get_ref());
+        if !ids.insert(k.id.get_ref().clone()) {
+            return Err(cx.err(k.id.span(), format!("duplicate key id {:?}", k.id.get_ref())));
+        }
+        known_tier(cx, &k.tier, tiers)?;
+        let sha256 = match (&k.key, &k.key_sha256) {
+            (Some(_), Some(h)) => return Err(cx.err(h.span(), "`key` and `key_sha256` are mutually exclusive: give one")),
+            (None, None) => return Err(cx.err(span, "a key needs `key` or `key_sha256`")),
+            (Some(key), None) if key.get_ref().is_empty() => return Err(cx.err(key.span(), "`key` must not be empty")),
+            (Some(key), None) => Sha256::digest(key.get_ref().as_bytes()).into(),
+            (None, Some(h)) => {
+                let mut out = [0u8; 32];
+                hex::decode_to_slice(h.get_ref().trim(), &mut out)
+                    .map_err(|_| cx.err(h.span(), "key_sha256 must be 64 hex characters"))?;
+                out
+            }
+        };
+        out.push(KeyEntry { id: k.id.get_ref().clone(), sha256, tenant: k.tenant.clone(), tier: k.tier.get_ref().clone() });
+    }
+    Ok(out)
+}
+
+fn routes(cx: &Ctx<'_>, list: &[Spanned<RouteFile>]) -> Result<Vec<Route>, ConfigError> {
+    let mut names = HashSet::new();
+    let mut out = Vec::with_capacity(list.len());
+    for r in list {
+        let r = r.get_ref();
+        if !names.insert(r.name.get_ref().clone()) {
+            return Err(cx.err(r.name.span(), format!("duplicate route name {:?}", r.name.get_ref())));
+        }
+        let prefix = r.path_prefix.get_ref();
+        if !prefix.starts_with('/') {
+            return Err(cx.err(r.path_prefix.span(), format!("path_prefix must start with '/', got {prefix:?}")));
+        }
+        if r.upstreams.get_ref().is_empty() {
+            return Err(cx.err(r.upstreams.span(), "a route needs at least one upstream"));
+        }
+        let upstreams = r.upstreams.get_ref().iter().map(|u| upstream(cx, u)).collect::<Result<_, _>>()?;
+        let cost = match &r.cost {
+            Some(c) if *c.get_ref() == 0 => return Err(cx.err(c.span(), "cost must be at least 1")),
+            Some(c) => *c.get_ref(),
+            None => 1,
+        };
+        let trimmed = prefix.trim_end_matches('/');
+        out.push(Route {
+            name: Arc::from(r.name.get_ref().as_str()),
+            host: r.host.as_ref().map(|h| h.trim().to_ascii_lowercase()),
+            path_prefix: if trimmed.is_empty() { "/".into() } else { trimmed.into() },
+            upstreams,
+            auth: match r.auth {
+                AuthFile::Required => Auth::Required,
+                AuthFile::Optional => Auth::Optional,
+                AuthFile::None => Auth::None,
+            },
+            cost,
+            mode: match r.mode {
+                ModeFile::Enforce => Mode::Enforce,
+                ModeFile::Shadow => Mode::Shadow,
+            },
+            connect_timeout: Duration::from_millis(r.connect_timeout_ms.unwrap_or(1_000).max(1)),
+            read_timeout: Duration::from_millis(r.read_timeout_ms.unwrap_or(30_000).max(1)),
+        });
+    }
+    Ok(out)
+}
+
+/// `IP:PORT`, or `host:port` resolved now (never on the request path).
+fn upstream(cx: &Ctx<'_>, u: &Spanned<String>) -> Result<SocketAddr, ConfigError> {
+    let s = u.get_ref().trim();
+    if let Ok(a) = s.parse::<SocketAddr>() {
+        return Ok(a);
+    }
+    let bad = || cx.err(u.span(), format!("invalid upstream address {s:?}: expected HOST:PORT"));
+    match s.rsplit_once(':') {
+        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => {
+            s.to_socket_addrs().ok().and_then(|mut a| a.next()).ok_or_else(|| {
+                cx.err(u.span(), format!("upstream host {host:?} does not resolve"))
+            })
+        }
+        _ => Err(bad()),
+    }
+}
+
+/// A route whose cost exceeds a window it can meet would reject every request.
+fn check_costs(
+    cx: &Ctx<'_>,
+    raw: &[Spanned<RouteFile>],
+    routes: &[Route],
+    scopes: [&Option<Arc<ScopeLimits>>; 2],
+    tiers: &HashMap<String, Arc<Tier>>,
+) -> Result<(), ConfigError> {
+    let mut all: Vec<(String, &ScopeLimits)> = scopes
+        .iter()
+        .zip(["limits.ip", "limits.global"])
+        .filter_map(|(s, n)| s.as_deref().map(|s| (n.to_string(), s)))
+        .collect();
+    for t in tiers.values() {
+        all.push((format!("tiers.{}.key", t.name), &t.key));
+        all.push((format!("tiers.{}.tenant", t.name), &t.tenant));
+    }
+    for (route, r) in routes.iter().zip(raw) {
+        for (name, limits) in &all {
+            if let Some(w) = limits.windows.iter().find(|w| w.capacity < route.cost) {
+                let span = r.get_ref().cost.as_ref().map_or(r.span(), |c| c.span());
+                return Err(cx.err(span, format!("cost {} exceeds {name}.{} = {}: no request could ever pass", route.cost, w.window.config_key(), w.capacity)));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn blocks(cx: &Ctx<'_>, list: &[BlockFile]) -> Result<Vec<BlockEntry>, ConfigError> {
+    list.iter()
+        .map(|b| {
+            let value = b.value.get_ref().trim();
+            let target = match b.scope {
+                BlockScopeFile::Ip => BlockTarget::Ip(cidr(cx, &b.value)?),
+                BlockScopeFile::Key => BlockTarget::Key(value.to_string()),
+                BlockScopeFile::Tenant => BlockTarget::Tenant(value.to_string()),
+            };
+            if value.is_empty() {
+                return Err(cx.err(b.value.span(), "block value must not be empty"));
+            }
+            let expires_at_ms = match &b.expires_at {
+                Some(d) => Some(datetime_ms(d.get_ref()).ok_or_else(|| {
+                    cx.err(d.span(), "expires_at must be an offset date-time (e.g. 2026-12-31T00:00:00Z) or a date")
+                })?),
+                None => None,
+            };
+            Ok(BlockEntry { target, reason: b.reason.clone(), expires_at_ms })
+        })
+        .collect()
+}
+
+/// Unix ms of a TOML offset date-time, or of a bare date at 00:00 UTC.
+fn datetime_ms(d: &toml::value::Datetime) -> Option<u64> {
+    let date = d.date?;
+    let days = crate::limiter::algorithm::days_from_civil(i64::from(date.year), u32::from(date.month), u32::from(date.day));
+    let mut secs = days * 86_400;
+    let mut nanos = 0i64;
+    match (d.time, d.offset) {
+        (None, None) => {}
+        (Some(t), Some(off)) => {
+            secs += i64::from(t.hour) * 3600 + i64::from(t.minute) * 60 + i64::from(t.second.unwrap_or(0));
+            nanos = i64::from(t.nanosecond.unwrap_or(0));
+            if let toml::value::Offset::Custom { minutes } = off {
+                secs -= i64::from(minutes) * 60;
+            }
+        }
+        _ => return None,
+    }
+    u64::try_from(secs * 1000 + nanos / 1_000_000).ok()
+}
