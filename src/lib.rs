@@ -30,7 +30,16 @@
 //! assert_eq!(second.governing.unwrap().decision.retry_after_ms, 60_000);
 //! ```
 
+pub mod admin;
+pub mod blocklist;
+pub mod client_ip;
 pub mod clock;
 pub mod config;
+pub mod demo;
+pub mod identity;
 pub mod limiter;
+pub mod metrics;
+pub mod proxy;
+pub mod server;
+pub mod state;
 pub mod store;

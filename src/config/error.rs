@@ -18,7 +18,12 @@ pub struct ConfigError {
 
 impl ConfigError {
     /// An error at byte span `span` of `source`.
-    pub fn at(file: &str, source: &str, span: Option<Range<usize>>, message: impl Into<String>) -> Self {
+    pub fn at(
+        file: &str,
+        source: &str,
+        span: Option<Range<usize>>,
+        message: impl Into<String>,
+    ) -> Self {
         Self {
             file: file.to_string(),
             position: span.map(|s| line_col(source, s.start)),
@@ -28,7 +33,11 @@ impl ConfigError {
 
     /// An error about the file as a whole.
     pub fn file(file: &str, message: impl Into<String>) -> Self {
-        Self { file: file.to_string(), position: None, message: message.into() }
+        Self {
+            file: file.to_string(),
+            position: None,
+            message: message.into(),
+        }
     }
 }
 

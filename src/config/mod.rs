@@ -9,7 +9,9 @@ mod validate;
 use std::path::Path;
 
 pub use error::{line_col, ConfigError};
-pub use model::{Auth, Backend, BlockEntry, BlockTarget, Config, KeyEntry, Mode, Route, Server, Store, Tier};
+pub use model::{
+    Auth, Backend, BlockEntry, BlockTarget, Config, KeyEntry, Mode, Route, Server, Store, Tier,
+};
 
 /// The config shipped with Throttle (the repository's `gateway.toml`), used by
 /// `throttle demo` when no file is found.
@@ -21,7 +23,8 @@ pub const SHIPPED: &str = include_str!("../../gateway.toml");
 /// `ConfigError` naming the file, and line and column when the error has a position.
 pub fn load(path: &Path) -> Result<Config, ConfigError> {
     let name = path.display().to_string();
-    let source = std::fs::read_to_string(path).map_err(|e| ConfigError::file(&name, format!("cannot read: {e}")))?;
+    let source = std::fs::read_to_string(path)
+        .map_err(|e| ConfigError::file(&name, format!("cannot read: {e}")))?;
     parse(&name, &source)
 }
 
@@ -30,7 +33,8 @@ pub fn load(path: &Path) -> Result<Config, ConfigError> {
 /// # Errors
 /// `ConfigError` at the position of the first problem found.
 pub fn parse(name: &str, source: &str) -> Result<Config, ConfigError> {
-    let raw: file::File = toml::from_str(source).map_err(|e| ConfigError::at(name, source, e.span(), e.message().trim_end()))?;
+    let raw: file::File = toml::from_str(source)
+        .map_err(|e| ConfigError::at(name, source, e.span(), e.message().trim_end()))?;
     validate::validate(name, source, raw)
 }
 

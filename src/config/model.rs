@@ -72,6 +72,8 @@ pub struct Store {
     pub url: Option<String>,
     /// `cluster` seed URLs.
     pub cluster: Vec<String>,
+    /// `sentinel`: sentinel URLs and the master name.
+    pub sentinel: Option<(Vec<String>, String)>,
     /// Per-call deadline.
     pub timeout: Duration,
     /// Default failure policy.

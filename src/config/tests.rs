@@ -4,7 +4,9 @@ use super::*;
 use crate::limiter::{Algorithm, OnFailure, Window};
 
 fn fixture_dir(kind: &str) -> std::path::PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/config").join(kind)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/config")
+        .join(kind)
 }
 
 /// Every invalid fixture fails with the `LINE:COL: message` its first line expects.
@@ -15,11 +17,21 @@ fn every_invalid_fixture_fails_at_its_position() {
     for entry in std::fs::read_dir(fixture_dir("invalid")).unwrap() {
         let path = entry.unwrap().path();
         let source = std::fs::read_to_string(&path).unwrap();
-        let expect = source.lines().next().unwrap().strip_prefix("# expect: ").unwrap().trim();
-        let err = parse("f.toml", &source).expect_err(&format!("{} should be rejected", path.display()));
+        let expect = source
+            .lines()
+            .next()
+            .unwrap()
+            .strip_prefix("# expect: ")
+            .unwrap()
+            .trim();
+        let err =
+            parse("f.toml", &source).expect_err(&format!("{} should be rejected", path.display()));
         let shown = err.to_string();
         if !shown.starts_with(&format!("f.toml:{expect}")) {
-            wrong.push(format!("{}: got {shown:?}, expected f.toml:{expect}", path.display()));
+            wrong.push(format!(
+                "{}: got {shown:?}, expected f.toml:{expect}",
+                path.display()
+            ));
         }
         seen += 1;
     }
@@ -42,12 +54,33 @@ fn shipped_and_valid_configs_are_accepted() {
 fn applies_defaults_and_tier_settings() {
     let c = parse("gateway.toml", SHIPPED).unwrap();
     let pro = &c.tiers["pro"];
-    let sec = pro.key.windows.iter().find(|w| w.window == Window::Second).unwrap();
-    assert_eq!((sec.algorithm, sec.limit, sec.capacity), (Algorithm::TokenBucket, 50, 75));
-    let hour = pro.key.windows.iter().find(|w| w.window == Window::Hour).unwrap();
-    assert_eq!((hour.algorithm, hour.capacity), (Algorithm::SlidingWindow, 100_000));
+    let sec = pro
+        .key
+        .windows
+        .iter()
+        .find(|w| w.window == Window::Second)
+        .unwrap();
+    assert_eq!(
+        (sec.algorithm, sec.limit, sec.capacity),
+        (Algorithm::TokenBucket, 50, 75)
+    );
+    let hour = pro
+        .key
+        .windows
+        .iter()
+        .find(|w| w.window == Window::Hour)
+        .unwrap();
+    assert_eq!(
+        (hour.algorithm, hour.capacity),
+        (Algorithm::SlidingWindow, 100_000)
+    );
     let free = &c.tiers["free"];
-    let month = free.key.windows.iter().find(|w| w.window == Window::Month).unwrap();
+    let month = free
+        .key
+        .windows
+        .iter()
+        .find(|w| w.window == Window::Month)
+        .unwrap();
     assert_eq!(month.algorithm, Algorithm::FixedWindow);
     assert_eq!(free.key.on_failure, OnFailure::Local);
     assert!(free.key.message.as_deref().unwrap().contains("{limit}"));
@@ -74,12 +107,21 @@ tenant = { per_second = 10, reset_jitter_secs = 60, per_day = 5 }
 "#;
     let c = parse("x.toml", src).unwrap();
     let ip = c.ip_limits.as_ref().unwrap();
-    assert_eq!((ip.windows[0].algorithm, ip.on_failure), (Algorithm::SlidingLog, OnFailure::Closed));
-    assert_eq!(c.global_limits.as_ref().unwrap().on_failure, OnFailure::Open);
+    assert_eq!(
+        (ip.windows[0].algorithm, ip.on_failure),
+        (Algorithm::SlidingLog, OnFailure::Closed)
+    );
+    assert_eq!(
+        c.global_limits.as_ref().unwrap().on_failure,
+        OnFailure::Open
+    );
     assert_eq!(c.tiers["t"].key.windows[0].capacity, 30);
     let tenant = &c.tiers["t"].tenant;
     assert_eq!(tenant.windows[0].capacity, 20);
-    assert_eq!((tenant.windows[0].jitter_ms, tenant.windows[1].jitter_ms), (0, 60_000));
+    assert_eq!(
+        (tenant.windows[0].jitter_ms, tenant.windows[1].jitter_ms),
+        (0, 60_000)
+    );
 }
 
 /// Blocks parse addresses, CIDRs and expiry times.
@@ -95,7 +137,10 @@ value = "evil"
 expires_at = 2026-01-01T01:00:00+01:00
 "#;
     let c = parse("x.toml", src).unwrap();
-    assert_eq!(c.blocks[0].target, BlockTarget::Ip("198.51.100.7/32".parse().unwrap()));
+    assert_eq!(
+        c.blocks[0].target,
+        BlockTarget::Ip("198.51.100.7/32".parse().unwrap())
+    );
     assert_eq!(c.blocks[1].expires_at_ms, Some(1_767_225_600_000));
 }
 
@@ -103,5 +148,9 @@ expires_at = 2026-01-01T01:00:00+01:00
 #[test]
 fn missing_file_is_named() {
     let e = load(Path::new("/nonexistent/gw.toml")).unwrap_err();
-    assert!(e.to_string().starts_with("/nonexistent/gw.toml: cannot read"), "{e}");
+    assert!(
+        e.to_string()
+            .starts_with("/nonexistent/gw.toml: cannot read"),
+        "{e}"
+    );
 }

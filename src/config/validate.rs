@@ -42,7 +42,10 @@ pub(super) fn validate(name: &str, source: &str, raw: File) -> Result<Config, Co
     };
     let mut tiers = HashMap::new();
     for (tier_name, t) in &raw.tiers {
-        tiers.insert(tier_name.clone(), Arc::new(tier(&cx, tier_name, t.get_ref(), store.on_failure)?));
+        tiers.insert(
+            tier_name.clone(),
+            Arc::new(tier(&cx, tier_name, t.get_ref(), store.on_failure)?),
+        );
     }
     let keys = keys(&cx, &raw.keys, &tiers)?;
     let mut tenants = HashMap::new();
@@ -51,7 +54,13 @@ pub(super) fn validate(name: &str, source: &str, raw: File) -> Result<Config, Co
         tenants.insert(t.id.clone(), t.tier.get_ref().clone());
     }
     let routes = routes(&cx, &raw.routes)?;
-    check_costs(&cx, &raw.routes, &routes, [&ip_limits, &global_limits], &tiers)?;
+    check_costs(
+        &cx,
+        &raw.routes,
+        &routes,
+        [&ip_limits, &global_limits],
+        &tiers,
+    )?;
     Ok(Config {
         source: name.to_string(),
         server: server(&cx, &raw.server)?,
@@ -71,11 +80,15 @@ pub(super) fn validate(name: &str, source: &str, raw: File) -> Result<Config, Co
 fn server(cx: &Ctx<'_>, s: &ServerFile) -> Result<Server, ConfigError> {
     let addr = |v: &Option<Spanned<String>>, default: &str| -> Result<SocketAddr, ConfigError> {
         match v {
-            None => Ok(default.parse().unwrap_or(SocketAddr::from(([127, 0, 0, 1], 0)))),
-            Some(v) => v
-                .get_ref()
+            None => Ok(default
                 .parse()
-                .map_err(|_| cx.err(v.span(), format!("invalid listen address {:?}: expected IP:PORT", v.get_ref()))),
+                .unwrap_or(SocketAddr::from(([127, 0, 0, 1], 0)))),
+            Some(v) => v.get_ref().parse().map_err(|_| {
+                cx.err(
+                    v.span(),
+                    format!("invalid listen address {:?}: expected IP:PORT", v.get_ref()),
+                )
+            }),
         }
     };
     let threads = match &s.threads {
@@ -93,8 +106,14 @@ fn server(cx: &Ctx<'_>, s: &ServerFile) -> Result<Server, ConfigError> {
 }
 
 fn default_instance_id() -> String {
-    let host = std::fs::read_to_string("/etc/hostname").map(|h| h.trim().to_string()).unwrap_or_default();
-    let host = if host.is_empty() { "throttle".to_string() } else { host };
+    let host = std::fs::read_to_string("/etc/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_default();
+    let host = if host.is_empty() {
+        "throttle".to_string()
+    } else {
+        host
+    };
     format!("{host}:{}", std::process::id())
 }
 
@@ -108,9 +127,12 @@ fn cidr(cx: &Ctx<'_>, v: &Spanned<String>) -> Result<IpNet, ConfigError> {
     if let Ok(net) = s.parse::<IpNet>() {
         return Ok(net.trunc());
     }
-    s.parse::<IpAddr>()
-        .map(IpNet::from)
-        .map_err(|_| cx.err(v.span(), format!("invalid CIDR {s:?}: expected an address or ADDRESS/PREFIX")))
+    s.parse::<IpAddr>().map(IpNet::from).map_err(|_| {
+        cx.err(
+            v.span(),
+            format!("invalid CIDR {s:?}: expected an address or ADDRESS/PREFIX"),
+        )
+    })
 }
 
 fn store(cx: &Ctx<'_>, s: &StoreFile) -> Result<Store, ConfigError> {
@@ -120,7 +142,10 @@ fn store(cx: &Ctx<'_>, s: &StoreFile) -> Result<Store, ConfigError> {
     };
     if let (Some(b), Backend::Redis) = (&s.backend, backend) {
         if s.url.is_none() && s.cluster.is_none() && s.sentinel.is_none() {
-            return Err(cx.err(b.span(), "backend = \"redis\" needs `url`, `cluster` or `sentinel`"));
+            return Err(cx.err(
+                b.span(),
+                "backend = \"redis\" needs `url`, `cluster` or `sentinel`",
+            ));
         }
     }
     if let Some(t) = &s.timeout_ms {
@@ -137,6 +162,10 @@ fn store(cx: &Ctx<'_>, s: &StoreFile) -> Result<Store, ConfigError> {
         backend,
         url: s.url.clone(),
         cluster: s.cluster.clone().unwrap_or_default(),
+        sentinel: s
+            .sentinel
+            .as_ref()
+            .map(|s| (s.urls.clone(), s.master.clone())),
         timeout: Duration::from_millis(s.timeout_ms.as_ref().map_or(25, |t| *t.get_ref())),
         on_failure: s.on_failure.map_or(OnFailure::Local, on_failure),
         instances: s.instances.as_ref().map(|n| *n.get_ref()),
@@ -164,7 +193,10 @@ fn algorithm(a: AlgorithmFile) -> Algorithm {
 fn burst(cx: &Ctx<'_>, b: &Spanned<f64>) -> Result<f64, ConfigError> {
     let v = *b.get_ref();
     if !(v.is_finite() && (1.0..=1000.0).contains(&v)) {
-        return Err(cx.err(b.span(), format!("burst_multiplier must be between 1.0 and 1000, got {v}")));
+        return Err(cx.err(
+            b.span(),
+            format!("burst_multiplier must be between 1.0 and 1000, got {v}"),
+        ));
     }
     Ok(v)
 }
@@ -182,19 +214,41 @@ fn scope(
         None => tier_burst.unwrap_or(1.0),
     };
     let jitter_ms = s.reset_jitter_secs.unwrap_or(0).saturating_mul(1000);
-    let fields = [&s.per_second, &s.per_minute, &s.per_hour, &s.per_day, &s.per_month];
+    let fields = [
+        &s.per_second,
+        &s.per_minute,
+        &s.per_hour,
+        &s.per_day,
+        &s.per_month,
+    ];
     let mut windows = Vec::new();
     for (window, field) in Window::ALL.into_iter().zip(fields) {
         let Some(v) = field else { continue };
         let n = *v.get_ref();
         if n == 0 {
-            return Err(cx.err(v.span(), format!("{} must be at least 1 (a zero limit blocks everything; use [[blocks]])", window.config_key())));
+            return Err(cx.err(
+                v.span(),
+                format!(
+                    "{} must be at least 1 (a zero limit blocks everything; use [[blocks]])",
+                    window.config_key()
+                ),
+            ));
         }
         if n > MAX_LIMIT {
-            return Err(cx.err(v.span(), format!("{} = {n} is above the maximum of {MAX_LIMIT}", window.config_key())));
+            return Err(cx.err(
+                v.span(),
+                format!(
+                    "{} = {n} is above the maximum of {MAX_LIMIT}",
+                    window.config_key()
+                ),
+            ));
         }
         let alg = s.algorithm.map_or(window.default_algorithm(), algorithm);
-        windows.push(WindowLimit::with_algorithm(window, n as u32, alg).with_burst(multiplier).with_jitter_ms(jitter_ms));
+        windows.push(
+            WindowLimit::with_algorithm(window, n as u32, alg)
+                .with_burst(multiplier)
+                .with_jitter_ms(jitter_ms),
+        );
     }
     Ok(ScopeLimits {
         windows,
@@ -203,7 +257,12 @@ fn scope(
     })
 }
 
-fn tier(cx: &Ctx<'_>, name: &str, t: &TierFile, default_failure: OnFailure) -> Result<Tier, ConfigError> {
+fn tier(
+    cx: &Ctx<'_>,
+    name: &str,
+    t: &TierFile,
+    default_failure: OnFailure,
+) -> Result<Tier, ConfigError> {
     let b = match &t.burst_multiplier {
         Some(b) => Some(burst(cx, b)?),
         None => None,
@@ -211,33 +270,70 @@ fn tier(cx: &Ctx<'_>, name: &str, t: &TierFile, default_failure: OnFailure) -> R
     let empty = ScopeFile::default();
     Ok(Tier {
         name: name.to_string(),
-        key: Arc::new(scope(cx, t.key.as_ref().unwrap_or(&empty), b, t.message.as_ref(), default_failure)?),
-        tenant: Arc::new(scope(cx, t.tenant.as_ref().unwrap_or(&empty), b, t.message.as_ref(), default_failure)?),
+        key: Arc::new(scope(
+            cx,
+            t.key.as_ref().unwrap_or(&empty),
+            b,
+            t.message.as_ref(),
+            default_failure,
+        )?),
+        tenant: Arc::new(scope(
+            cx,
+            t.tenant.as_ref().unwrap_or(&empty),
+            b,
+            t.message.as_ref(),
+            default_failure,
+        )?),
     })
 }
 
-fn known_tier(cx: &Ctx<'_>, tier: &Spanned<String>, tiers: &HashMap<String, Arc<Tier>>) -> Result<(), ConfigError> {
+fn known_tier(
+    cx: &Ctx<'_>,
+    tier: &Spanned<String>,
+    tiers: &HashMap<String, Arc<Tier>>,
+) -> Result<(), ConfigError> {
     if tiers.contains_key(tier.get_ref()) {
         return Ok(());
     }
     let mut known: Vec<&str> = tiers.keys().map(String::as_str).collect();
     known.sort_unstable();
-    Err(cx.err(tier.span(), format!("unknown tier {:?} (known tiers: {})", tier.get_ref(), known.join(", "))))
+    Err(cx.err(
+        tier.span(),
+        format!(
+            "unknown tier {:?} (known tiers: {})",
+            tier.get_ref(),
+            known.join(", ")
+        ),
+    ))
 }
 
-fn keys(cx: &Ctx<'_>, list: &[Spanned<KeyFile>], tiers: &HashMap<String, Arc<Tier>>) -> Result<Vec<KeyEntry>, ConfigError> {
+fn keys(
+    cx: &Ctx<'_>,
+    list: &[Spanned<KeyFile>],
+    tiers: &HashMap<String, Arc<Tier>>,
+) -> Result<Vec<KeyEntry>, ConfigError> {
     let mut ids = HashSet::new();
     let mut out = Vec::with_capacity(list.len());
     for k in list {
         let (span, k) = (k.span(), k.get_ref());
         if !ids.insert(k.id.get_ref().clone()) {
-            return Err(cx.err(k.id.span(), format!("duplicate key id {:?}", k.id.get_ref())));
+            return Err(cx.err(
+                k.id.span(),
+                format!("duplicate key id {:?}", k.id.get_ref()),
+            ));
         }
         known_tier(cx, &k.tier, tiers)?;
         let sha256 = match (&k.key, &k.key_sha256) {
-            (Some(_), Some(h)) => return Err(cx.err(h.span(), "`key` and `key_sha256` are mutually exclusive: give one")),
+            (Some(_), Some(h)) => {
+                return Err(cx.err(
+                    h.span(),
+                    "`key` and `key_sha256` are mutually exclusive: give one",
+                ))
+            }
             (None, None) => return Err(cx.err(span, "a key needs `key` or `key_sha256`")),
-            (Some(key), None) if key.get_ref().is_empty() => return Err(cx.err(key.span(), "`key` must not be empty")),
+            (Some(key), None) if key.get_ref().is_empty() => {
+                return Err(cx.err(key.span(), "`key` must not be empty"))
+            }
             (Some(key), None) => Sha256::digest(key.get_ref().as_bytes()).into(),
             (None, Some(h)) => {
                 let mut out = [0u8; 32];
@@ -246,7 +342,12 @@ fn keys(cx: &Ctx<'_>, list: &[Spanned<KeyFile>], tiers: &HashMap<String, Arc<Tie
                 out
             }
         };
-        out.push(KeyEntry { id: k.id.get_ref().clone(), sha256, tenant: k.tenant.clone(), tier: k.tier.get_ref().clone() });
+        out.push(KeyEntry {
+            id: k.id.get_ref().clone(),
+            sha256,
+            tenant: k.tenant.clone(),
+            tier: k.tier.get_ref().clone(),
+        });
     }
     Ok(out)
 }
@@ -257,16 +358,27 @@ fn routes(cx: &Ctx<'_>, list: &[Spanned<RouteFile>]) -> Result<Vec<Route>, Confi
     for r in list {
         let r = r.get_ref();
         if !names.insert(r.name.get_ref().clone()) {
-            return Err(cx.err(r.name.span(), format!("duplicate route name {:?}", r.name.get_ref())));
+            return Err(cx.err(
+                r.name.span(),
+                format!("duplicate route name {:?}", r.name.get_ref()),
+            ));
         }
         let prefix = r.path_prefix.get_ref();
         if !prefix.starts_with('/') {
-            return Err(cx.err(r.path_prefix.span(), format!("path_prefix must start with '/', got {prefix:?}")));
+            return Err(cx.err(
+                r.path_prefix.span(),
+                format!("path_prefix must start with '/', got {prefix:?}"),
+            ));
         }
         if r.upstreams.get_ref().is_empty() {
             return Err(cx.err(r.upstreams.span(), "a route needs at least one upstream"));
         }
-        let upstreams = r.upstreams.get_ref().iter().map(|u| upstream(cx, u)).collect::<Result<_, _>>()?;
+        let upstreams = r
+            .upstreams
+            .get_ref()
+            .iter()
+            .map(|u| upstream(cx, u))
+            .collect::<Result<_, _>>()?;
         let cost = match &r.cost {
             Some(c) if *c.get_ref() == 0 => return Err(cx.err(c.span(), "cost must be at least 1")),
             Some(c) => *c.get_ref(),
@@ -276,7 +388,11 @@ fn routes(cx: &Ctx<'_>, list: &[Spanned<RouteFile>]) -> Result<Vec<Route>, Confi
         out.push(Route {
             name: Arc::from(r.name.get_ref().as_str()),
             host: r.host.as_ref().map(|h| h.trim().to_ascii_lowercase()),
-            path_prefix: if trimmed.is_empty() { "/".into() } else { trimmed.into() },
+            path_prefix: if trimmed.is_empty() {
+                "/".into()
+            } else {
+                trimmed.into()
+            },
             upstreams,
             auth: match r.auth {
                 AuthFile::Required => Auth::Required,
@@ -301,13 +417,18 @@ fn upstream(cx: &Ctx<'_>, u: &Spanned<String>) -> Result<SocketAddr, ConfigError
     if let Ok(a) = s.parse::<SocketAddr>() {
         return Ok(a);
     }
-    let bad = || cx.err(u.span(), format!("invalid upstream address {s:?}: expected HOST:PORT"));
+    let bad = || {
+        cx.err(
+            u.span(),
+            format!("invalid upstream address {s:?}: expected HOST:PORT"),
+        )
+    };
     match s.rsplit_once(':') {
-        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => {
-            s.to_socket_addrs().ok().and_then(|mut a| a.next()).ok_or_else(|| {
-                cx.err(u.span(), format!("upstream host {host:?} does not resolve"))
-            })
-        }
+        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => s
+            .to_socket_addrs()
+            .ok()
+            .and_then(|mut a| a.next())
+            .ok_or_else(|| cx.err(u.span(), format!("upstream host {host:?} does not resolve"))),
         _ => Err(bad()),
     }
 }
@@ -333,7 +454,15 @@ fn check_costs(
         for (name, limits) in &all {
             if let Some(w) = limits.windows.iter().find(|w| w.capacity < route.cost) {
                 let span = r.get_ref().cost.as_ref().map_or(r.span(), |c| c.span());
-                return Err(cx.err(span, format!("cost {} exceeds {name}.{} = {}: no request could ever pass", route.cost, w.window.config_key(), w.capacity)));
+                return Err(cx.err(
+                    span,
+                    format!(
+                        "cost {} exceeds {name}.{} = {}: no request could ever pass",
+                        route.cost,
+                        w.window.config_key(),
+                        w.capacity
+                    ),
+                ));
             }
         }
     }
@@ -366,13 +495,19 @@ fn blocks(cx: &Ctx<'_>, list: &[BlockFile]) -> Result<Vec<BlockEntry>, ConfigErr
 /// Unix ms of a TOML offset date-time, or of a bare date at 00:00 UTC.
 fn datetime_ms(d: &toml::value::Datetime) -> Option<u64> {
     let date = d.date?;
-    let days = crate::limiter::algorithm::days_from_civil(i64::from(date.year), u32::from(date.month), u32::from(date.day));
+    let days = crate::limiter::algorithm::days_from_civil(
+        i64::from(date.year),
+        u32::from(date.month),
+        u32::from(date.day),
+    );
     let mut secs = days * 86_400;
     let mut nanos = 0i64;
     match (d.time, d.offset) {
         (None, None) => {}
         (Some(t), Some(off)) => {
-            secs += i64::from(t.hour) * 3600 + i64::from(t.minute) * 60 + i64::from(t.second.unwrap_or(0));
+            secs += i64::from(t.hour) * 3600
+                + i64::from(t.minute) * 60
+                + i64::from(t.second.unwrap_or(0));
             nanos = i64::from(t.nanosecond.unwrap_or(0));
             if let toml::value::Offset::Custom { minutes } = off {
                 secs -= i64::from(minutes) * 60;

@@ -90,7 +90,11 @@ impl<'a> Check<'a> {
         if limits.windows.is_empty() || self.scopes.iter().any(|s| s.scope == scope) {
             return;
         }
-        let _ = self.scopes.try_push(ScopeCheck { scope, ident, limits });
+        let _ = self.scopes.try_push(ScopeCheck {
+            scope,
+            ident,
+            limits,
+        });
     }
 
     /// Whether no scope applies.

@@ -94,7 +94,14 @@ impl Verdict {
 mod tests {
     use super::*;
 
-    fn wd(scope: Scope, window: Window, allowed: bool, remaining: u32, reset: u64, retry: u64) -> WindowDecision {
+    fn wd(
+        scope: Scope,
+        window: Window,
+        allowed: bool,
+        remaining: u32,
+        reset: u64,
+        retry: u64,
+    ) -> WindowDecision {
         WindowDecision {
             scope,
             window,

@@ -108,12 +108,15 @@ impl<C: Clock> MemoryStore<C> {
         for (i, s) in check.scopes.iter().enumerate() {
             shard_of[i] = self.hasher.hash_one((s.scope, &s.ident)) as usize % SHARDS;
         }
-        let mut order: ArrayVec<usize, 4> = shard_of[..check.scopes.len()].iter().copied().collect();
+        let mut order: ArrayVec<usize, 4> =
+            shard_of[..check.scopes.len()].iter().copied().collect();
         order.sort_unstable();
         let mut guards: ArrayVec<(usize, MutexGuard<'_, Shard>), 4> = ArrayVec::new();
         for idx in order {
             if guards.last().is_none_or(|(last, _)| *last != idx) {
-                let g = self.shards[idx].lock().unwrap_or_else(PoisonError::into_inner);
+                let g = self.shards[idx]
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
                 guards.push((idx, g));
             }
         }
@@ -121,7 +124,11 @@ impl<C: Clock> MemoryStore<C> {
         for (i, s) in check.scopes.iter().enumerate() {
             let shard = shard_mut(&mut guards, shard_of[i]);
             for limit in &s.limits.windows {
-                let key = KeyRef { scope: s.scope, window: limit.window, ident: &s.ident };
+                let key = KeyRef {
+                    scope: s.scope,
+                    window: limit.window,
+                    ident: &s.ident,
+                };
                 let offset = s.ident.offset_ms(limit);
                 let decision = match shard.map.get_mut(&key) {
                     Some(slot) => step(&mut slot.state, limit, now_ms, offset, check.cost, false),
@@ -130,7 +137,11 @@ impl<C: Clock> MemoryStore<C> {
                         step(&mut fresh, limit, now_ms, offset, check.cost, false)
                     }
                 };
-                let _ = decisions.try_push(WindowDecision { scope: s.scope, window: limit.window, decision });
+                let _ = decisions.try_push(WindowDecision {
+                    scope: s.scope,
+                    window: limit.window,
+                    decision,
+                });
             }
         }
         let verdict = Verdict::from_decisions(decisions.iter().copied());
@@ -146,7 +157,10 @@ impl<C: Clock> MemoryStore<C> {
     /// Evicts every slot whose state has returned to its initial value by `now_ms`.
     pub fn sweep_at(&self, now_ms: u64) {
         for shard in self.shards.iter() {
-            shard.lock().unwrap_or_else(PoisonError::into_inner).sweep(now_ms);
+            shard
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .sweep(now_ms);
         }
     }
 
@@ -169,7 +183,10 @@ impl<C: Clock> MemoryStore<C> {
     }
 }
 
-fn shard_mut<'g, 'a>(guards: &'g mut ArrayVec<(usize, MutexGuard<'a, Shard>), 4>, idx: usize) -> &'g mut Shard {
+fn shard_mut<'g, 'a>(
+    guards: &'g mut ArrayVec<(usize, MutexGuard<'a, Shard>), 4>,
+    idx: usize,
+) -> &'g mut Shard {
     // Every index in `shard_of` was locked above, so the search always succeeds; the
     // fallback keeps this free of panics all the same.
     let pos = guards.iter().position(|(i, _)| *i == idx).unwrap_or(0);
@@ -190,16 +207,34 @@ impl<C: Clock> LimitStore for MemoryStore<C> {
 // === impl Shard ===
 
 impl Shard {
-    fn charge(&mut self, scope: Scope, ident: &Ident, windows: &[crate::limiter::WindowLimit], now_ms: u64, cost: u32) {
+    fn charge(
+        &mut self,
+        scope: Scope,
+        ident: &Ident,
+        windows: &[crate::limiter::WindowLimit],
+        now_ms: u64,
+        cost: u32,
+    ) {
         for limit in windows {
-            let key = KeyRef { scope, window: limit.window, ident };
+            let key = KeyRef {
+                scope,
+                window: limit.window,
+                ident,
+            };
             let offset = ident.offset_ms(limit);
             let slot = match self.map.get_mut(&key) {
                 Some(slot) => slot,
                 None => {
                     self.maybe_sweep(now_ms);
-                    let key = StateKey { scope, window: limit.window, ident: ident.clone() };
-                    let fresh = Slot { idle_at: 0, state: State::initial(limit.algorithm) };
+                    let key = StateKey {
+                        scope,
+                        window: limit.window,
+                        ident: ident.clone(),
+                    };
+                    let fresh = Slot {
+                        idle_at: 0,
+                        state: State::initial(limit.algorithm),
+                    };
                     self.map.entry(key).or_insert(fresh)
                 }
             };

@@ -89,7 +89,10 @@ mod tests {
         let l = lim(Window::Minute, 10);
         // 10 requests in the last second of a minute, 10 in the first second of the next:
         // 20 admitted within 2 s although the limit is 10 per minute.
-        let times: Vec<u64> = (0..10).map(|i| 119_000 + i * 100).chain((0..10).map(|i| 120_000 + i * 100)).collect();
+        let times: Vec<u64> = (0..10)
+            .map(|i| 119_000 + i * 100)
+            .chain((0..10).map(|i| 120_000 + i * 100))
+            .collect();
         assert_eq!(admitted_between(&l, &times), 20);
     }
 
@@ -123,7 +126,11 @@ mod tests {
     /// A request at now + retry_after is admitted, one a millisecond earlier is not.
     #[test]
     fn retry_after_is_exact() {
-        for (limit, window) in [(3, Window::Second), (7, Window::Minute), (50, Window::Month)] {
+        for (limit, window) in [
+            (3, Window::Second),
+            (7, Window::Minute),
+            (50, Window::Month),
+        ] {
             assert_retry_exact(&lim(window, limit));
         }
     }

@@ -160,14 +160,21 @@ mod tests {
         let cases = [
             (ms(2024, 2, 10), ms(2024, 2, 1), ms(2024, 3, 1)), // leap February: 29 days
             (ms(2025, 2, 28) + 5, ms(2025, 2, 1), ms(2025, 3, 1)),
-            (ms(2026, 12, 31) + DAY_MS - 1, ms(2026, 12, 1), ms(2027, 1, 1)),
+            (
+                ms(2026, 12, 31) + DAY_MS - 1,
+                ms(2026, 12, 1),
+                ms(2027, 1, 1),
+            ),
             (ms(2027, 1, 1), ms(2027, 1, 1), ms(2027, 2, 1)),
         ];
         for (i, (now, start, end)) in cases.into_iter().enumerate() {
             assert_eq!(bounds(Window::Month, now, 0), (start, end), "case {i}");
         }
         assert_eq!(ms(2024, 3, 1) - ms(2024, 2, 1), 29 * DAY_MS);
-        assert_eq!(civil_from_days(days_from_civil(2026, 11, 29)), (2026, 11, 29));
+        assert_eq!(
+            civil_from_days(days_from_civil(2026, 11, 29)),
+            (2026, 11, 29)
+        );
     }
 
     /// Fixed-length windows align to the epoch; an offset shifts both edges.
@@ -176,6 +183,9 @@ mod tests {
         assert_eq!(bounds(Window::Minute, 125_000, 0), (120_000, 180_000));
         assert_eq!(bounds(Window::Day, DAY_MS + 10, 0), (DAY_MS, 2 * DAY_MS));
         assert_eq!(bounds(Window::Day, DAY_MS + 10, 20), (20, DAY_MS + 20));
-        assert_eq!(bounds(Window::Day, DAY_MS + 30, 20), (DAY_MS + 20, 2 * DAY_MS + 20));
+        assert_eq!(
+            bounds(Window::Day, DAY_MS + 30, 20),
+            (DAY_MS + 20, 2 * DAY_MS + 20)
+        );
     }
 }

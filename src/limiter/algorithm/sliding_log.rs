@@ -114,10 +114,16 @@ mod tests {
         }
         for (i, t) in admitted.iter().enumerate() {
             let in_window = admitted[..=i].iter().filter(|s| **s + 60_000 > *t).count();
-            assert!(in_window <= 10, "{in_window} admitted in the minute ending {t}");
+            assert!(
+                in_window <= 10,
+                "{in_window} admitted in the minute ending {t}"
+            );
         }
         // ...and it is not trivially strict: the spike test admits the full limit once.
-        let times: Vec<u64> = (0..10).map(|i| 119_000 + i * 100).chain((0..10).map(|i| 120_000 + i * 100)).collect();
+        let times: Vec<u64> = (0..10)
+            .map(|i| 119_000 + i * 100)
+            .chain((0..10).map(|i| 120_000 + i * 100))
+            .collect();
         assert_eq!(admitted_between(&l, &times), 10);
     }
 

@@ -76,7 +76,13 @@ pub fn step(
     } else {
         next_end
     };
-    let reset_at = if curr > 0 { next_end } else if prev > 0 { end } else { now };
+    let reset_at = if curr > 0 {
+        next_end
+    } else if prev > 0 {
+        end
+    } else {
+        now
+    };
     Decision {
         allowed: false,
         limit: limit.limit,
@@ -120,7 +126,10 @@ mod tests {
     #[test]
     fn has_no_boundary_spike() {
         let l = lim(Window::Minute, 10);
-        let times: Vec<u64> = (0..10).map(|i| 119_000 + i * 100).chain((0..10).map(|i| 120_000 + i * 100)).collect();
+        let times: Vec<u64> = (0..10)
+            .map(|i| 119_000 + i * 100)
+            .chain((0..10).map(|i| 120_000 + i * 100))
+            .collect();
         assert_eq!(admitted_between(&l, &times), 10);
     }
 
@@ -129,14 +138,23 @@ mod tests {
     fn forgets_after_two_windows() {
         run_table(
             &lim(Window::Second, 2),
-            &[(1_000, 2, true, 0, 0), (1_999, 1, false, 0, 501), (3_000, 2, true, 0, 0)],
+            &[
+                (1_000, 2, true, 0, 0),
+                (1_999, 1, false, 0, 501),
+                (3_000, 2, true, 0, 0),
+            ],
         );
     }
 
     /// A request at now + retry_after is admitted, one a millisecond earlier is not.
     #[test]
     fn retry_after_is_exact() {
-        for (limit, window) in [(3, Window::Second), (7, Window::Minute), (100, Window::Hour), (40, Window::Month)] {
+        for (limit, window) in [
+            (3, Window::Second),
+            (7, Window::Minute),
+            (100, Window::Hour),
+            (40, Window::Month),
+        ] {
             assert_retry_exact(&lim(window, limit));
         }
     }

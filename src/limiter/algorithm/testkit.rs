@@ -59,9 +59,18 @@ pub(crate) fn assert_retry_exact(limit: &WindowLimit) {
         assert!(d.retry_after_ms >= 1, "{d:?}");
         let at = now + d.retry_after_ms;
         let mut later = state.clone();
-        assert!(step(&mut later, limit, at, 0, cost, false).allowed, "not admitted at retry: now={now} {d:?}");
+        assert!(
+            step(&mut later, limit, at, 0, cost, false).allowed,
+            "not admitted at retry: now={now} {d:?}"
+        );
         let mut earlier = state.clone();
-        assert!(!step(&mut earlier, limit, at - 1, 0, cost, false).allowed, "admitted early: now={now} {d:?}");
+        assert!(
+            !step(&mut earlier, limit, at - 1, 0, cost, false).allowed,
+            "admitted early: now={now} {d:?}"
+        );
     }
-    assert!(rejections > 10, "the traffic never hit the limit ({rejections} rejections)");
+    assert!(
+        rejections > 10,
+        "the traffic never hit the limit ({rejections} rejections)"
+    );
 }

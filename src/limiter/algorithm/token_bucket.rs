@@ -147,7 +147,11 @@ mod tests {
     /// A request at now + retry_after is admitted, one a millisecond earlier is not.
     #[test]
     fn retry_after_is_exact() {
-        for (limit, window, burst) in [(3, Window::Second, 1.0), (7, Window::Minute, 2.0), (1000, Window::Hour, 1.2)] {
+        for (limit, window, burst) in [
+            (3, Window::Second, 1.0),
+            (7, Window::Minute, 2.0),
+            (1000, Window::Hour, 1.2),
+        ] {
             assert_retry_exact(&lim(window, limit, burst));
         }
     }

@@ -7,7 +7,11 @@ use crate::clock::ManualClock;
 use crate::limiter::{Algorithm, OnFailure, ScopeLimits, WindowLimit};
 
 fn limits(windows: Vec<WindowLimit>) -> ScopeLimits {
-    ScopeLimits { windows, on_failure: OnFailure::Local, message: None }
+    ScopeLimits {
+        windows,
+        on_failure: OnFailure::Local,
+        message: None,
+    }
 }
 
 fn ip(n: u32) -> Ident {
@@ -19,9 +23,21 @@ const T0: u64 = 1_764_000_000_000;
 /// Many threads racing on one identity admit exactly the limit, for every algorithm.
 #[test]
 fn exact_under_concurrency_from_many_threads() {
-    for alg in [Algorithm::TokenBucket, Algorithm::FixedWindow, Algorithm::SlidingWindow, Algorithm::SlidingLog, Algorithm::LeakyBucket] {
-        let store = Arc::new(MemoryStore::with_clock(ManualClock::at(T0 - T0 % 3_600_000)));
-        let l = Arc::new(limits(vec![WindowLimit::with_algorithm(Window::Hour, 500, alg)]));
+    for alg in [
+        Algorithm::TokenBucket,
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindow,
+        Algorithm::SlidingLog,
+        Algorithm::LeakyBucket,
+    ] {
+        let store = Arc::new(MemoryStore::with_clock(ManualClock::at(
+            T0 - T0 % 3_600_000,
+        )));
+        let l = Arc::new(limits(vec![WindowLimit::with_algorithm(
+            Window::Hour,
+            500,
+            alg,
+        )]));
         let handles: Vec<_> = (0..8)
             .map(|_| {
                 let (store, l) = (store.clone(), l.clone());
@@ -65,7 +81,15 @@ fn charges_no_scope_when_tenant_rejects() {
     // The key alone still has 8 left: 2 charged, the 5 rejected ones were not.
     let mut key_only = Check::new(1);
     key_only.push(Scope::Key, Ident::Name("k".into()), &keyl);
-    assert_eq!(store.decide(&key_only).governing.unwrap().decision.remaining, 7);
+    assert_eq!(
+        store
+            .decide(&key_only)
+            .governing
+            .unwrap()
+            .decision
+            .remaining,
+        7
+    );
 }
 
 /// A sprayed million source IPs does not stay in memory: the inline sweep bounds each
@@ -98,7 +122,10 @@ fn memory_stays_bounded_under_an_ip_spray() {
 fn eviction_never_hands_an_active_client_a_fresh_bucket() {
     let clock = ManualClock::at(T0);
     let store = MemoryStore::with_clock(clock.clone());
-    let l = limits(vec![WindowLimit::new(Window::Minute, 3), WindowLimit::new(Window::Hour, 100)]);
+    let l = limits(vec![
+        WindowLimit::new(Window::Minute, 3),
+        WindowLimit::new(Window::Hour, 100),
+    ]);
     let check = |n| {
         let mut c = Check::new(1);
         c.push(Scope::Ip, ip(n), &l);

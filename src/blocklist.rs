@@ -1,0 +1,140 @@
+//! Blocks by address / CIDR, key id and tenant, each with an optional expiry.
+//!
+//! Exact addresses and ids are hash lookups; CIDRs are scanned linearly (the list comes
+//! from config and the admin API and is expected to stay small). The list is immutable
+//! and swapped whole when it changes.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+
+use crate::config::{BlockEntry, BlockTarget};
+
+/// The active block list.
+#[derive(Debug, Default, Clone)]
+pub struct BlockList {
+    addrs: HashMap<IpAddr, BlockEntry>,
+    nets: Vec<(IpNet, BlockEntry)>,
+    keys: HashMap<String, BlockEntry>,
+    tenants: HashMap<String, BlockEntry>,
+}
+
+// === impl BlockList ===
+
+impl BlockList {
+    /// A list of `entries`; of several blocks on one target, the longest-lived wins.
+    pub fn new(entries: impl IntoIterator<Item = BlockEntry>) -> Self {
+        let mut list = Self::default();
+        for e in entries {
+            list.insert(e);
+        }
+        list
+    }
+
+    fn insert(&mut self, e: BlockEntry) {
+        fn keep(map_entry: Option<&BlockEntry>, new: &BlockEntry) -> bool {
+            map_entry.is_none_or(|old| match (old.expires_at_ms, new.expires_at_ms) {
+                (None, _) => false,
+                (Some(_), None) => true,
+                (Some(a), Some(b)) => b > a,
+            })
+        }
+        match &e.target {
+            BlockTarget::Ip(net) if net.prefix_len() == net.max_prefix_len() => {
+                if keep(self.addrs.get(&net.addr()), &e) {
+                    self.addrs.insert(net.addr(), e);
+                }
+            }
+            BlockTarget::Ip(net) => self.nets.push((*net, e)),
+            BlockTarget::Key(id) => {
+                if keep(self.keys.get(id), &e) {
+                    self.keys.insert(id.clone(), e);
+                }
+            }
+            BlockTarget::Tenant(id) => {
+                if keep(self.tenants.get(id), &e) {
+                    self.tenants.insert(id.clone(), e);
+                }
+            }
+        }
+    }
+
+    /// The block on `ip` in force at `now_ms`.
+    pub fn ip(&self, ip: IpAddr, now_ms: u64) -> Option<&BlockEntry> {
+        let ip = ip.to_canonical();
+        self.addrs.get(&ip).filter(|b| live(b, now_ms)).or_else(|| {
+            self.nets
+                .iter()
+                .find(|(n, b)| n.contains(&ip) && live(b, now_ms))
+                .map(|(_, b)| b)
+        })
+    }
+
+    /// The block on key id `id` in force at `now_ms`.
+    pub fn key(&self, id: &str, now_ms: u64) -> Option<&BlockEntry> {
+        self.keys.get(id).filter(|b| live(b, now_ms))
+    }
+
+    /// The block on tenant `id` in force at `now_ms`.
+    pub fn tenant(&self, id: &str, now_ms: u64) -> Option<&BlockEntry> {
+        self.tenants.get(id).filter(|b| live(b, now_ms))
+    }
+
+    /// Whether no block is configured.
+    pub fn is_empty(&self) -> bool {
+        self.addrs.is_empty()
+            && self.nets.is_empty()
+            && self.keys.is_empty()
+            && self.tenants.is_empty()
+    }
+}
+
+fn live(b: &BlockEntry, now_ms: u64) -> bool {
+    b.expires_at_ms.is_none_or(|t| now_ms < t)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn block(target: BlockTarget, expires: Option<u64>) -> BlockEntry {
+        BlockEntry {
+            target,
+            reason: None,
+            expires_at_ms: expires,
+        }
+    }
+
+    /// Addresses, CIDRs (v4 and v6, v4-mapped), keys and tenants; expiry honoured.
+    #[test]
+    fn matches_targets_until_expiry() {
+        let list = BlockList::new([
+            block(BlockTarget::Ip("203.0.113.0/24".parse().unwrap()), None),
+            block(
+                BlockTarget::Ip("198.51.100.7/32".parse().unwrap()),
+                Some(1_000),
+            ),
+            block(BlockTarget::Ip("2001:db8::/32".parse().unwrap()), None),
+            block(BlockTarget::Key("k1".into()), Some(500)),
+            block(BlockTarget::Key("k1".into()), None),
+            block(BlockTarget::Tenant("evil".into()), Some(2_000)),
+        ]);
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let cases = [
+            (list.ip(ip("203.0.113.99"), 0).is_some(), true),
+            (list.ip(ip("::ffff:203.0.113.99"), 0).is_some(), true),
+            (list.ip(ip("203.0.114.1"), 0).is_some(), false),
+            (list.ip(ip("198.51.100.7"), 999).is_some(), true),
+            (list.ip(ip("198.51.100.7"), 1_000).is_some(), false),
+            (list.ip(ip("2001:db8:1::1"), 0).is_some(), true),
+            (list.key("k1", 10_000).is_some(), true),
+            (list.key("k2", 0).is_some(), false),
+            (list.tenant("evil", 1_999).is_some(), true),
+            (list.tenant("evil", 2_000).is_some(), false),
+        ];
+        for (i, (got, want)) in cases.into_iter().enumerate() {
+            assert_eq!(got, want, "case {i}");
+        }
+    }
+}

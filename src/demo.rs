@@ -1,0 +1,104 @@
+//! A tiny echo upstream for `throttle demo` and the tests: every request gets 200 and a
+//! JSON body with the method, path and the headers the upstream received, so one can
+//! see exactly what the gateway forwarded.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::Mutex;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
+use pingora::server::ShutdownWatch;
+use pingora::services::background::BackgroundService;
+use tokio::net::TcpListener;
+
+/// The echo upstream as a Pingora background service (for `throttle demo`).
+pub struct DemoUpstream {
+    listener: Mutex<Option<std::net::TcpListener>>,
+}
+
+// === impl DemoUpstream ===
+
+impl DemoUpstream {
+    /// Serves on an already bound listener (so its address is known before start).
+    pub fn new(listener: std::net::TcpListener) -> Self {
+        Self {
+            listener: Mutex::new(Some(listener)),
+        }
+    }
+}
+
+#[async_trait]
+impl BackgroundService for DemoUpstream {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        let taken = self.listener.lock().ok().and_then(|mut l| l.take());
+        let Some(std_listener) = taken else { return };
+        let listener = match std_listener
+            .set_nonblocking(true)
+            .and_then(|()| TcpListener::from_std(std_listener))
+        {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::error!(error = %e, "demo upstream cannot listen");
+                return;
+            }
+        };
+        serve(listener, async move {
+            let _ = shutdown.changed().await;
+        })
+        .await;
+    }
+}
+
+/// Serves the echo app on `listener` until `shutdown` completes.
+pub async fn serve(listener: TcpListener, shutdown: impl Future<Output = ()>) {
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            () = &mut shutdown => return,
+            accepted = listener.accept() => {
+                let Ok((stream, _)) = accepted else { continue };
+                tokio::spawn(async move {
+                    let conn = http1::Builder::new().serve_connection(TokioIo::new(stream), service_fn(echo));
+                    if let Err(e) = conn.await {
+                        tracing::debug!(error = %e, "demo upstream connection");
+                    }
+                });
+            }
+        }
+    }
+}
+
+async fn echo(req: Request<hyper::body::Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
+    let mut headers = serde_json::Map::new();
+    for name in req.headers().keys() {
+        let values: Vec<&str> = req
+            .headers()
+            .get_all(name)
+            .iter()
+            .map(|v| v.to_str().unwrap_or("<binary>"))
+            .collect();
+        headers.insert(
+            name.as_str().to_string(),
+            serde_json::Value::from(values.join(", ")),
+        );
+    }
+    let body = serde_json::json!({
+        "upstream": "throttle-demo",
+        "method": req.method().as_str(),
+        "path": req.uri().path(),
+        "headers": headers,
+    });
+    let body = serde_json::to_vec_pretty(&body).unwrap_or_default();
+    let mut resp = Response::new(Full::new(Bytes::from(body)));
+    resp.headers_mut().insert(
+        "content-type",
+        http::HeaderValue::from_static("application/json"),
+    );
+    Ok(resp)
+}

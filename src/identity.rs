@@ -1,0 +1,194 @@
+//! Who is calling: the API key from the request, and key -> key id, tenant, tier.
+//!
+//! Keys are never held in clear: the table maps SHA-256 digests to `KeyInfo`, and a
+//! presented key is hashed once and looked up. Lookups of a preimage-resistant digest leak
+//! nothing useful through timing, so no constant-time compare is needed.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use http::HeaderMap;
+use sha2::{Digest, Sha256};
+
+use crate::config::{Config, Tier};
+use crate::limiter::Ident;
+
+/// Longest key accepted; longer ones are invalid without being hashed.
+pub const MAX_KEY_LEN: usize = 256;
+
+/// What the request says about its key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Presented<'a> {
+    /// No key header.
+    Missing,
+    /// A key (non-empty, not over `MAX_KEY_LEN`, visible ASCII).
+    Key(&'a [u8]),
+    /// A key header that cannot hold a valid key (empty Bearer, too long, bad bytes).
+    Malformed,
+}
+
+/// A known key.
+#[derive(Debug, Clone)]
+pub struct KeyInfo {
+    /// The key id (what `X-Throttle-Key-Id` carries); never the key itself.
+    pub key_id: Arc<str>,
+    /// The tenant id.
+    pub tenant: Arc<str>,
+    /// The key's tier (its key limits).
+    pub tier: Arc<Tier>,
+    /// The tenant's tier (its tenant limits): `[[tenants]]`, else the key's tier.
+    pub tenant_tier: Arc<Tier>,
+    /// `Ident` of the key scope.
+    pub key_ident: Ident,
+    /// `Ident` of the tenant scope.
+    pub tenant_ident: Ident,
+}
+
+/// Digest -> key, swapped whole on refresh.
+#[derive(Debug, Default)]
+pub struct KeyTable {
+    by_digest: HashMap<[u8; 32], Arc<KeyInfo>>,
+}
+
+// === impl KeyTable ===
+
+impl KeyTable {
+    /// The keys of `[[keys]]` (unknown tiers were rejected by validation).
+    pub fn from_config(config: &Config) -> Self {
+        let mut by_digest = HashMap::with_capacity(config.keys.len());
+        for k in &config.keys {
+            let Some(tier) = config.tiers.get(&k.tier) else {
+                continue;
+            };
+            let tenant_tier = config
+                .tenants
+                .get(&k.tenant)
+                .and_then(|t| config.tiers.get(t))
+                .unwrap_or(tier);
+            let key_id: Arc<str> = Arc::from(k.id.as_str());
+            let tenant: Arc<str> = Arc::from(k.tenant.as_str());
+            by_digest.insert(
+                k.sha256,
+                Arc::new(KeyInfo {
+                    key_ident: Ident::Name(key_id.clone()),
+                    tenant_ident: Ident::Name(tenant.clone()),
+                    key_id,
+                    tenant,
+                    tier: tier.clone(),
+                    tenant_tier: tenant_tier.clone(),
+                }),
+            );
+        }
+        Self { by_digest }
+    }
+
+    /// The key whose SHA-256 matches `key`.
+    pub fn lookup(&self, key: &[u8]) -> Option<&Arc<KeyInfo>> {
+        let digest: [u8; 32] = Sha256::digest(key).into();
+        self.by_digest.get(&digest)
+    }
+
+    /// Number of keys.
+    pub fn len(&self) -> usize {
+        self.by_digest.len()
+    }
+
+    /// Whether there are no keys.
+    pub fn is_empty(&self) -> bool {
+        self.by_digest.is_empty()
+    }
+}
+
+/// The key from `Authorization: Bearer <key>`, else `X-API-Key: <key>`. An `Authorization`
+/// header of another scheme is left for the upstream and does not count.
+pub fn api_key_from(headers: &HeaderMap) -> Presented<'_> {
+    if let Some(v) = headers.get(http::header::AUTHORIZATION) {
+        let b = v.as_bytes();
+        if b.len() >= 6 && b[..6].eq_ignore_ascii_case(b"bearer") && (b.len() == 6 || b[6] == b' ')
+        {
+            return validate_key(b.get(7..).unwrap_or_default());
+        }
+    }
+    match headers.get("x-api-key") {
+        Some(v) => validate_key(v.as_bytes()),
+        None => Presented::Missing,
+    }
+}
+
+/// Classifies a raw key value: a usable key or malformed.
+pub fn validate_key(raw: &[u8]) -> Presented<'_> {
+    let key = raw.trim_ascii();
+    if key.is_empty() || key.len() > MAX_KEY_LEN || !key.iter().all(|b| b.is_ascii_graphic()) {
+        return Presented::Malformed;
+    }
+    Presented::Key(key)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    fn headers(pairs: &[(&str, &[u8])]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(
+                http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                HeaderValue::from_bytes(v).unwrap(),
+            );
+        }
+        h
+    }
+
+    /// Bearer first, then X-API-Key; malformed values are told apart from missing ones.
+    #[test]
+    fn extracts_key_table() {
+        let long = vec![b'a'; 10_000];
+        type Case<'a> = (&'a [(&'a str, &'a [u8])], Presented<'a>);
+        let cases: &[Case<'_>] = &[
+            (&[], Presented::Missing),
+            (&[("authorization", b"Bearer abc")], Presented::Key(b"abc")),
+            (
+                &[("authorization", b"bearer  abc ")],
+                Presented::Key(b"abc"),
+            ),
+            (&[("x-api-key", b"k1")], Presented::Key(b"k1")),
+            (
+                &[("authorization", b"Bearer b1"), ("x-api-key", b"k1")],
+                Presented::Key(b"b1"),
+            ),
+            (
+                &[("authorization", b"Basic dXNlcg=="), ("x-api-key", b"k1")],
+                Presented::Key(b"k1"),
+            ),
+            (&[("authorization", b"Basic dXNlcg==")], Presented::Missing),
+            (&[("authorization", b"Bearer")], Presented::Malformed),
+            (&[("authorization", b"Bearer   ")], Presented::Malformed),
+            (&[("x-api-key", b"")], Presented::Malformed),
+            (&[("x-api-key", &long)], Presented::Malformed),
+            (&[("x-api-key", b"caf\xc3\xa9")], Presented::Malformed),
+            (&[("authorization", b"Bearerabc")], Presented::Missing),
+        ];
+        for (i, (h, want)) in cases.iter().enumerate() {
+            assert_eq!(api_key_from(&headers(h)), *want, "case {i}");
+        }
+    }
+
+    /// Keys are found by SHA-256 (`key` and `key_sha256` alike); the tenant tier applies.
+    #[test]
+    fn looks_up_by_digest() {
+        let c = crate::config::parse("gateway.toml", crate::config::SHIPPED).unwrap();
+        let t = KeyTable::from_config(&c);
+        let demo = t.lookup(b"demo-key-123").unwrap();
+        assert_eq!(
+            (&*demo.key_id, &*demo.tenant, demo.tier.name.as_str()),
+            ("key_demo", "acme", "free")
+        );
+        let pro = t.lookup(b"pro-key-456").unwrap();
+        assert_eq!(
+            (&*pro.key_id, pro.tenant_tier.name.as_str()),
+            ("key_pro", "pro")
+        );
+        assert!(t.lookup(b"demo-key-124").is_none());
+    }
+}

@@ -1,0 +1,191 @@
+//! Prometheus metrics, registered into a registry owned by the gateway (never global).
+//!
+//! No label ever carries an IP, key or tenant id: labels are route names, status codes,
+//! scopes, decisions and store names, all bounded by the config.
+
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+    TextEncoder,
+};
+
+use crate::limiter::Scope;
+
+/// A decision outcome, the `decision` label of `throttle_decisions_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Every scope allowed.
+    Allowed,
+    /// This scope rejected.
+    Rejected,
+    /// Would have rejected, in shadow mode.
+    ShadowRejected,
+    /// The store failed and the scope fails open.
+    FailedOpen,
+    /// The store failed and the scope fails closed.
+    FailedClosed,
+    /// Decided by the local fallback store.
+    LocalFallback,
+}
+
+/// Every metric of the gateway.
+pub struct Metrics {
+    registry: Registry,
+    /// `throttle_requests_total{route,status}`.
+    pub requests_total: IntCounterVec,
+    decisions: [[IntCounter; 6]; 4],
+    /// `throttle_store_call_seconds{store}`.
+    pub store_call_seconds: HistogramVec,
+    /// `throttle_store_errors_total{store}`.
+    pub store_errors_total: IntCounterVec,
+    /// `throttle_fallback_active`.
+    pub fallback_active: IntGauge,
+    /// `throttle_events_dropped_total`.
+    pub events_dropped_total: IntCounter,
+    /// `throttle_upstream_seconds{route}`.
+    pub upstream_seconds: HistogramVec,
+}
+
+// === impl Outcome ===
+
+impl Outcome {
+    const ALL: [Outcome; 6] = [
+        Outcome::Allowed,
+        Outcome::Rejected,
+        Outcome::ShadowRejected,
+        Outcome::FailedOpen,
+        Outcome::FailedClosed,
+        Outcome::LocalFallback,
+    ];
+
+    fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Allowed => "allowed",
+            Outcome::Rejected => "rejected",
+            Outcome::ShadowRejected => "shadow_rejected",
+            Outcome::FailedOpen => "failed_open",
+            Outcome::FailedClosed => "failed_closed",
+            Outcome::LocalFallback => "local_fallback",
+        }
+    }
+}
+
+// === impl Metrics ===
+
+impl Metrics {
+    /// Registers every metric in a fresh registry.
+    ///
+    /// # Errors
+    /// When a metric cannot be registered (a programming error: duplicate names).
+    pub fn new() -> Result<Self, prometheus::Error> {
+        let registry = Registry::new();
+        let requests_total = IntCounterVec::new(
+            Opts::new(
+                "throttle_requests_total",
+                "Requests served, by route and status.",
+            ),
+            &["route", "status"],
+        )?;
+        let decisions_total = IntCounterVec::new(
+            Opts::new(
+                "throttle_decisions_total",
+                "Limiter decisions, by scope and outcome.",
+            ),
+            &["scope", "decision"],
+        )?;
+        let store_call_seconds = HistogramVec::new(
+            HistogramOpts::new(
+                "throttle_store_call_seconds",
+                "Latency of limit store calls.",
+            )
+            .buckets(vec![
+                0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1,
+            ]),
+            &["store"],
+        )?;
+        let store_errors_total = IntCounterVec::new(
+            Opts::new("throttle_store_errors_total", "Failed limit store calls."),
+            &["store"],
+        )?;
+        let fallback_active = IntGauge::new(
+            "throttle_fallback_active",
+            "1 while decisions come from the local fallback.",
+        )?;
+        let events_dropped_total = IntCounter::new(
+            "throttle_events_dropped_total",
+            "Violation events dropped because the queue was full.",
+        )?;
+        let upstream_seconds = HistogramVec::new(
+            HistogramOpts::new(
+                "throttle_upstream_seconds",
+                "Time from upstream connect to the end of the response, by route.",
+            ),
+            &["route"],
+        )?;
+        registry.register(Box::new(requests_total.clone()))?;
+        registry.register(Box::new(decisions_total.clone()))?;
+        registry.register(Box::new(store_call_seconds.clone()))?;
+        registry.register(Box::new(store_errors_total.clone()))?;
+        registry.register(Box::new(fallback_active.clone()))?;
+        registry.register(Box::new(events_dropped_total.clone()))?;
+        registry.register(Box::new(upstream_seconds.clone()))?;
+        let decisions = Scope::ALL.map(|s| {
+            Outcome::ALL.map(|o| decisions_total.with_label_values(&[s.as_str(), o.as_str()]))
+        });
+        Ok(Self {
+            registry,
+            requests_total,
+            decisions,
+            store_call_seconds,
+            store_errors_total,
+            fallback_active,
+            events_dropped_total,
+            upstream_seconds,
+        })
+    }
+
+    /// Counts one decision of `scope`.
+    pub fn decision(&self, scope: Scope, outcome: Outcome) {
+        self.decisions[scope as usize][outcome as usize].inc();
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self) -> Vec<u8> {
+        let mut buf = Vec::with_capacity(4096);
+        if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut buf) {
+            tracing::warn!(error = %e, "cannot encode metrics");
+        }
+        buf
+    }
+}
+
+/// The `status` label: a static string for common codes, no allocation.
+pub fn status_label(code: u16) -> &'static str {
+    const EXACT: [(u16, &str); 15] = [
+        (200, "200"),
+        (201, "201"),
+        (204, "204"),
+        (301, "301"),
+        (302, "302"),
+        (304, "304"),
+        (400, "400"),
+        (401, "401"),
+        (403, "403"),
+        (404, "404"),
+        (429, "429"),
+        (500, "500"),
+        (502, "502"),
+        (503, "503"),
+        (504, "504"),
+    ];
+    if let Some((_, s)) = EXACT.iter().find(|(c, _)| *c == code) {
+        return s;
+    }
+    match code {
+        100..=199 => "1xx",
+        200..=299 => "2xx",
+        300..=399 => "3xx",
+        400..=499 => "4xx",
+        500..=599 => "5xx",
+        _ => "other",
+    }
+}

@@ -1,0 +1,267 @@
+//! The request_filter pipeline as plain functions: resolve the client IP, refuse blocked
+//! callers, match the route, identify the key, enforce the layered limits.
+//!
+//! Order matters and is part of the contract: an IP block answers 403 before anything
+//! else is looked at; auth (401) comes before limits, so an unauthenticated caller spends
+//! no key or tenant budget; the ip and global limits apply even when no route matches,
+//! so probing for routes is rate limited too.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use pingora::http::RequestHeader;
+
+use super::respond::Rejection;
+use super::router::{is_ambiguous_path, RouteEntry};
+use crate::config::{Auth, Mode};
+use crate::identity::{api_key_from, KeyInfo, Presented};
+use crate::limiter::{Check, Ident, OnFailure, Scope, Verdict, WindowDecision};
+use crate::metrics::Outcome;
+use crate::state::{Runtime, Shared};
+
+/// A request that may go upstream.
+#[derive(Clone)]
+pub struct Admitted {
+    /// The resolved client address.
+    pub client_ip: IpAddr,
+    /// The matched route.
+    pub route: Arc<RouteEntry>,
+    /// The caller's key, when one was presented and is valid.
+    pub key: Option<Arc<KeyInfo>>,
+    /// The window the response headers describe.
+    pub rate: Option<WindowDecision>,
+    /// True when `rate` is a shadow-mode would-be rejection.
+    pub shadow_rejected: bool,
+}
+
+/// The outcome of the limits for one caller.
+#[derive(Debug, Clone, Copy)]
+pub struct LimitOutcome {
+    /// The layered verdict (`allowed` may be false only in shadow mode).
+    pub verdict: Verdict,
+    /// True when the verdict rejected but the mode is shadow.
+    pub shadow_rejected: bool,
+}
+
+/// Runs the whole pipeline for a proxied request.
+///
+/// # Errors
+/// The `Rejection` to answer with.
+pub async fn admit(
+    shared: &Shared,
+    rt: &Runtime,
+    req: &RequestHeader,
+    peer: IpAddr,
+    now_ms: u64,
+) -> Result<Admitted, Rejection> {
+    let client_ip = rt.resolver.resolve(
+        peer,
+        req.headers
+            .get_all("x-forwarded-for")
+            .iter()
+            .map(|v| v.as_bytes()),
+    );
+    if rt.blocks.ip(client_ip, now_ms).is_some() {
+        return Err(Rejection::blocked(Scope::Ip));
+    }
+    let path = req.uri.path();
+    if is_ambiguous_path(path) {
+        return Err(Rejection::InvalidPath);
+    }
+    let host = req
+        .headers
+        .get(http::header::HOST)
+        .map(|h| h.as_bytes())
+        .or_else(|| req.uri.host().map(str::as_bytes));
+    let Some(route) = rt.router.find(host, path) else {
+        let out = limit(shared, rt, client_ip, None, 1, Mode::Enforce).await?;
+        return Err(Rejection::NoRoute(out.verdict.governing));
+    };
+    let key = identify(rt, req, route.route.auth)?;
+    if let Some(k) = &key {
+        blocked_key(rt, k, now_ms)?;
+    }
+    let out = limit(
+        shared,
+        rt,
+        client_ip,
+        key.as_deref(),
+        route.route.cost,
+        route.route.mode,
+    )
+    .await?;
+    Ok(Admitted {
+        client_ip,
+        route: route.clone(),
+        key,
+        rate: out.verdict.governing,
+        shadow_rejected: out.shadow_rejected,
+    })
+}
+
+/// The caller's key under the route's `auth` rule.
+///
+/// # Errors
+/// 401 when a required key is missing, or any presented key is invalid.
+pub fn identify(
+    rt: &Runtime,
+    req: &RequestHeader,
+    auth: Auth,
+) -> Result<Option<Arc<KeyInfo>>, Rejection> {
+    if auth == Auth::None {
+        return Ok(None);
+    }
+    lookup_key(rt, api_key_from(&req.headers), auth)
+}
+
+/// Resolves a presented key.
+///
+/// # Errors
+/// 401 `missing_api_key` / `invalid_api_key`.
+pub fn lookup_key(
+    rt: &Runtime,
+    presented: Presented<'_>,
+    auth: Auth,
+) -> Result<Option<Arc<KeyInfo>>, Rejection> {
+    match presented {
+        Presented::Missing if auth == Auth::Required => Err(Rejection::MissingKey),
+        Presented::Missing => Ok(None),
+        Presented::Malformed => Err(Rejection::InvalidKey),
+        Presented::Key(k) => rt
+            .keys
+            .lookup(k)
+            .cloned()
+            .map(Some)
+            .ok_or(Rejection::InvalidKey),
+    }
+}
+
+/// 403 when the key or its tenant is blocked.
+///
+/// # Errors
+/// `Rejection::Blocked` naming the scope.
+pub fn blocked_key(rt: &Runtime, key: &KeyInfo, now_ms: u64) -> Result<(), Rejection> {
+    if rt.blocks.key(&key.key_id, now_ms).is_some() {
+        return Err(Rejection::blocked(Scope::Key));
+    }
+    if rt.blocks.tenant(&key.tenant, now_ms).is_some() {
+        return Err(Rejection::blocked(Scope::Tenant));
+    }
+    Ok(())
+}
+
+/// Enforces ip -> key -> tenant -> global for one request of `cost`.
+///
+/// # Errors
+/// 429 with the rejecting window (enforce mode), or 503 when a fail-closed scope's store
+/// is unreachable.
+pub async fn limit(
+    shared: &Shared,
+    rt: &Runtime,
+    client_ip: IpAddr,
+    key: Option<&KeyInfo>,
+    cost: u32,
+    mode: Mode,
+) -> Result<LimitOutcome, Rejection> {
+    let check = build_check(rt, client_ip, key, cost);
+    if check.is_empty() {
+        return Ok(LimitOutcome {
+            verdict: Verdict::UNLIMITED,
+            shadow_rejected: false,
+        });
+    }
+    let started = tokio::time::Instant::now();
+    let result = shared.store.check(&check).await;
+    let store = shared.store.name();
+    shared
+        .metrics
+        .store_call_seconds
+        .with_label_values(&[store])
+        .observe(started.elapsed().as_secs_f64());
+    let verdict = match result {
+        Ok(v) => v,
+        Err(e) => return store_failed(shared, &check, store, &e),
+    };
+    if verdict.allowed {
+        for s in &check.scopes {
+            shared.metrics.decision(s.scope, Outcome::Allowed);
+        }
+        return Ok(LimitOutcome {
+            verdict,
+            shadow_rejected: false,
+        });
+    }
+    let Some(governing) = verdict.governing else {
+        return Ok(LimitOutcome {
+            verdict,
+            shadow_rejected: false,
+        });
+    };
+    if mode == Mode::Shadow {
+        shared
+            .metrics
+            .decision(governing.scope, Outcome::ShadowRejected);
+        return Ok(LimitOutcome {
+            verdict,
+            shadow_rejected: true,
+        });
+    }
+    shared.metrics.decision(governing.scope, Outcome::Rejected);
+    let message = check
+        .scopes
+        .iter()
+        .find(|s| s.scope == governing.scope)
+        .and_then(|s| s.limits.message.clone());
+    Err(Rejection::RateLimited { governing, message })
+}
+
+/// The scopes that apply to a caller, in order.
+pub fn build_check<'a>(
+    rt: &'a Runtime,
+    client_ip: IpAddr,
+    key: Option<&'a KeyInfo>,
+    cost: u32,
+) -> Check<'a> {
+    let mut check = Check::new(cost);
+    if let Some(l) = &rt.config.ip_limits {
+        check.push(Scope::Ip, Ident::Ip(client_ip), l);
+    }
+    if let Some(k) = key {
+        check.push(Scope::Key, k.key_ident.clone(), &k.tier.key);
+        check.push(Scope::Tenant, k.tenant_ident.clone(), &k.tenant_tier.tenant);
+    }
+    if let Some(l) = &rt.config.global_limits {
+        check.push(Scope::Global, Ident::Global, l);
+    }
+    check
+}
+
+/// The store could not decide: each scope's `on_failure` says what happens.
+fn store_failed(
+    shared: &Shared,
+    check: &Check<'_>,
+    store: &str,
+    e: &crate::store::StoreError,
+) -> Result<LimitOutcome, Rejection> {
+    shared
+        .metrics
+        .store_errors_total
+        .with_label_values(&[store])
+        .inc();
+    tracing::debug!(error = %e, "limit store failed");
+    if let Some(s) = check
+        .scopes
+        .iter()
+        .find(|s| s.limits.on_failure == OnFailure::Closed)
+    {
+        shared.metrics.decision(s.scope, Outcome::FailedClosed);
+        return Err(Rejection::Unavailable);
+    }
+    for s in &check.scopes {
+        shared.metrics.decision(s.scope, Outcome::FailedOpen);
+    }
+    Ok(LimitOutcome {
+        verdict: Verdict::UNLIMITED,
+        shadow_rejected: false,
+    })
+}

@@ -1,0 +1,260 @@
+//! The Pingora `ProxyHttp` glue. Each phase calls one or two tested functions:
+//! `admit` decides, `respond` writes our own responses, `headers` formats rate headers.
+
+pub mod admit;
+pub mod headers;
+pub mod respond;
+pub mod router;
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use http::HeaderValue;
+use pingora::http::{RequestHeader, ResponseHeader};
+use pingora::prelude::HttpPeer;
+use pingora::proxy::{FailToProxy, ProxyHttp, Session};
+use pingora::{Error, ErrorSource, ErrorType};
+
+use self::admit::Admitted;
+use self::headers::RateHeaders;
+use self::respond::error_reply;
+use crate::metrics::status_label;
+use crate::state::Shared;
+
+/// The gateway: one per process, shared by every request.
+pub struct Gateway {
+    shared: Arc<Shared>,
+}
+
+/// Per-request state carried between phases.
+#[derive(Default)]
+pub struct RequestCtx {
+    admitted: Option<Admitted>,
+    /// The limiter clock reading the rate headers are rendered against.
+    now_ms: u64,
+    /// Route label for metrics (`none` when no route matched).
+    route: Option<Arc<str>>,
+    connect_tries: usize,
+    upstream_started: Option<tokio::time::Instant>,
+}
+
+// === impl Gateway ===
+
+impl Gateway {
+    /// A gateway over `shared`.
+    pub fn new(shared: Arc<Shared>) -> Self {
+        Self { shared }
+    }
+}
+
+#[async_trait]
+impl ProxyHttp for Gateway {
+    type CTX = RequestCtx;
+
+    fn new_ctx(&self) -> RequestCtx {
+        RequestCtx::default()
+    }
+
+    async fn request_filter(
+        &self,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+    ) -> pingora::Result<bool> {
+        let rt = self.shared.runtime();
+        let peer = peer_ip(session);
+        ctx.now_ms = self.shared.clock.now_ms();
+        match admit::admit(&self.shared, &rt, session.req_header(), peer, ctx.now_ms).await {
+            Ok(a) => {
+                ctx.route = Some(a.route.route.name.clone());
+                ctx.admitted = Some(a);
+                Ok(false)
+            }
+            Err(rejection) => {
+                respond::write(session, &rejection.render(ctx.now_ms)).await?;
+                Ok(true)
+            }
+        }
+    }
+
+    async fn upstream_peer(
+        &self,
+        _session: &mut Session,
+        ctx: &mut RequestCtx,
+    ) -> pingora::Result<Box<HttpPeer>> {
+        let Some(a) = &ctx.admitted else {
+            return Err(Error::explain(
+                ErrorType::InternalError,
+                "no admitted route",
+            ));
+        };
+        let Some(addr) = a
+            .route
+            .upstreams
+            .select(b"", 256)
+            .and_then(|b| b.addr.as_inet().copied())
+        else {
+            return Err(Error::explain(
+                ErrorType::ConnectNoRoute,
+                "no upstream available",
+            ));
+        };
+        let mut peer = HttpPeer::new(addr, false, String::new());
+        peer.options.connection_timeout = Some(a.route.route.connect_timeout);
+        peer.options.total_connection_timeout = Some(a.route.route.connect_timeout);
+        peer.options.read_timeout = Some(a.route.route.read_timeout);
+        peer.options.write_timeout = Some(a.route.route.read_timeout);
+        peer.options.idle_timeout = Some(std::time::Duration::from_secs(60));
+        ctx.upstream_started
+            .get_or_insert_with(tokio::time::Instant::now);
+        Ok(Box::new(peer))
+    }
+
+    fn fail_to_connect(
+        &self,
+        _session: &mut Session,
+        _peer: &HttpPeer,
+        ctx: &mut RequestCtx,
+        mut e: Box<Error>,
+    ) -> Box<Error> {
+        // Try each upstream of the route once before giving up.
+        let upstreams = ctx
+            .admitted
+            .as_ref()
+            .map_or(1, |a| a.route.route.upstreams.len());
+        ctx.connect_tries += 1;
+        if ctx.connect_tries < upstreams {
+            e.set_retry(true);
+        }
+        e
+    }
+
+    async fn upstream_request_filter(
+        &self,
+        session: &mut Session,
+        upstream: &mut RequestHeader,
+        ctx: &mut RequestCtx,
+    ) -> pingora::Result<()> {
+        let Some(a) = &ctx.admitted else {
+            return Ok(());
+        };
+        strip_throttle_headers(upstream);
+        let peer = peer_ip(session);
+        let rt = self.shared.runtime();
+        let xff = forwarded_for(session.req_header(), peer, rt.resolver.is_trusted(peer));
+        upstream.insert_header("x-forwarded-for", xff)?;
+        upstream.insert_header("x-real-ip", a.client_ip.to_string())?;
+        if let Some(k) = &a.key {
+            upstream.insert_header("x-throttle-tenant", &*k.tenant)?;
+            upstream.insert_header("x-throttle-key-id", &*k.key_id)?;
+        }
+        Ok(())
+    }
+
+    async fn response_filter(
+        &self,
+        _session: &mut Session,
+        resp: &mut ResponseHeader,
+        ctx: &mut RequestCtx,
+    ) -> pingora::Result<()> {
+        let Some(a) = &ctx.admitted else {
+            return Ok(());
+        };
+        if let Some(wd) = &a.rate {
+            let mut h = RateHeaders::new(wd, ctx.now_ms, a.shadow_rejected);
+            h.retry_after = None; // a forwarded response was not rejected
+            for (name, value) in h.pairs() {
+                resp.insert_header(name, value)?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn fail_to_proxy(
+        &self,
+        session: &mut Session,
+        e: &Error,
+        _ctx: &mut RequestCtx,
+    ) -> FailToProxy {
+        let (code, body) = match (e.esource(), e.etype()) {
+            (_, ErrorType::HTTPStatus(code)) => (*code, "error"),
+            (
+                ErrorSource::Upstream,
+                ErrorType::ConnectTimedout | ErrorType::ReadTimedout | ErrorType::WriteTimedout,
+            ) => (504, "upstream_timeout"),
+            (ErrorSource::Upstream, _) => (502, "bad_gateway"),
+            (
+                ErrorSource::Downstream,
+                ErrorType::WriteError | ErrorType::ReadError | ErrorType::ConnectionClosed,
+            ) => (0, ""),
+            (ErrorSource::Downstream, _) => (400, "bad_request"),
+            _ => (502, "bad_gateway"),
+        };
+        if code > 0 && session.response_written().is_none() {
+            if let Err(err) = respond::write(session, &error_reply(code, body)).await {
+                tracing::debug!(error = %err, "cannot write error response");
+            }
+        }
+        FailToProxy {
+            error_code: code,
+            can_reuse_downstream: false,
+        }
+    }
+
+    async fn logging(&self, session: &mut Session, _e: Option<&Error>, ctx: &mut RequestCtx) {
+        let status = session.response_written().map_or(0, |r| r.status.as_u16());
+        let route = ctx.route.as_deref().unwrap_or("none");
+        self.shared
+            .metrics
+            .requests_total
+            .with_label_values(&[route, status_label(status)])
+            .inc();
+        if let Some(started) = ctx.upstream_started {
+            self.shared
+                .metrics
+                .upstream_seconds
+                .with_label_values(&[route])
+                .observe(started.elapsed().as_secs_f64());
+        }
+    }
+}
+
+fn peer_ip(session: &Session) -> IpAddr {
+    session
+        .client_addr()
+        .and_then(|a| a.as_inet())
+        .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |a| a.ip().to_canonical())
+}
+
+/// Removes every client-sent `X-Throttle-*` header: only the gateway may set them.
+fn strip_throttle_headers(req: &mut RequestHeader) {
+    let doomed: Vec<http::HeaderName> = req
+        .headers
+        .keys()
+        .filter(|n| n.as_str().starts_with("x-throttle-"))
+        .cloned()
+        .collect();
+    for name in doomed {
+        req.remove_header(&name);
+    }
+}
+
+/// The upstream's `X-Forwarded-For`: the client's chain plus the peer from a trusted
+/// peer, the peer alone from an untrusted one.
+fn forwarded_for(req: &RequestHeader, peer: IpAddr, trusted: bool) -> HeaderValue {
+    let peer_s = peer.to_string();
+    if trusted {
+        let mut chain: Vec<&[u8]> = req
+            .headers
+            .get_all("x-forwarded-for")
+            .iter()
+            .map(|v| v.as_bytes())
+            .collect();
+        chain.push(peer_s.as_bytes());
+        let joined = chain.join(&b", "[..]);
+        if let Ok(v) = HeaderValue::from_bytes(&joined) {
+            return v;
+        }
+    }
+    HeaderValue::from_str(&peer_s).unwrap_or(HeaderValue::from_static("0.0.0.0"))
+}

@@ -1,0 +1,118 @@
+//! Assembles the Pingora server: the proxy service, the admin service and background
+//! tasks (the memory store's sweeper, the demo upstream), from a validated `Config`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use pingora::server::configuration::{Opt, ServerConf};
+use pingora::server::{Server, ShutdownWatch};
+use pingora::services::background::{background_service, BackgroundService};
+use pingora::services::listening::Service;
+
+use crate::admin::Admin;
+use crate::config::{Backend, Config};
+use crate::demo::DemoUpstream;
+use crate::metrics::Metrics;
+use crate::proxy::Gateway;
+use crate::state::{Runtime, Shared};
+use crate::store::MemoryStore;
+
+/// Why the gateway cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// A feature the config asks for is not in this build yet.
+    #[error("{0}")]
+    Unsupported(String),
+    /// Metrics could not be registered.
+    #[error("metrics: {0}")]
+    Metrics(#[from] prometheus::Error),
+    /// Upstreams could not be set up.
+    #[error("upstreams: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Extra pieces for `throttle demo`.
+#[derive(Default)]
+pub struct Extras {
+    /// Serve the demo echo upstream on this listener.
+    pub demo_upstream: Option<std::net::TcpListener>,
+}
+
+/// Builds the server for `config`, returning it with the state it shares.
+///
+/// # Errors
+/// `StartError` when the config asks for something this build cannot run.
+pub fn build(config: Config, extras: Extras) -> Result<(Server, Arc<Shared>), StartError> {
+    if config.store.backend == Backend::Redis {
+        return Err(StartError::Unsupported(format!(
+            "{}: [store] backend = \"redis\" is not available in this build yet; use backend = \"memory\"",
+            config.source
+        )));
+    }
+    if config.database_url.is_some() {
+        return Err(StartError::Unsupported(format!(
+            "{}: [database] is not available in this build yet; remove the section",
+            config.source
+        )));
+    }
+    let conf = server_conf(&config);
+    let mut server = Server::new_with_opt_and_conf(None::<Opt>, conf);
+    let store = Arc::new(MemoryStore::new());
+    let listen = config.server.listen;
+    let admin_listen = config.server.admin_listen;
+    let shared = Arc::new(Shared::new(
+        Runtime::from_config(config)?,
+        store.clone(),
+        Metrics::new()?,
+    ));
+
+    let mut proxy =
+        pingora::proxy::http_proxy_service(&server.configuration, Gateway::new(shared.clone()));
+    proxy.add_tcp(&listen.to_string());
+    let mut admin = Service::new("throttle admin".to_string(), Admin::new(shared.clone()));
+    admin.add_tcp(&admin_listen.to_string());
+    server.add_service(proxy);
+    server.add_service(admin);
+    server.add_service(background_service(
+        "memory store sweeper",
+        Sweeper { store },
+    ));
+    if let Some(listener) = extras.demo_upstream {
+        server.add_service(background_service(
+            "demo upstream",
+            DemoUpstream::new(listener),
+        ));
+    }
+    Ok((server, shared))
+}
+
+fn server_conf(config: &Config) -> ServerConf {
+    let port = config.server.listen.port();
+    ServerConf {
+        threads: config.server.threads,
+        grace_period_seconds: Some(config.server.grace_period.as_secs()),
+        graceful_shutdown_timeout_seconds: Some(1),
+        pid_file: format!("/tmp/throttle-{port}.pid"),
+        upgrade_sock: format!("/tmp/throttle-{port}-upgrade.sock"),
+        ..ServerConf::default()
+    }
+}
+
+/// Evicts idle memory-store state every second (see `MemoryStore`).
+struct Sweeper {
+    store: Arc<MemoryStore>,
+}
+
+#[async_trait]
+impl BackgroundService for Sweeper {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tokio::select! {
+                _ = shutdown.changed() => return,
+                _ = tick.tick() => self.store.sweep(),
+            }
+        }
+    }
+}
