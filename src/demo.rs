@@ -48,15 +48,16 @@ impl BackgroundService for DemoUpstream {
                 return;
             }
         };
-        serve(listener, async move {
+        serve(listener, "throttle-demo", async move {
             let _ = shutdown.changed().await;
         })
         .await;
     }
 }
 
-/// Serves the echo app on `listener` until `shutdown` completes.
-pub async fn serve(listener: TcpListener, shutdown: impl Future<Output = ()>) {
+/// Serves the echo app on `listener` until `shutdown` completes; `label` is echoed back
+/// as `"upstream"` so tests can tell several upstreams apart.
+pub async fn serve(listener: TcpListener, label: &'static str, shutdown: impl Future<Output = ()>) {
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
@@ -64,7 +65,7 @@ pub async fn serve(listener: TcpListener, shutdown: impl Future<Output = ()>) {
             accepted = listener.accept() => {
                 let Ok((stream, _)) = accepted else { continue };
                 tokio::spawn(async move {
-                    let conn = http1::Builder::new().serve_connection(TokioIo::new(stream), service_fn(echo));
+                    let conn = http1::Builder::new().serve_connection(TokioIo::new(stream), service_fn(move |req| echo(req, label)));
                     if let Err(e) = conn.await {
                         tracing::debug!(error = %e, "demo upstream connection");
                     }
@@ -74,7 +75,10 @@ pub async fn serve(listener: TcpListener, shutdown: impl Future<Output = ()>) {
     }
 }
 
-async fn echo(req: Request<hyper::body::Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
+async fn echo(
+    req: Request<hyper::body::Incoming>,
+    label: &'static str,
+) -> Result<Response<Full<Bytes>>, Infallible> {
     let mut headers = serde_json::Map::new();
     for name in req.headers().keys() {
         let values: Vec<&str> = req
@@ -89,7 +93,7 @@ async fn echo(req: Request<hyper::body::Incoming>) -> Result<Response<Full<Bytes
         );
     }
     let body = serde_json::json!({
-        "upstream": "throttle-demo",
+        "upstream": label,
         "method": req.method().as_str(),
         "path": req.uri().path(),
         "headers": headers,

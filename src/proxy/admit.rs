@@ -43,17 +43,34 @@ pub struct LimitOutcome {
     pub shadow_rejected: bool,
 }
 
+/// A refused request: the answer, and the route it matched (for metrics).
+pub struct Refusal {
+    /// What to answer.
+    pub rejection: Rejection,
+    /// The matched route's name, if any.
+    pub route: Option<Arc<str>>,
+}
+
+impl From<Rejection> for Refusal {
+    fn from(rejection: Rejection) -> Self {
+        Refusal {
+            rejection,
+            route: None,
+        }
+    }
+}
+
 /// Runs the whole pipeline for a proxied request.
 ///
 /// # Errors
-/// The `Rejection` to answer with.
+/// The `Refusal` to answer with.
 pub async fn admit(
     shared: &Shared,
     rt: &Runtime,
     req: &RequestHeader,
     peer: IpAddr,
     now_ms: u64,
-) -> Result<Admitted, Rejection> {
+) -> Result<Admitted, Refusal> {
     let client_ip = rt.resolver.resolve(
         peer,
         req.headers
@@ -62,11 +79,11 @@ pub async fn admit(
             .map(|v| v.as_bytes()),
     );
     if rt.blocks.ip(client_ip, now_ms).is_some() {
-        return Err(Rejection::blocked(Scope::Ip));
+        return Err(Rejection::blocked(Scope::Ip).into());
     }
     let path = req.uri.path();
     if is_ambiguous_path(path) {
-        return Err(Rejection::InvalidPath);
+        return Err(Rejection::InvalidPath.into());
     }
     let host = req
         .headers
@@ -75,21 +92,20 @@ pub async fn admit(
         .or_else(|| req.uri.host().map(str::as_bytes));
     let Some(route) = rt.router.find(host, path) else {
         let out = limit(shared, rt, client_ip, None, 1, Mode::Enforce).await?;
-        return Err(Rejection::NoRoute(out.verdict.governing));
+        return Err(Rejection::NoRoute(out.verdict.governing).into());
     };
-    let key = identify(rt, req, route.route.auth)?;
+    let refused = |rejection| Refusal {
+        rejection,
+        route: Some(route.route.name.clone()),
+    };
+    let key = identify(rt, req, route.route.auth).map_err(refused)?;
     if let Some(k) = &key {
-        blocked_key(rt, k, now_ms)?;
+        blocked_key(rt, k, now_ms).map_err(refused)?;
     }
-    let out = limit(
-        shared,
-        rt,
-        client_ip,
-        key.as_deref(),
-        route.route.cost,
-        route.route.mode,
-    )
-    .await?;
+    let (cost, mode) = (route.route.cost, route.route.mode);
+    let out = limit(shared, rt, client_ip, key.as_deref(), cost, mode)
+        .await
+        .map_err(refused)?;
     Ok(Admitted {
         client_ip,
         route: route.clone(),

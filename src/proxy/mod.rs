@@ -70,8 +70,9 @@ impl ProxyHttp for Gateway {
                 ctx.admitted = Some(a);
                 Ok(false)
             }
-            Err(rejection) => {
-                respond::write(session, &rejection.render(ctx.now_ms)).await?;
+            Err(refusal) => {
+                ctx.route = refusal.route;
+                respond::write(session, &refusal.rejection.render(ctx.now_ms)).await?;
                 Ok(true)
             }
         }

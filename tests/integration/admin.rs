@@ -1,0 +1,151 @@
+//! The admin listener: health, readiness, metrics and the /v1/check decision API.
+
+use serde_json::{json, Value};
+
+use crate::support::{client, header, Gateway, Upstream};
+
+const CONFIG: &str = r#"
+[limits.ip]
+per_minute = 100
+
+[tiers.free]
+key = { per_minute = 2 }
+
+[[routes]]
+name = "api"
+path_prefix = "/v1"
+upstreams = ["{upstream}"]
+cost = 1
+
+[[keys]]
+id = "key_a"
+key = "key-a-secret"
+tenant = "acme"
+tier = "free"
+"#;
+
+/// /healthz and /readyz answer JSON; /metrics exposes the throttle_ metrics.
+#[tokio::test(flavor = "multi_thread")]
+async fn health_ready_and_metrics() {
+    let up = Upstream::start("u").await;
+    let gw = Gateway::start(CONFIG, Some(&up)).await;
+    let c = client();
+    let h: Value = c
+        .get(gw.admin_url("/healthz"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(h["status"], "ok");
+    let r: Value = c
+        .get(gw.admin_url("/readyz"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        (r["ready"].as_bool(), r["degraded"].as_bool()),
+        (Some(true), Some(false))
+    );
+    assert_eq!(r["store"]["backend"], "memory");
+    c.get(gw.url("/v1/x"))
+        .header("x-api-key", "key-a-secret")
+        .send()
+        .await
+        .unwrap();
+    c.get(gw.url("/v1/x")).send().await.unwrap();
+    let m = gw.metrics().await;
+    for needle in [
+        r#"throttle_requests_total{route="api",status="200"} 1"#,
+        r#"throttle_requests_total{route="api",status="401"} 1"#,
+        r#"throttle_decisions_total{decision="allowed",scope="key"} 1"#,
+        "throttle_store_call_seconds_count{store=\"memory\"}",
+        "throttle_upstream_seconds_count{route=\"api\"} 1",
+        "throttle_fallback_active 0",
+    ] {
+        assert!(m.contains(needle), "missing {needle}:\n{m}");
+    }
+    assert!(
+        !m.contains("127.0.0.1") && !m.contains("key_a") && !m.contains("acme"),
+        "identities leaked into labels"
+    );
+}
+
+/// POST /v1/check spends the given IP's and key's limits and answers 200 then 429 with
+/// the decision and the X-RateLimit-* headers.
+#[tokio::test(flavor = "multi_thread")]
+async fn check_api_decides_for_the_given_ip() {
+    let up = Upstream::start("u").await;
+    let gw = Gateway::start(CONFIG, Some(&up)).await;
+    let c = client();
+    let check = |body: Value| c.post(gw.admin_url("/v1/check")).json(&body).send();
+    let req = json!({"ip": "198.51.100.20", "api_key": "key-a-secret", "route": "api"});
+    let r = check(req.clone()).await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(header(&r, "x-ratelimit-remaining"), "1");
+    let b: Value = r.json().await.unwrap();
+    assert_eq!(
+        (
+            b["allowed"].as_bool(),
+            b["scope"].as_str(),
+            b["remaining"].as_u64(),
+            b["window"].as_str()
+        ),
+        (Some(true), Some("key"), Some(1), Some("1m"))
+    );
+    assert!(b["reset"].as_u64().unwrap() > 1_700_000_000);
+    check(req.clone()).await.unwrap();
+    let r = check(req).await.unwrap();
+    assert_eq!(r.status(), 429);
+    assert!(header(&r, "retry-after").parse::<u64>().unwrap() >= 1);
+    let b: Value = r.json().await.unwrap();
+    assert_eq!(
+        (
+            b["allowed"].as_bool(),
+            b["limit"].as_u64(),
+            b["remaining"].as_u64()
+        ),
+        (Some(false), Some(2), Some(0))
+    );
+    assert!(b["retry_after"].as_f64().unwrap() > 0.0);
+    // The proxy shares the same state: the key is spent there too.
+    assert_eq!(
+        c.get(gw.url("/v1/x"))
+            .header("x-api-key", "key-a-secret")
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        429
+    );
+    // The given IP was charged, not the caller's (127.0.0.1 still has its full ip budget).
+    let r = check(json!({"ip": "127.0.0.1"})).await.unwrap();
+    let b: Value = r.json().await.unwrap();
+    assert_eq!(
+        (b["scope"].as_str(), b["remaining"].as_u64()),
+        (Some("ip"), Some(99))
+    );
+    // Bad requests are 4xx with a reason.
+    assert_eq!(
+        check(json!({"ip": "not-an-ip"})).await.unwrap().status(),
+        400
+    );
+    assert_eq!(
+        check(json!({"ip": "1.2.3.4", "api_key": "wrong"}))
+            .await
+            .unwrap()
+            .status(),
+        401
+    );
+    assert_eq!(
+        check(json!({"ip": "1.2.3.4", "route": "nope"}))
+            .await
+            .unwrap()
+            .status(),
+        404
+    );
+}

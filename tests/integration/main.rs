@@ -1,0 +1,11 @@
+//! The one integration-test binary (every test binary links Pingora; CI has 2 cores).
+//! Tests start the real `throttle` binary, a real echo upstream and talk HTTP on loopback.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test harness code
+
+mod support;
+
+mod admin;
+mod cli;
+mod client_ip_e2e;
+mod proxy_e2e;

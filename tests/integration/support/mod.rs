@@ -1,0 +1,211 @@
+//! Real peers for the integration tests: an echo upstream, the gateway binary, raw HTTP.
+//! Each helper waits for readiness (never a fixed sleep) and cleans up on drop.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use tempfile::TempDir;
+
+/// A free loopback port (bind :0, read, release). Races are handled by retrying starts.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The echo upstream (`throttle::demo`) on an ephemeral port, stopped on drop.
+pub struct Upstream {
+    pub addr: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Upstream {
+    pub async fn start(label: &'static str) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(throttle::demo::serve(listener, label, async move {
+            let _ = rx.await;
+        }));
+        Self {
+            addr,
+            stop: Some(tx),
+        }
+    }
+}
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+/// The real `throttle` binary running a rendered config; killed on drop.
+pub struct Gateway {
+    pub addr: SocketAddr,
+    pub admin: SocketAddr,
+    child: Child,
+    dir: TempDir,
+}
+
+impl Gateway {
+    /// Starts `throttle run` with `body` (everything but `[server]`); `{upstream}` in the body
+    /// is replaced by `upstream`'s address.
+    pub async fn start(body: &str, upstream: Option<&Upstream>) -> Self {
+        let body = match upstream {
+            Some(u) => body.replace("{upstream}", &u.addr.to_string()),
+            None => body.to_string(),
+        };
+        Self::start_with(&["run"], &body).await
+    }
+
+    /// Starts the binary with `args` + `--config <rendered>`, retrying on port races.
+    pub async fn start_with(args: &[&str], body: &str) -> Self {
+        for _ in 0..5 {
+            let (port, admin_port) = (free_port(), free_port());
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("gateway.toml");
+            let server = format!("[server]\nlisten = \"127.0.0.1:{port}\"\nadmin_listen = \"127.0.0.1:{admin_port}\"\nthreads = 1\ngrace_period_secs = 0\n\n");
+            std::fs::write(&path, format!("{server}{body}")).unwrap();
+            let log = std::fs::File::create(dir.path().join("gateway.log")).unwrap();
+            let child = Command::new(env!("CARGO_BIN_EXE_throttle"))
+                .args(args)
+                .arg("--config")
+                .arg(&path)
+                .env("RUST_LOG", "warn")
+                .stdout(Stdio::null())
+                .stderr(log)
+                .spawn()
+                .unwrap();
+            let mut gw = Gateway {
+                addr: ([127, 0, 0, 1], port).into(),
+                admin: ([127, 0, 0, 1], admin_port).into(),
+                child,
+                dir,
+            };
+            if gw.wait_ready().await {
+                return gw;
+            }
+        }
+        panic!("gateway did not become ready");
+    }
+
+    async fn wait_ready(&mut self) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let client = client();
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                eprintln!("gateway exited early ({status}):\n{}", self.log());
+                return false;
+            }
+            let ready = client
+                .get(format!("http://{}/readyz", self.admin))
+                .send()
+                .await
+                .is_ok_and(|r| r.status() == 200);
+            let proxy_up = TcpStream::connect(self.addr).is_ok();
+            if ready && proxy_up {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        false
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    pub fn admin_url(&self, path: &str) -> String {
+        format!("http://{}{}", self.admin, path)
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("gateway.log")).unwrap_or_default()
+    }
+
+    pub fn config_path(&self) -> PathBuf {
+        self.dir.path().join("gateway.toml")
+    }
+
+    pub async fn metrics(&self) -> String {
+        client()
+            .get(self.admin_url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A client that never uses a proxy from the environment.
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap()
+}
+
+/// A header value as a string ("" when absent).
+pub fn header(r: &reqwest::Response, name: &str) -> String {
+    r.headers()
+        .get(name)
+        .map(|v| v.to_str().unwrap().to_string())
+        .unwrap_or_default()
+}
+
+/// One raw HTTP/1.1 exchange on a connection: writes `request`, returns (status, head, body).
+pub fn raw_exchange(stream: &mut TcpStream, request: &[u8]) -> Option<(u16, String, Vec<u8>)> {
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    stream.write_all(request).ok()?;
+    let mut buf = Vec::new();
+    let mut byte = [0u8; 1];
+    while !buf.ends_with(b"\r\n\r\n") {
+        match stream.read(&mut byte) {
+            Ok(1) => buf.push(byte[0]),
+            _ => return None,
+        }
+    }
+    let head = String::from_utf8_lossy(&buf).to_string();
+    let status = head.split_whitespace().nth(1)?.parse().ok()?;
+    let len: usize = head
+        .lines()
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .strip_prefix("content-length:")
+                .map(|v| v.trim().parse().unwrap_or(0))
+        })
+        .unwrap_or(0);
+    let mut body = vec![0u8; len];
+    stream.read_exact(&mut body).ok()?;
+    Some((status, head, body))
+}
+
+/// Status of one raw request on a fresh connection (None: the connection was closed).
+pub fn raw_status(addr: SocketAddr, request: &[u8]) -> Option<u16> {
+    let mut s = TcpStream::connect(addr).unwrap();
+    raw_exchange(&mut s, request).map(|(status, _, _)| status)
+}
