@@ -154,3 +154,26 @@ fn missing_file_is_named() {
         "{e}"
     );
 }
+
+/// The config inlined in docker-compose.yml is a valid gateway config.
+#[test]
+fn docker_compose_config_is_valid() {
+    let compose =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docker-compose.yml"))
+            .unwrap();
+    let mut lines = compose
+        .lines()
+        .skip_while(|l| !l.trim_start().starts_with("content: |"))
+        .skip(1);
+    let mut body = String::new();
+    for l in lines.by_ref() {
+        if !l.is_empty() && !l.starts_with("      ") {
+            break;
+        }
+        body.push_str(l.get(6..).unwrap_or(""));
+        body.push('\n');
+    }
+    assert!(body.contains("[[routes]]"), "no inline config found");
+    let c = parse("docker-compose.yml#gateway", &body).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.server.listen.to_string(), "0.0.0.0:8080");
+}

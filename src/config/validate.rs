@@ -13,6 +13,7 @@ use toml::Spanned;
 use super::error::ConfigError;
 use super::file::*;
 use super::model::*;
+use crate::limiter::algorithm::MAX_EXACT_PRODUCT;
 use crate::limiter::{Algorithm, OnFailure, ScopeLimits, Window, WindowLimit};
 
 /// Largest accepted limit: keeps Redis' Lua numbers (doubles) exact.
@@ -244,17 +245,49 @@ fn scope(
             ));
         }
         let alg = s.algorithm.map_or(window.default_algorithm(), algorithm);
-        windows.push(
-            WindowLimit::with_algorithm(window, n as u32, alg)
-                .with_burst(multiplier)
-                .with_jitter_ms(jitter_ms),
-        );
+        let wl = WindowLimit::with_algorithm(window, n as u32, alg)
+            .with_burst(multiplier)
+            .with_jitter_ms(jitter_ms);
+        exact_bounds(cx, v, &wl)?;
+        windows.push(wl);
     }
     Ok(ScopeLimits {
         windows,
         on_failure: s.on_failure.map_or(default_failure, on_failure),
         message: s.message.clone().or_else(|| tier_message.cloned()),
     })
+}
+
+/// Keeps every product of the algorithms exact (u64 here, a double in Lua) and the exact
+/// log's memory bounded.
+fn exact_bounds(cx: &Ctx<'_>, v: &Spanned<u64>, wl: &WindowLimit) -> Result<(), ConfigError> {
+    const MAX_LOG: u32 = 100_000;
+    let key = wl.window.config_key();
+    // The longest calendar month, for the sliding counter's month windows.
+    let len = if wl.window == Window::Month {
+        31 * 86_400_000
+    } else {
+        wl.window.period_ms()
+    };
+    let product = match wl.algorithm {
+        Algorithm::FixedWindow => 0,
+        Algorithm::SlidingLog if wl.limit > MAX_LOG => {
+            return Err(cx.err(v.span(), format!("{key} = {} is too large for sliding_log (one entry per request; max {MAX_LOG}): use sliding_window", wl.limit)));
+        }
+        Algorithm::SlidingLog => 0,
+        Algorithm::TokenBucket => u64::from(wl.capacity).saturating_mul(len),
+        Algorithm::SlidingWindow | Algorithm::LeakyBucket => {
+            u64::from(wl.limit).saturating_mul(len)
+        }
+    };
+    if product > MAX_EXACT_PRODUCT {
+        let max = MAX_EXACT_PRODUCT / len;
+        return Err(cx.err(
+            v.span(),
+            format!("{key} = {} is too large for {} (limit x burst x window must stay below 2^53 ms for exact arithmetic; max {max}): use fixed_window", wl.limit, wl.algorithm.as_str()),
+        ));
+    }
+    Ok(())
 }
 
 fn tier(

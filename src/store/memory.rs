@@ -1,4 +1,5 @@
-//! The embedded, in-process store: a sharded map of window states.
+//! The embedded, in-process store: a sharded map from (scope, identity) to the states of
+//! that scope's windows, so a request costs one lookup per scope and pass, not per window.
 //!
 //! Atomicity: a check locks the shards of all its scopes (in index order, so two checks
 //! never deadlock), dry-runs every window, and charges only when every window allows.
@@ -18,11 +19,14 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use arrayvec::ArrayVec;
 use async_trait::async_trait;
 use hashbrown::{DefaultHashBuilder, Equivalent, HashMap};
+use smallvec::SmallVec;
 
 use super::{LimitStore, StoreError};
 use crate::clock::{Clock, SystemClock};
 use crate::limiter::algorithm::{step, State};
-use crate::limiter::{Check, Ident, Scope, Verdict, Window, WindowDecision};
+use crate::limiter::{
+    Check, Ident, Scope, ScopeCheck, Verdict, Window, WindowDecision, WindowLimit,
+};
 
 const SHARDS: usize = 64;
 /// A shard below this size is never swept inline.
@@ -40,7 +44,6 @@ pub struct MemoryStore<C: Clock = SystemClock> {
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct StateKey {
     scope: Scope,
-    window: Window,
     ident: Ident,
 }
 
@@ -48,14 +51,14 @@ struct StateKey {
 #[derive(Hash)]
 struct KeyRef<'a> {
     scope: Scope,
-    window: Window,
     ident: &'a Ident,
 }
 
+/// The windows of one identity in one scope.
 struct Slot {
-    /// When `state` is back to its initial value (Unix ms).
+    /// When every window is back to its initial value (Unix ms).
     idle_at: u64,
-    state: State,
+    windows: SmallVec<[(Window, State); 2]>,
 }
 
 #[derive(Default)]
@@ -120,35 +123,23 @@ impl<C: Clock> MemoryStore<C> {
                 guards.push((idx, g));
             }
         }
+        let total_windows: usize = check.scopes.iter().map(|s| s.limits.windows.len()).sum();
+        if total_windows == 1 {
+            // One window: charging is decided by that window alone, no dry run needed.
+            let shard = shard_mut(&mut guards, shard_of[0]);
+            let d = shard.charge(&check.scopes[0], now_ms, check.cost);
+            return Verdict::from_decisions(d);
+        }
         let mut decisions: ArrayVec<WindowDecision, MAX_WINDOWS> = ArrayVec::new();
         for (i, s) in check.scopes.iter().enumerate() {
             let shard = shard_mut(&mut guards, shard_of[i]);
-            for limit in &s.limits.windows {
-                let key = KeyRef {
-                    scope: s.scope,
-                    window: limit.window,
-                    ident: &s.ident,
-                };
-                let offset = s.ident.offset_ms(limit);
-                let decision = match shard.map.get_mut(&key) {
-                    Some(slot) => step(&mut slot.state, limit, now_ms, offset, check.cost, false),
-                    None => {
-                        let mut fresh = State::initial(limit.algorithm);
-                        step(&mut fresh, limit, now_ms, offset, check.cost, false)
-                    }
-                };
-                let _ = decisions.try_push(WindowDecision {
-                    scope: s.scope,
-                    window: limit.window,
-                    decision,
-                });
-            }
+            shard.dry_run(s, now_ms, check.cost, &mut decisions);
         }
         let verdict = Verdict::from_decisions(decisions.iter().copied());
         if verdict.allowed {
             for (i, s) in check.scopes.iter().enumerate() {
                 let shard = shard_mut(&mut guards, shard_of[i]);
-                shard.charge(s.scope, &s.ident, &s.limits.windows, now_ms, check.cost);
+                shard.charge(s, now_ms, check.cost);
             }
         }
         verdict
@@ -169,11 +160,24 @@ impl<C: Clock> MemoryStore<C> {
         self.sweep_at(self.clock.now_ms());
     }
 
-    /// Number of window states held.
+    /// Number of identities (scope, ident) held.
     pub fn len(&self) -> usize {
         self.shards
             .iter()
             .map(|s| s.lock().unwrap_or_else(PoisonError::into_inner).map.len())
+            .sum()
+    }
+
+    /// Heap bytes held: the hash tables (including free buckets) plus window lists and
+    /// logs that spilled out of their slots. Identity names are shared `Arc`s, not counted.
+    pub fn heap_bytes(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| {
+                let shard = s.lock().unwrap_or_else(PoisonError::into_inner);
+                let spilled: usize = shard.map.values().map(Slot::spilled_bytes).sum();
+                shard.map.allocation_size() + spilled
+            })
             .sum()
     }
 
@@ -207,40 +211,83 @@ impl<C: Clock> LimitStore for MemoryStore<C> {
 // === impl Shard ===
 
 impl Shard {
-    fn charge(
+    /// Decisions of every window of `s` without charging.
+    fn dry_run(
         &mut self,
-        scope: Scope,
-        ident: &Ident,
-        windows: &[crate::limiter::WindowLimit],
+        s: &ScopeCheck<'_>,
         now_ms: u64,
         cost: u32,
+        out: &mut ArrayVec<WindowDecision, MAX_WINDOWS>,
     ) {
-        for limit in windows {
-            let key = KeyRef {
-                scope,
+        let slot = self.map.get_mut(&KeyRef {
+            scope: s.scope,
+            ident: &s.ident,
+        });
+        let mut slot = slot.map(|s| &mut s.windows);
+        for limit in &s.limits.windows {
+            let offset = s.ident.offset_ms(limit);
+            let existing = slot
+                .as_mut()
+                .and_then(|w| w.iter_mut().find(|(w, _)| *w == limit.window));
+            let decision = match existing {
+                Some((_, state)) => step(state, limit, now_ms, offset, cost, false),
+                None => step(
+                    &mut State::initial(limit.algorithm),
+                    limit,
+                    now_ms,
+                    offset,
+                    cost,
+                    false,
+                ),
+            };
+            let _ = out.try_push(WindowDecision {
+                scope: s.scope,
                 window: limit.window,
-                ident,
-            };
-            let offset = ident.offset_ms(limit);
-            let slot = match self.map.get_mut(&key) {
-                Some(slot) => slot,
-                None => {
-                    self.maybe_sweep(now_ms);
-                    let key = StateKey {
-                        scope,
-                        window: limit.window,
-                        ident: ident.clone(),
-                    };
-                    let fresh = Slot {
-                        idle_at: 0,
-                        state: State::initial(limit.algorithm),
-                    };
-                    self.map.entry(key).or_insert(fresh)
-                }
-            };
-            let d = step(&mut slot.state, limit, now_ms, offset, cost, true);
-            slot.idle_at = now_ms.saturating_add(d.reset_after_ms);
+                decision,
+            });
         }
+    }
+
+    /// Charges every window of `s` that allows (the caller knows all do, or that there is
+    /// only one); returns the decisions.
+    fn charge(
+        &mut self,
+        s: &ScopeCheck<'_>,
+        now_ms: u64,
+        cost: u32,
+    ) -> ArrayVec<WindowDecision, 5> {
+        let key = KeyRef {
+            scope: s.scope,
+            ident: &s.ident,
+        };
+        let slot = match self.map.get_mut(&key) {
+            Some(slot) => slot,
+            None => {
+                self.maybe_sweep(now_ms);
+                let key = StateKey {
+                    scope: s.scope,
+                    ident: s.ident.clone(),
+                };
+                self.map.entry(key).or_insert(Slot {
+                    idle_at: 0,
+                    windows: SmallVec::new(),
+                })
+            }
+        };
+        let mut out = ArrayVec::new();
+        for limit in &s.limits.windows {
+            let state = window_state(&mut slot.windows, limit);
+            let decision = step(state, limit, now_ms, s.ident.offset_ms(limit), cost, true);
+            slot.idle_at = slot
+                .idle_at
+                .max(now_ms.saturating_add(decision.reset_after_ms));
+            let _ = out.try_push(WindowDecision {
+                scope: s.scope,
+                window: limit.window,
+                decision,
+            });
+        }
+        out
     }
 
     fn maybe_sweep(&mut self, now_ms: u64) {
@@ -255,11 +302,50 @@ impl Shard {
     }
 }
 
+/// The state of `limit`'s window in `windows`, added as initial when missing.
+fn window_state<'w>(
+    windows: &'w mut SmallVec<[(Window, State); 2]>,
+    limit: &WindowLimit,
+) -> &'w mut State {
+    let pos = match windows.iter().position(|(w, _)| *w == limit.window) {
+        Some(pos) => pos,
+        None => {
+            windows.push((limit.window, State::initial(limit.algorithm)));
+            windows.len() - 1
+        }
+    };
+    &mut windows[pos].1
+}
+
+// === impl Slot ===
+
+impl Slot {
+    fn spilled_bytes(&self) -> usize {
+        let list = if self.windows.spilled() {
+            self.windows.capacity() * std::mem::size_of::<(Window, State)>()
+        } else {
+            0
+        };
+        let logs: usize = self
+            .windows
+            .iter()
+            .map(|(_, s)| match s {
+                State::SlidingLog(log) => {
+                    std::mem::size_of::<crate::limiter::algorithm::sliding_log::Log>()
+                        + log.entries.capacity() * 16
+                }
+                _ => 0,
+            })
+            .sum();
+        list + logs
+    }
+}
+
 // === impl KeyRef ===
 
 impl Equivalent<StateKey> for KeyRef<'_> {
     fn equivalent(&self, key: &StateKey) -> bool {
-        self.scope == key.scope && self.window == key.window && *self.ident == key.ident
+        self.scope == key.scope && *self.ident == key.ident
     }
 }
 

@@ -2,7 +2,7 @@
 //! per window, and a request that would overflow `limit` is rejected (never queued).
 //! Lua twin: `lua/leaky_bucket.lua`. Same integer token-ms units as the token bucket.
 
-use super::{div_ceil, to_u32, to_u64};
+use super::{div_ceil, to_u32};
 use crate::limiter::decision::Decision;
 use crate::limiter::policy::WindowLimit;
 
@@ -24,18 +24,18 @@ impl Meter {
 
 /// One request of `cost` against the meter at `now`.
 pub fn step(m: &mut Meter, limit: &WindowLimit, now: u64, cost: u32, commit: bool) -> Decision {
-    let period = u128::from(limit.window.period_ms());
-    let rate = u128::from(limit.limit);
-    let cap = u128::from(limit.limit) * period;
-    let drained = u128::from(now.saturating_sub(m.last)) * rate;
-    let level = u128::from(m.level).saturating_sub(drained);
-    let need = u128::from(cost) * period;
-    let current = to_u64(div_ceil(level, period) + u128::from(cost));
-    if level + need <= cap {
+    let period = limit.window.period_ms();
+    let rate = u64::from(limit.limit);
+    let cap = rate.saturating_mul(period);
+    let drained = now.saturating_sub(m.last).saturating_mul(rate);
+    let level = m.level.saturating_sub(drained);
+    let need = u64::from(cost).saturating_mul(period);
+    let current = div_ceil(level, period) + u64::from(cost);
+    if level.saturating_add(need) <= cap {
         let next = level + need;
         if commit {
             *m = Meter {
-                level: to_u64(next),
+                level: next,
                 last: now,
             };
         }
@@ -44,7 +44,7 @@ pub fn step(m: &mut Meter, limit: &WindowLimit, now: u64, cost: u32, commit: boo
             limit: limit.limit,
             remaining: to_u32((cap - next) / period),
             current,
-            reset_after_ms: to_u64(div_ceil(next, rate)),
+            reset_after_ms: div_ceil(next, rate),
             retry_after_ms: 0,
         };
     }
@@ -58,8 +58,8 @@ pub fn step(m: &mut Meter, limit: &WindowLimit, now: u64, cost: u32, commit: boo
         limit: limit.limit,
         remaining: 0,
         current,
-        reset_after_ms: to_u64(div_ceil(level, rate)),
-        retry_after_ms: to_u64(retry),
+        reset_after_ms: div_ceil(level, rate),
+        retry_after_ms: retry,
     }
 }
 

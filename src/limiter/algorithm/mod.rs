@@ -5,8 +5,10 @@
 //! (`commit = false`) never writes, which is how the layered check evaluates every scope
 //! before charging any. Each file here has a Lua twin in `lua/` with the same math.
 //!
-//! All arithmetic is integer milliseconds (products in u128), so `retry_after` is exact:
-//! a request at `now + retry_after` is admitted and one a millisecond earlier is not.
+//! All arithmetic is integer milliseconds, so `retry_after` is exact: a request at
+//! `now + retry_after` is admitted and one a millisecond earlier is not. Config validation
+//! bounds `limit x window_ms` (capacity for the token bucket) by 2^53, so every product
+//! fits a u64 here and a Lua double in Redis; operations saturate all the same.
 
 pub mod fixed_window;
 pub mod leaky_bucket;
@@ -132,17 +134,16 @@ pub fn civil_from_days(z: i64) -> (i64, u32, u32) {
     (yoe + era * 400 + i64::from(m <= 2), m, d)
 }
 
-/// `ceil(a / b)` for `b > 0`.
-pub(crate) fn div_ceil(a: u128, b: u128) -> u128 {
+/// The largest `limit x window_ms` accepted: exact in a double (Lua's number type).
+pub const MAX_EXACT_PRODUCT: u64 = 1 << 53;
+
+/// `ceil(a / b)`; `b = 0` counts as 1.
+pub(crate) fn div_ceil(a: u64, b: u64) -> u64 {
     a.div_ceil(b.max(1))
 }
 
 /// Saturating narrowing for values that fit by construction.
-pub(crate) fn to_u64(v: u128) -> u64 {
-    u64::try_from(v).unwrap_or(u64::MAX)
-}
-
-pub(crate) fn to_u32(v: u128) -> u32 {
+pub(crate) fn to_u32(v: u64) -> u32 {
     u32::try_from(v).unwrap_or(u32::MAX)
 }
 

@@ -8,7 +8,7 @@
 //! accuracy test. Admission test, in integers: `prev x (end - now) + (curr + cost) x len
 //! <= limit x len`.
 
-use super::{bounds, div_ceil, to_u32, to_u64};
+use super::{bounds, div_ceil, to_u32};
 use crate::limiter::decision::Decision;
 use crate::limiter::policy::WindowLimit;
 
@@ -41,13 +41,13 @@ pub fn step(
     } else {
         (0, 0)
     };
-    let len = u128::from(end - start);
-    let weighted = u128::from(prev) * u128::from(end - now);
-    let lim = u128::from(limit.limit);
-    let after = weighted + (u128::from(curr) + u128::from(cost)) * len;
-    let current = to_u64(div_ceil(after, len));
+    let len = end - start;
+    let weighted = u64::from(prev).saturating_mul(end - now);
+    let lim = u64::from(limit.limit);
+    let after = weighted.saturating_add((u64::from(curr) + u64::from(cost)).saturating_mul(len));
+    let current = div_ceil(after, len);
     let (_, next_end) = bounds(limit.window, end, offset);
-    if after <= lim * len {
+    if after <= lim.saturating_mul(len) {
         if commit {
             *c = Counters {
                 start,
@@ -58,21 +58,21 @@ pub fn step(
         return Decision {
             allowed: true,
             limit: limit.limit,
-            remaining: to_u32((lim * len - after) / len),
+            remaining: to_u32((lim.saturating_mul(len) - after) / len),
             current,
             reset_after_ms: next_end - now,
             retry_after_ms: 0,
         };
     }
-    let retry_at = if u64::from(curr) + u64::from(cost) <= u64::from(limit.limit) {
+    let retry_at = if u64::from(curr) + u64::from(cost) <= lim {
         // Admitted later in this window, once the previous window's weight has shrunk.
-        let slack = (lim - u128::from(curr) - u128::from(cost)) * len;
-        end - to_u64(slack / u128::from(prev.max(1)))
-    } else if u64::from(cost) <= u64::from(limit.limit) {
+        let slack = (lim - u64::from(curr) - u64::from(cost)).saturating_mul(len);
+        end - (slack / u64::from(prev.max(1))).min(end - now)
+    } else if u64::from(cost) <= lim {
         // Admitted in the next window, once this window's weight has shrunk.
-        let next_len = u128::from(next_end - end);
-        let slack = (lim - u128::from(cost)) * next_len;
-        next_end - to_u64(slack / u128::from(curr.max(1)))
+        let next_len = next_end - end;
+        let slack = (lim - u64::from(cost)).saturating_mul(next_len);
+        next_end - (slack / u64::from(curr.max(1))).min(next_len)
     } else {
         next_end
     };

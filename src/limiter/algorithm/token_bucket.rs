@@ -5,7 +5,7 @@
 //! `limit` units per ms), so every quantity is an integer and `retry_after` is exact to
 //! the millisecond.
 
-use super::{div_ceil, to_u32, to_u64};
+use super::{div_ceil, to_u32};
 use crate::limiter::decision::Decision;
 use crate::limiter::policy::WindowLimit;
 
@@ -28,29 +28,29 @@ impl Bucket {
     };
 
     /// The level at `now`, refilled and capped.
-    fn level_at(&self, rate: u128, cap: u128, now: u64) -> u128 {
+    fn level_at(&self, rate: u64, cap: u64, now: u64) -> u64 {
         if self.last == u64::MAX {
             return cap;
         }
-        let elapsed = u128::from(now.saturating_sub(self.last));
-        (u128::from(self.level) + elapsed * rate).min(cap)
+        let refill = now.saturating_sub(self.last).saturating_mul(rate);
+        self.level.saturating_add(refill).min(cap)
     }
 }
 
 /// One request of `cost` against the bucket at `now`.
 pub fn step(b: &mut Bucket, limit: &WindowLimit, now: u64, cost: u32, commit: bool) -> Decision {
-    let period = u128::from(limit.window.period_ms());
-    let rate = u128::from(limit.limit);
-    let cap = u128::from(limit.capacity) * period;
+    let period = limit.window.period_ms();
+    let rate = u64::from(limit.limit);
+    let cap = u64::from(limit.capacity).saturating_mul(period);
     let level = b.level_at(rate, cap, now);
-    let need = u128::from(cost) * period;
-    let used_tokens = u128::from(limit.capacity) - level / period;
-    let current = to_u64(used_tokens + u128::from(cost));
+    let need = u64::from(cost).saturating_mul(period);
+    let used_tokens = u64::from(limit.capacity) - level / period;
+    let current = used_tokens + u64::from(cost);
     if level >= need {
         let left = level - need;
         if commit {
             *b = Bucket {
-                level: to_u64(left),
+                level: left,
                 last: now,
             };
         }
@@ -59,7 +59,7 @@ pub fn step(b: &mut Bucket, limit: &WindowLimit, now: u64, cost: u32, commit: bo
             limit: limit.limit,
             remaining: to_u32(left / period).min(limit.limit),
             current,
-            reset_after_ms: to_u64(div_ceil(cap - left, rate)),
+            reset_after_ms: div_ceil(cap - left, rate),
             retry_after_ms: 0,
         };
     }
@@ -74,8 +74,8 @@ pub fn step(b: &mut Bucket, limit: &WindowLimit, now: u64, cost: u32, commit: bo
         limit: limit.limit,
         remaining: 0,
         current,
-        reset_after_ms: to_u64(div_ceil(cap - level, rate)),
-        retry_after_ms: to_u64(retry),
+        reset_after_ms: div_ceil(cap - level, rate),
+        retry_after_ms: retry,
     }
 }
 

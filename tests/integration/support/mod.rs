@@ -55,6 +55,9 @@ impl Drop for Upstream {
 pub struct Gateway {
     pub addr: SocketAddr,
     pub admin: SocketAddr,
+    /// The instance id rendered into the config: readiness is only believed from it, so a
+    /// port taken by another test's gateway is never mistaken for ours.
+    pub id: String,
     child: Child,
     dir: TempDir,
 }
@@ -76,7 +79,8 @@ impl Gateway {
             let (port, admin_port) = (free_port(), free_port());
             let dir = tempfile::tempdir().unwrap();
             let path = dir.path().join("gateway.toml");
-            let server = format!("[server]\nlisten = \"127.0.0.1:{port}\"\nadmin_listen = \"127.0.0.1:{admin_port}\"\nthreads = 1\ngrace_period_secs = 0\n\n");
+            let id = format!("test-{port}-{admin_port}-{}", std::process::id());
+            let server = format!("[server]\nlisten = \"127.0.0.1:{port}\"\nadmin_listen = \"127.0.0.1:{admin_port}\"\ninstance_id = \"{id}\"\nthreads = 1\ngrace_period_secs = 0\n\n");
             std::fs::write(&path, format!("{server}{body}")).unwrap();
             let log = std::fs::File::create(dir.path().join("gateway.log")).unwrap();
             let child = Command::new(env!("CARGO_BIN_EXE_throttle"))
@@ -91,6 +95,7 @@ impl Gateway {
             let mut gw = Gateway {
                 addr: ([127, 0, 0, 1], port).into(),
                 admin: ([127, 0, 0, 1], admin_port).into(),
+                id,
                 child,
                 dir,
             };
