@@ -131,15 +131,25 @@ impl<C: Clock> MemoryStore<C> {
             return Verdict::from_decisions(d);
         }
         let mut decisions: ArrayVec<WindowDecision, MAX_WINDOWS> = ArrayVec::new();
+        let mut nexts: ArrayVec<Option<State>, MAX_WINDOWS> = ArrayVec::new();
         for (i, s) in check.scopes.iter().enumerate() {
             let shard = shard_mut(&mut guards, shard_of[i]);
-            shard.dry_run(s, now_ms, check.cost, &mut decisions);
+            shard.dry_run(s, now_ms, check.cost, &mut decisions, &mut nexts);
         }
         let verdict = Verdict::from_decisions(decisions.iter().copied());
         if verdict.allowed {
+            let mut at = 0;
             for (i, s) in check.scopes.iter().enumerate() {
+                let n = s.limits.windows.len();
                 let shard = shard_mut(&mut guards, shard_of[i]);
-                shard.charge(s, now_ms, check.cost);
+                shard.apply(
+                    s,
+                    now_ms,
+                    check.cost,
+                    &decisions[at..at + n],
+                    &mut nexts[at..at + n],
+                );
+                at += n;
             }
         }
         verdict
@@ -211,13 +221,15 @@ impl<C: Clock> LimitStore for MemoryStore<C> {
 // === impl Shard ===
 
 impl Shard {
-    /// Decisions of every window of `s` without charging.
+    /// Decisions of every window of `s` without charging; `nexts` receives the state each
+    /// window would have after the charge, when that is cheap to compute now.
     fn dry_run(
         &mut self,
         s: &ScopeCheck<'_>,
         now_ms: u64,
         cost: u32,
         out: &mut ArrayVec<WindowDecision, MAX_WINDOWS>,
+        nexts: &mut ArrayVec<Option<State>, MAX_WINDOWS>,
     ) {
         let slot = self.map.get_mut(&KeyRef {
             scope: s.scope,
@@ -229,23 +241,84 @@ impl Shard {
             let existing = slot
                 .as_mut()
                 .and_then(|w| w.iter_mut().find(|(w, _)| *w == limit.window));
-            let decision = match existing {
-                Some((_, state)) => step(state, limit, now_ms, offset, cost, false),
-                None => step(
-                    &mut State::initial(limit.algorithm),
-                    limit,
-                    now_ms,
-                    offset,
-                    cost,
-                    false,
-                ),
+            let (decision, next) = match existing {
+                Some((_, state)) => match state.cheap_copy() {
+                    Some(mut next) => (
+                        step(&mut next, limit, now_ms, offset, cost, true),
+                        Some(next),
+                    ),
+                    None => (step(state, limit, now_ms, offset, cost, false), None),
+                },
+                None => {
+                    let mut next = State::initial(limit.algorithm);
+                    (
+                        step(&mut next, limit, now_ms, offset, cost, true),
+                        Some(next),
+                    )
+                }
             };
             let _ = out.try_push(WindowDecision {
                 scope: s.scope,
                 window: limit.window,
                 decision,
             });
+            let _ = nexts.try_push(next);
         }
+    }
+
+    /// Stores the dry run's outcome for every window of `s` (all allowed): the precomputed
+    /// next state where there is one, else a charging step.
+    fn apply(
+        &mut self,
+        s: &ScopeCheck<'_>,
+        now_ms: u64,
+        cost: u32,
+        decisions: &[WindowDecision],
+        nexts: &mut [Option<State>],
+    ) {
+        self.with_slot(s, now_ms, |slot| {
+            for ((limit, d), next) in s.limits.windows.iter().zip(decisions).zip(nexts) {
+                let state = window_state(&mut slot.windows, limit);
+                match next.take() {
+                    Some(n) => *state = n,
+                    None => {
+                        step(state, limit, now_ms, s.ident.offset_ms(limit), cost, true);
+                    }
+                }
+                slot.idle_at = slot
+                    .idle_at
+                    .max(now_ms.saturating_add(d.decision.reset_after_ms));
+            }
+        });
+    }
+
+    /// Runs `f` on the slot of `s`, created empty when missing (after an amortized
+    /// sweep). One hash lookup for an identity already held.
+    fn with_slot<R>(
+        &mut self,
+        s: &ScopeCheck<'_>,
+        now_ms: u64,
+        f: impl FnOnce(&mut Slot) -> R,
+    ) -> R {
+        let key = KeyRef {
+            scope: s.scope,
+            ident: &s.ident,
+        };
+        let slot = match self.map.get_mut(&key) {
+            Some(slot) => slot,
+            None => {
+                self.maybe_sweep(now_ms);
+                let owned = StateKey {
+                    scope: s.scope,
+                    ident: s.ident.clone(),
+                };
+                self.map.entry(owned).or_insert(Slot {
+                    idle_at: 0,
+                    windows: SmallVec::new(),
+                })
+            }
+        };
+        f(slot)
     }
 
     /// Charges every window of `s` that allows (the caller knows all do, or that there is
@@ -256,38 +329,22 @@ impl Shard {
         now_ms: u64,
         cost: u32,
     ) -> ArrayVec<WindowDecision, 5> {
-        let key = KeyRef {
-            scope: s.scope,
-            ident: &s.ident,
-        };
-        let slot = match self.map.get_mut(&key) {
-            Some(slot) => slot,
-            None => {
-                self.maybe_sweep(now_ms);
-                let key = StateKey {
+        self.with_slot(s, now_ms, |slot| {
+            let mut out = ArrayVec::new();
+            for limit in &s.limits.windows {
+                let state = window_state(&mut slot.windows, limit);
+                let decision = step(state, limit, now_ms, s.ident.offset_ms(limit), cost, true);
+                slot.idle_at = slot
+                    .idle_at
+                    .max(now_ms.saturating_add(decision.reset_after_ms));
+                let _ = out.try_push(WindowDecision {
                     scope: s.scope,
-                    ident: s.ident.clone(),
-                };
-                self.map.entry(key).or_insert(Slot {
-                    idle_at: 0,
-                    windows: SmallVec::new(),
-                })
+                    window: limit.window,
+                    decision,
+                });
             }
-        };
-        let mut out = ArrayVec::new();
-        for limit in &s.limits.windows {
-            let state = window_state(&mut slot.windows, limit);
-            let decision = step(state, limit, now_ms, s.ident.offset_ms(limit), cost, true);
-            slot.idle_at = slot
-                .idle_at
-                .max(now_ms.saturating_add(decision.reset_after_ms));
-            let _ = out.try_push(WindowDecision {
-                scope: s.scope,
-                window: limit.window,
-                decision,
-            });
-        }
-        out
+            out
+        })
     }
 
     fn maybe_sweep(&mut self, now_ms: u64) {

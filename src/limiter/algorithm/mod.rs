@@ -48,6 +48,15 @@ impl State {
         }
     }
 
+    /// A copy when copying is cheap (every state but the log), so a dry run can compute
+    /// the next state once and the charge merely store it.
+    pub fn cheap_copy(&self) -> Option<State> {
+        match self {
+            State::SlidingLog(_) => None,
+            other => Some(other.clone()),
+        }
+    }
+
     fn matches(&self, algorithm: Algorithm) -> bool {
         matches!(
             (self, algorithm),
