@@ -16,12 +16,12 @@ use crate::demo::DemoUpstream;
 use crate::metrics::Metrics;
 use crate::proxy::Gateway;
 use crate::state::{Runtime, Shared};
-use crate::store::MemoryStore;
+use crate::store::{LimitStore, MemoryStore, RedisStore};
 
 /// Why the gateway cannot start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
-    /// A feature the config asks for is not in this build yet.
+    /// A feature the config asks for is not in this build yet, or cannot be set up.
     #[error("{0}")]
     Unsupported(String),
     /// Metrics could not be registered.
@@ -44,12 +44,6 @@ pub struct Extras {
 /// # Errors
 /// `StartError` when the config asks for something this build cannot run.
 pub fn build(config: Config, extras: Extras) -> Result<(Server, Arc<Shared>), StartError> {
-    if config.store.backend == Backend::Redis {
-        return Err(StartError::Unsupported(format!(
-            "{}: [store] backend = \"redis\" is not available in this build yet; use backend = \"memory\"",
-            config.source
-        )));
-    }
     if config.database_url.is_some() {
         return Err(StartError::Unsupported(format!(
             "{}: [database] is not available in this build yet; remove the section",
@@ -58,12 +52,19 @@ pub fn build(config: Config, extras: Extras) -> Result<(Server, Arc<Shared>), St
     }
     let conf = server_conf(&config);
     let mut server = Server::new_with_opt_and_conf(None::<Opt>, conf);
-    let store = Arc::new(MemoryStore::new());
+    let memory = Arc::new(MemoryStore::new());
+    let store: Arc<dyn LimitStore> = match config.store.backend {
+        Backend::Memory => memory.clone(),
+        Backend::Redis => Arc::new(
+            RedisStore::from_config(&config.store)
+                .map_err(|e| StartError::Unsupported(e.to_string()))?,
+        ),
+    };
     let listen = config.server.listen;
     let admin_listen = config.server.admin_listen;
     let shared = Arc::new(Shared::new(
         Runtime::from_config(config)?,
-        store.clone(),
+        store,
         Metrics::new()?,
     ));
 
@@ -76,7 +77,7 @@ pub fn build(config: Config, extras: Extras) -> Result<(Server, Arc<Shared>), St
     server.add_service(admin);
     server.add_service(background_service(
         "memory store sweeper",
-        Sweeper { store },
+        Sweeper { store: memory },
     ));
     if let Some(listener) = extras.demo_upstream {
         server.add_service(background_service(

@@ -59,6 +59,7 @@ pub(crate) struct StoreFile {
     pub(crate) timeout_ms: Option<Spanned<u64>>,
     pub(crate) on_failure: Option<OnFailureFile>,
     pub(crate) instances: Option<Spanned<u32>>,
+    pub(crate) key_prefix: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

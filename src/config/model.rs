@@ -80,6 +80,8 @@ pub struct Store {
     pub on_failure: OnFailure,
     /// Fixed fleet size for the local fallback.
     pub instances: Option<u32>,
+    /// Prefix of every Redis key (`thr`).
+    pub key_prefix: String,
 }
 
 /// `[tiers.NAME]`: the key and tenant limits of a plan.

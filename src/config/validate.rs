@@ -170,6 +170,7 @@ fn store(cx: &Ctx<'_>, s: &StoreFile) -> Result<Store, ConfigError> {
         timeout: Duration::from_millis(s.timeout_ms.as_ref().map_or(25, |t| *t.get_ref())),
         on_failure: s.on_failure.map_or(OnFailure::Local, on_failure),
         instances: s.instances.as_ref().map(|n| *n.get_ref()),
+        key_prefix: s.key_prefix.clone().unwrap_or_else(|| "thr".to_string()),
     })
 }
 
@@ -284,7 +285,7 @@ fn exact_bounds(cx: &Ctx<'_>, v: &Spanned<u64>, wl: &WindowLimit) -> Result<(), 
         let max = MAX_EXACT_PRODUCT / len;
         return Err(cx.err(
             v.span(),
-            format!("{key} = {} is too large for {} (limit x burst x window must stay below 2^53 ms for exact arithmetic; max {max}): use fixed_window", wl.limit, wl.algorithm.as_str()),
+            format!("{key} = {} is too large for {} (limit x burst x window must stay below 2^52 for exact arithmetic; max {max}): use fixed_window", wl.limit, wl.algorithm.as_str()),
         ));
     }
     Ok(())

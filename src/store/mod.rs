@@ -6,11 +6,13 @@
 //! "Over limit" is a `Verdict`, never an error: `StoreError` means the store failed.
 
 pub mod memory;
+pub mod redis;
 
 use async_trait::async_trait;
 
 use crate::limiter::{Check, Verdict};
 
+pub use self::redis::RedisStore;
 pub use memory::MemoryStore;
 
 /// The store could not decide.

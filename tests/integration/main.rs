@@ -5,6 +5,10 @@
 
 mod support;
 
+mod differential;
+mod fleet;
+mod lua_scripts;
+
 mod admin;
 mod cli;
 mod client_ip_e2e;

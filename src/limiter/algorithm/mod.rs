@@ -7,7 +7,7 @@
 //!
 //! All arithmetic is integer milliseconds, so `retry_after` is exact: a request at
 //! `now + retry_after` is admitted and one a millisecond earlier is not. Config validation
-//! bounds `limit x window_ms` (capacity for the token bucket) by 2^53, so every product
+//! bounds `limit x window_ms` (capacity for the token bucket) by 2^52, so every product
 //! fits a u64 here and a Lua double in Redis; operations saturate all the same.
 
 pub mod fixed_window;
@@ -143,8 +143,8 @@ pub fn civil_from_days(z: i64) -> (i64, u32, u32) {
     (yoe + era * 400 + i64::from(m <= 2), m, d)
 }
 
-/// The largest `limit x window_ms` accepted: exact in a double (Lua's number type).
-pub const MAX_EXACT_PRODUCT: u64 = 1 << 53;
+/// The largest `limit x window_ms` accepted: with headroom for sums, exact in a double (Lua).
+pub const MAX_EXACT_PRODUCT: u64 = 1 << 52;
 
 /// `ceil(a / b)`; `b = 0` counts as 1.
 pub(crate) fn div_ceil(a: u64, b: u64) -> u64 {

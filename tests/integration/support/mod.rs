@@ -13,6 +13,8 @@ use tokio::time::Instant;
 
 use tempfile::TempDir;
 
+pub mod redis;
+
 /// A free loopback port (bind :0, read, release). Races are handled by retrying starts.
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")

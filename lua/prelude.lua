@@ -1,0 +1,112 @@
+-- prelude.lua: helpers shared by every algorithm. Part of the one script Throttle loads
+-- (prelude + the five algorithms + check.lua, concatenated in src/store/redis.rs).
+--
+-- Numbers are Lua 5.1 doubles: every integer below 2^53 is exact. gateway.toml validation
+-- keeps limit x window_ms below 2^52, so products and sums here stay exact, and integer
+-- division is corrected after the floating-point divide (idiv), as in the Rust twins.
+
+local DAY = 86400000
+
+-- floor(a / b) for non-negative integers, exact.
+local function idiv(a, b)
+  if b < 1 then b = 1 end
+  local q = math.floor(a / b)
+  if q * b > a then
+    q = q - 1
+  elseif (q + 1) * b <= a then
+    q = q + 1
+  end
+  return q
+end
+
+-- ceil(a / b) for non-negative integers, exact.
+local function div_ceil(a, b)
+  if b < 1 then b = 1 end
+  local q = idiv(a, b)
+  if q * b < a then q = q + 1 end
+  return q
+end
+
+local function fmt(n)
+  return string.format('%.0f', n)
+end
+
+-- The time of the decision: ARGV[1] when given (tests), else the Redis server's clock.
+local function now_ms()
+  if ARGV[1] ~= '' then
+    return tonumber(ARGV[1])
+  end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + idiv(tonumber(t[2]), 1000)
+end
+
+-- Howard Hinnant's civil-date algorithms (same as src/limiter/algorithm/mod.rs).
+local function days_from_civil(y, m, d)
+  if m <= 2 then y = y - 1 end
+  local era = math.floor(y / 400)
+  local yoe = y - era * 400
+  local mp = (m > 2) and (m - 3) or (m + 9)
+  local doy = math.floor((153 * mp + 2) / 5) + d - 1
+  local doe = yoe * 365 + math.floor(yoe / 4) - math.floor(yoe / 100) + doy
+  return era * 146097 + doe - 719468
+end
+
+local function civil_from_days(z)
+  z = z + 719468
+  local era = math.floor(z / 146097)
+  local doe = z - era * 146097
+  local yoe = math.floor((doe - math.floor(doe / 1460) + math.floor(doe / 36524) - math.floor(doe / 146096)) / 365)
+  local y = yoe + era * 400
+  local doy = doe - (365 * yoe + math.floor(yoe / 4) - math.floor(yoe / 100))
+  local mp = math.floor((5 * doy + 2) / 153)
+  local d = doy - math.floor((153 * mp + 2) / 5) + 1
+  local m = (mp < 10) and (mp + 3) or (mp - 9)
+  if m <= 2 then y = y + 1 end
+  return y, m, d
+end
+
+-- [start, end) of the window containing `now`, shifted by `offset`. Window 5 is the
+-- calendar month in UTC; the others are `period` ms aligned to the Unix epoch.
+local function bounds(w, now, offset)
+  local t = now - offset
+  if t < 0 then t = 0 end
+  local s, e
+  if w.window == 5 then
+    local y, m = civil_from_days(idiv(t, DAY))
+    local ny, nm = y, m + 1
+    if nm == 13 then ny, nm = y + 1, 1 end
+    s = days_from_civil(y, m, 1) * DAY
+    e = days_from_civil(ny, nm, 1) * DAY
+  else
+    s = t - (t - idiv(t, w.period) * w.period)
+    e = s + w.period
+  end
+  return s + offset, e + offset
+end
+
+local function split2(v)
+  if not v then return nil end
+  local a, b = string.match(v, '^(%d+):(%d+)$')
+  if not a then return nil end
+  return tonumber(a), tonumber(b)
+end
+
+local function split3(v)
+  if not v then return nil end
+  local a, b, c = string.match(v, '^(%d+):(%d+):(%d+)$')
+  if not a then return nil end
+  return tonumber(a), tonumber(b), tonumber(c)
+end
+
+-- A decision: the same fields, in the same order, as the Rust `Decision`.
+local function decision(allowed, limit, remaining, current, reset_after, retry_after)
+  return { allowed = allowed, limit = limit, remaining = remaining, current = current,
+           reset_after = reset_after, retry_after = retry_after }
+end
+
+local function clamp_remaining(r, limit)
+  if r > limit then return limit end
+  return r
+end
+
+local ALG = {}

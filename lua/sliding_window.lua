@@ -1,0 +1,63 @@
+-- sliding_window.lua: twin of src/limiter/algorithm/sliding_window.rs.
+-- State: string "start:prev:curr" (the current window's start, the previous window's
+-- count, the current window's count). Admission, in integers:
+--   prev x (end - now) + (curr + cost) x len <= limit x len
+-- TTL: until the end of the next window, when both counts have faded to nothing.
+
+local function sw_counts(key, w, now)
+  local s, e = bounds(w, now, w.offset)
+  local ps = bounds(w, math.max(s - 1, 0), w.offset)
+  local start, prev, curr = split3(redis.call('GET', key))
+  if start == s then
+    return s, e, prev, curr
+  elseif start == ps and s > 0 then
+    return s, e, curr, 0
+  end
+  return s, e, 0, 0
+end
+
+ALG[2] = {
+  decide = function(key, w, now, cost)
+    local s, e, prev, curr = sw_counts(key, w, now)
+    local len = e - s
+    local lim = w.limit
+    local after = prev * (e - now) + (curr + cost) * len
+    local current = div_ceil(after, len)
+    local _, next_end = bounds(w, e, w.offset)
+    if after <= lim * len then
+      return decision(1, lim, idiv(lim * len - after, len), current, next_end - now, 0), { s, prev, curr + cost }
+    end
+    local retry_at
+    if curr + cost <= lim then
+      local slack = (lim - curr - cost) * len
+      retry_at = e - math.min(idiv(slack, math.max(prev, 1)), e - now)
+    elseif cost <= lim then
+      local next_len = next_end - e
+      local slack = (lim - cost) * next_len
+      retry_at = next_end - math.min(idiv(slack, math.max(curr, 1)), next_len)
+    else
+      retry_at = next_end
+    end
+    local reset_at = now
+    if curr > 0 then reset_at = next_end elseif prev > 0 then reset_at = e end
+    local retry = retry_at - now
+    if retry < 1 then retry = 1 end
+    return decision(0, lim, 0, current, reset_at - now, retry), nil
+  end,
+  write = function(key, w, now, cost, nxt, d)
+    redis.call('SET', key, fmt(nxt[1]) .. ':' .. fmt(nxt[2]) .. ':' .. fmt(nxt[3]), 'PX', math.max(d.reset_after, 1))
+  end,
+  refund = function(key, w, now, cost)
+    local s = bounds(w, now, w.offset)
+    local start, prev, curr = split3(redis.call('GET', key))
+    if not start then return end
+    if start == s then
+      curr = math.max(curr - cost, 0)
+    else
+      local ns = bounds(w, select(2, bounds(w, now, w.offset)), w.offset)
+      if start ~= ns then return end
+      prev = math.max(prev - cost, 0)
+    end
+    redis.call('SET', key, fmt(start) .. ':' .. fmt(prev) .. ':' .. fmt(curr), 'KEEPTTL')
+  end,
+}

@@ -1,0 +1,181 @@
+//! Private redis-server processes for tests: one node, or a 3-primary cluster, on free
+//! loopback ports with no persistence; killed on drop.
+
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use tempfile::TempDir;
+use tokio::time::Instant;
+
+use super::free_port;
+
+/// One redis-server.
+pub struct RedisServer {
+    pub port: u16,
+    child: Option<Child>,
+    dir: TempDir,
+    extra: Vec<String>,
+}
+
+impl RedisServer {
+    pub async fn start() -> Self {
+        Self::start_with(&[]).await
+    }
+
+    pub async fn start_with(extra: &[&str]) -> Self {
+        for _ in 0..5 {
+            let dir = tempfile::tempdir().unwrap();
+            let mut s = RedisServer {
+                port: free_port(),
+                child: None,
+                dir,
+                extra: extra.iter().map(|s| s.to_string()).collect(),
+            };
+            s.spawn();
+            if s.wait_ready().await {
+                return s;
+            }
+        }
+        panic!("redis-server did not start");
+    }
+
+    fn spawn(&mut self) {
+        let child = Command::new("redis-server")
+            .args([
+                "--port",
+                &self.port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .args(["--dir", self.dir.path().to_str().unwrap()])
+            .args(&self.extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server must be installed (.ci/run installs it)");
+        self.child = Some(child);
+    }
+
+    async fn wait_ready(&mut self) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Some(Ok(Some(_))) = self.child.as_mut().map(|c| c.try_wait()) {
+                return false;
+            }
+            if ping(self.port) {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        false
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// A plain client for assertions.
+    pub async fn client(&self) -> redis::aio::MultiplexedConnection {
+        redis::Client::open(self.url())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap()
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn ping(port: u16) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_millis(200)));
+    if s.write_all(b"PING\r\n").is_err() {
+        return false;
+    }
+    let mut buf = [0u8; 7];
+    s.read_exact(&mut buf).is_ok() && &buf == b"+PONG\r\n"
+}
+
+/// A 3-primary Redis Cluster (no replicas), formed with `redis-cli --cluster create`.
+pub struct RedisCluster {
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    pub async fn start() -> Self {
+        let mut nodes = Vec::new();
+        for _ in 0..3 {
+            nodes.push(
+                RedisServer::start_with(&[
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-node-timeout",
+                    "2000",
+                ])
+                .await,
+            );
+        }
+        let addrs: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        let out = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&addrs)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .output()
+            .expect("redis-cli must be installed");
+        assert!(
+            out.status.success(),
+            "cluster create failed: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let cluster = RedisCluster { nodes };
+        cluster.wait_ok().await;
+        cluster
+    }
+
+    async fn wait_ok(&self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            let mut ok = true;
+            for n in &self.nodes {
+                let mut c = n.client().await;
+                let info: String = redis::cmd("CLUSTER")
+                    .arg("INFO")
+                    .query_async(&mut c)
+                    .await
+                    .unwrap();
+                ok &= info.contains("cluster_state:ok");
+            }
+            if ok {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("cluster never reached cluster_state:ok");
+    }
+
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisServer::url).collect()
+    }
+}
