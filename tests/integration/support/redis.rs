@@ -40,6 +40,28 @@ impl RedisServer {
         panic!("redis-server did not start");
     }
 
+    /// A sentinel monitoring `master` as `name` (quorum 1).
+    pub async fn sentinel(master: &RedisServer, name: &str) -> Self {
+        for _ in 0..5 {
+            let dir = tempfile::tempdir().unwrap();
+            let conf = dir.path().join("sentinel.conf");
+            std::fs::write(&conf, format!("sentinel monitor {name} 127.0.0.1 {} 1\n", master.port)).unwrap();
+            let port = free_port();
+            let child = Command::new("redis-server")
+                .arg(&conf)
+                .args(["--sentinel", "--port", &port.to_string(), "--bind", "127.0.0.1"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap();
+            let mut s = RedisServer { port, child: Some(child), dir, extra: Vec::new() };
+            if s.wait_ready().await {
+                return s;
+            }
+        }
+        panic!("redis sentinel did not start");
+    }
+
     fn spawn(&mut self) {
         let child = Command::new("redis-server")
             .args([
