@@ -250,13 +250,28 @@ async fn sentinel_finds_the_master() {
     let master = RedisServer::start().await;
     let sentinel = RedisServer::sentinel(&master, "gwmaster").await;
     let up = Upstream::start("u").await;
-    let line = format!("sentinel = {{ urls = [\"{}\"], master = \"gwmaster\" }}", sentinel.url());
+    let line = format!(
+        "sentinel = {{ urls = [\"{}\"], master = \"gwmaster\" }}",
+        sentinel.url()
+    );
     let gws = fleet(&line, "sn", &up, 1).await;
     let c = client();
     for _ in 0..2 {
-        assert_eq!(c.get(gws[0].url("/x")).header("x-api-key", "a").send().await.unwrap().status(), 200);
+        assert_eq!(
+            c.get(gws[0].url("/x"))
+                .header("x-api-key", "a")
+                .send()
+                .await
+                .unwrap()
+                .status(),
+            200
+        );
     }
     let mut conn = master.client().await;
-    let state: String = redis::cmd("GET").arg("sn:{key:k_a}:1h").query_async(&mut conn).await.unwrap();
+    let state: String = redis::cmd("GET")
+        .arg("sn:{key:k_a}:1h")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
     assert!(state.ends_with(":0:2"), "{state}");
 }

@@ -137,24 +137,48 @@ async fn rejection_writes_nothing() {
 #[tokio::test(flavor = "multi_thread")]
 async fn reloads_after_script_flush() {
     let redis = RedisServer::start().await;
-    let store = RedisStore::new(Target::Single(redis.url()), std::time::Duration::from_secs(1), "nf");
+    let store = RedisStore::new(
+        Target::Single(redis.url()),
+        std::time::Duration::from_secs(1),
+        "nf",
+    );
     let l = limits(vec![WindowLimit::new(Window::Minute, 3)]);
     let mut check = Check::new(1);
     check.push(Scope::Ip, Ident::Ip("192.0.2.1".parse().unwrap()), &l);
     assert!(store.check(&check).await.unwrap().allowed);
     let mut c = redis.client().await;
-    let _: () = redis::cmd("SCRIPT").arg("FLUSH").query_async(&mut c).await.unwrap();
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut c)
+        .await
+        .unwrap();
     let v = store.check(&check).await.unwrap();
-    assert_eq!(v.governing.unwrap().decision.remaining, 1, "state survived, script reloaded");
+    assert_eq!(
+        v.governing.unwrap().decision.remaining,
+        1,
+        "state survived, script reloaded"
+    );
 }
 
 /// On a single node the whole layered check of a request is one EVALSHA: one round trip.
 #[tokio::test(flavor = "multi_thread")]
 async fn one_round_trip_per_request_on_a_single_node() {
     let redis = RedisServer::start().await;
-    let store = RedisStore::new(Target::Single(redis.url()), std::time::Duration::from_secs(1), "rt");
-    let ip = limits(vec![WindowLimit::new(Window::Second, 100), WindowLimit::new(Window::Minute, 1000)]);
-    let key = limits(Window::ALL.iter().map(|w| WindowLimit::new(*w, 1000)).collect());
+    let store = RedisStore::new(
+        Target::Single(redis.url()),
+        std::time::Duration::from_secs(1),
+        "rt",
+    );
+    let ip = limits(vec![
+        WindowLimit::new(Window::Second, 100),
+        WindowLimit::new(Window::Minute, 1000),
+    ]);
+    let key = limits(
+        Window::ALL
+            .iter()
+            .map(|w| WindowLimit::new(*w, 1000))
+            .collect(),
+    );
     let global = limits(vec![WindowLimit::new(Window::Second, 10_000)]);
     let check = {
         let mut c = Check::new(1);
@@ -165,11 +189,19 @@ async fn one_round_trip_per_request_on_a_single_node() {
     };
     store.check(&check).await.unwrap(); // connects and loads the script
     let mut c = redis.client().await;
-    let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query_async(&mut c).await.unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut c)
+        .await
+        .unwrap();
     for _ in 0..100 {
         store.check(&check).await.unwrap();
     }
-    let stats: String = redis::cmd("INFO").arg("commandstats").query_async(&mut c).await.unwrap();
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut c)
+        .await
+        .unwrap();
     let calls = |cmd: &str| {
         stats
             .lines()

@@ -5,6 +5,7 @@
 
 mod support;
 
+mod accuracy;
 mod differential;
 mod fleet;
 mod lua_scripts;

@@ -45,16 +45,31 @@ impl RedisServer {
         for _ in 0..5 {
             let dir = tempfile::tempdir().unwrap();
             let conf = dir.path().join("sentinel.conf");
-            std::fs::write(&conf, format!("sentinel monitor {name} 127.0.0.1 {} 1\n", master.port)).unwrap();
+            std::fs::write(
+                &conf,
+                format!("sentinel monitor {name} 127.0.0.1 {} 1\n", master.port),
+            )
+            .unwrap();
             let port = free_port();
             let child = Command::new("redis-server")
                 .arg(&conf)
-                .args(["--sentinel", "--port", &port.to_string(), "--bind", "127.0.0.1"])
+                .args([
+                    "--sentinel",
+                    "--port",
+                    &port.to_string(),
+                    "--bind",
+                    "127.0.0.1",
+                ])
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .spawn()
                 .unwrap();
-            let mut s = RedisServer { port, child: Some(child), dir, extra: Vec::new() };
+            let mut s = RedisServer {
+                port,
+                child: Some(child),
+                dir,
+                extra: Vec::new(),
+            };
             if s.wait_ready().await {
                 return s;
             }
