@@ -59,11 +59,12 @@ impl Admin {
 
     fn readyz(&self) -> Reply {
         let rt = self.shared.runtime();
+        let store_ok = self.shared.store.healthy();
         let body = serde_json::json!({
             "ready": true,
-            "degraded": false,
+            "degraded": !store_ok,
             "instance_id": rt.config.server.instance_id,
-            "store": { "backend": self.shared.store.name(), "healthy": true },
+            "store": { "backend": self.shared.store.name(), "healthy": store_ok },
             "database": { "configured": rt.config.database_url.is_some(), "healthy": rt.config.database_url.is_none() },
         });
         json_reply(200, &body)

@@ -38,4 +38,9 @@ pub trait LimitStore: Send + Sync + 'static {
 
     /// A stable label for metrics and logs ("memory", "redis").
     fn name(&self) -> &'static str;
+
+    /// Whether the store answered its last call. Default: always healthy.
+    fn healthy(&self) -> bool {
+        true
+    }
 }

@@ -337,6 +337,10 @@ impl LimitStore for RedisStore {
     fn name(&self) -> &'static str {
         "redis"
     }
+
+    fn healthy(&self) -> bool {
+        self.is_healthy()
+    }
 }
 
 /// A decoded script reply.

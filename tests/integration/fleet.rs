@@ -275,3 +275,77 @@ async fn sentinel_finds_the_master() {
         .unwrap();
     assert!(state.ends_with(":0:2"), "{state}");
 }
+
+/// Redis down: fail-closed scopes answer 503 with Retry-After: 1 within the deadline, and
+/// /readyz says degraded; Redis back: decisions again.
+#[tokio::test(flavor = "multi_thread")]
+async fn redis_down_fails_closed_and_reports_degraded() {
+    let mut redis = RedisServer::start().await;
+    let up = Upstream::start("u").await;
+    let body = format!(
+        "[store]\nbackend = \"redis\"\nurl = \"{}\"\ntimeout_ms = 200\non_failure = \"closed\"\nkey_prefix = \"down\"\n{TIERS}",
+        redis.url()
+    );
+    let gw = Gateway::start(&body, Some(&up)).await;
+    let c = client();
+    assert_eq!(
+        c.get(gw.url("/x"))
+            .header("x-api-key", "a")
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    let port = redis.port;
+    redis.kill();
+    let r = c
+        .get(gw.url("/x"))
+        .header("x-api-key", "a")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 503);
+    assert_eq!(crate::support::header(&r, "retry-after"), "1");
+    assert_eq!(
+        r.json::<Value>().await.unwrap(),
+        serde_json::json!({"error": "rate_limiter_unavailable"})
+    );
+    let ready: Value = c
+        .get(gw.admin_url("/readyz"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        (ready["ready"].as_bool(), ready["degraded"].as_bool()),
+        (Some(true), Some(true))
+    );
+    let m = gw.metrics().await;
+    assert!(
+        m.contains(r#"throttle_decisions_total{decision="failed_closed",scope="key"} 1"#),
+        "{m}"
+    );
+    // Redis comes back on the same port: shared decisions again.
+    let _back = RedisServer::start_on(port).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let s = c
+            .get(gw.url("/x"))
+            .header("x-api-key", "a")
+            .send()
+            .await
+            .unwrap()
+            .status();
+        if s == 200 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "still {s} after Redis came back"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -40,6 +40,22 @@ impl RedisServer {
         panic!("redis-server did not start");
     }
 
+    /// A server on a given port (to bring a killed one back).
+    pub async fn start_on(port: u16) -> Self {
+        let mut s = RedisServer {
+            port,
+            child: None,
+            dir: tempfile::tempdir().unwrap(),
+            extra: Vec::new(),
+        };
+        s.spawn();
+        assert!(
+            s.wait_ready().await,
+            "redis-server did not restart on {port}"
+        );
+        s
+    }
+
     /// A sentinel monitoring `master` as `name` (quorum 1).
     pub async fn sentinel(master: &RedisServer, name: &str) -> Self {
         for _ in 0..5 {
