@@ -7,6 +7,7 @@
 --           tests pass a time.
 -- ARGV[2]   cost: units the request spends in every window (>= 1).
 -- ARGV[3]   'check': decide every window, charge all of them only if all allow.
+--           'peek': decide every window, charge nothing.
 --           'refund': give back a charge made at ARGV[1] (Cluster: another scope rejected).
 -- Then 7 values per window i (all integers, times in ms):
 --           algorithm (1 token_bucket, 2 sliding_window, 3 fixed_window, 4 sliding_log,
@@ -43,7 +44,7 @@ for i = 1, #KEYS do
   ds[i], nexts[i] = ALG[ws[i].alg].decide(KEYS[i], ws[i], now, cost)
   if ds[i].allowed == 0 then all = 0 end
 end
-if all == 1 then
+if all == 1 and mode == 'check' then
   for i = 1, #KEYS do
     ALG[ws[i].alg].write(KEYS[i], ws[i], now, cost, nexts[i], ds[i])
   end

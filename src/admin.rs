@@ -14,9 +14,10 @@ use pingora::protocols::http::ServerSession;
 use serde::{Deserialize, Serialize};
 
 use crate::config::{Auth, Mode};
+use crate::db::blocks::BlockRow;
 use crate::identity::Presented;
 use crate::limiter::WindowDecision;
-use crate::proxy::admit::{blocked_key, limit, lookup_key};
+use crate::proxy::admit::{blocked_ip, blocked_key, identify, limit};
 use crate::proxy::headers::RateHeaders;
 use crate::proxy::respond::{error_reply, Rejection, Reply};
 use crate::state::Shared;
@@ -27,6 +28,17 @@ const MAX_BODY: usize = 64 * 1024;
 /// The admin HTTP app.
 pub struct Admin {
     shared: Arc<Shared>,
+    token: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BlockRequest {
+    scope: String,
+    value: String,
+    reason: Option<String>,
+    /// RFC 3339 (`2026-12-31T00:00:00Z`).
+    expires_at: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -52,20 +64,163 @@ struct CheckResponse {
 // === impl Admin ===
 
 impl Admin {
-    /// The admin app over `shared`.
-    pub fn new(shared: Arc<Shared>) -> Self {
-        Self { shared }
+    /// The admin app over `shared`; the block and reload endpoints need `Authorization:
+    /// Bearer <token>` (`$THROTTLE_ADMIN_TOKEN`) and answer 401 without it.
+    pub fn new(shared: Arc<Shared>, token: Option<String>) -> Self {
+        Self {
+            shared,
+            token: token.filter(|t| !t.is_empty()),
+        }
+    }
+
+    fn authorized(&self, session: &ServerSession) -> bool {
+        let Some(token) = &self.token else {
+            return false;
+        };
+        let presented = session
+            .req_header()
+            .headers
+            .get(http::header::AUTHORIZATION)
+            .map(|v| v.as_bytes());
+        let expected = format!("Bearer {token}");
+        presented.is_some_and(|p| constant_time_eq(p, expected.as_bytes()))
+    }
+
+    async fn blocks(&self, session: &mut ServerSession, method: &Method, path: &str) -> Reply {
+        if !self.authorized(session) {
+            return json_reply(
+                401,
+                &serde_json::json!({"error": "unauthorized", "detail": "Authorization: Bearer $THROTTLE_ADMIN_TOKEN required"}),
+            );
+        }
+        match (method, path) {
+            (&Method::GET, "/v1/blocks") => json_reply(
+                200,
+                &serde_json::json!({ "blocks": self.shared.dynamic().block_rows.iter().map(block_json).collect::<Vec<_>>() }),
+            ),
+            (&Method::POST, "/v1/blocks") => match read_body(session).await {
+                Ok(body) => self.add_block(&body).await,
+                Err(reply) => reply,
+            },
+            (&Method::DELETE, p) => match p
+                .strip_prefix("/v1/blocks/")
+                .and_then(|id| id.parse::<i64>().ok())
+            {
+                Some(id) => self.remove_block(id).await,
+                None => error_reply(404, "not_found"),
+            },
+            _ => error_reply(405, "method_not_allowed"),
+        }
+    }
+
+    async fn add_block(&self, body: &[u8]) -> Reply {
+        let req: BlockRequest = match serde_json::from_slice(body) {
+            Ok(r) => r,
+            Err(e) => {
+                return json_reply(
+                    400,
+                    &serde_json::json!({"error": "invalid_request", "detail": e.to_string()}),
+                )
+            }
+        };
+        let bad = |detail: &str| {
+            json_reply(
+                400,
+                &serde_json::json!({"error": "invalid_request", "detail": detail}),
+            )
+        };
+        let value = req.value.trim().to_string();
+        match req.scope.as_str() {
+            "ip" if crate::state::parse_net(&value).is_none() => {
+                return bad("value must be an address or CIDR")
+            }
+            "ip" | "key" | "tenant" if !value.is_empty() => {}
+            "ip" | "key" | "tenant" => return bad("value must not be empty"),
+            _ => return bad("scope must be ip, key or tenant"),
+        }
+        let expires_at_ms = match req.expires_at.as_deref().map(crate::config::rfc3339_ms) {
+            Some(Some(ms)) => Some(ms as i64),
+            Some(None) => return bad("expires_at must be RFC 3339, e.g. 2026-12-31T00:00:00Z"),
+            None => None,
+        };
+        let row = BlockRow {
+            id: 0,
+            scope: req.scope,
+            value,
+            reason: req.reason,
+            expires_at_ms,
+        };
+        if self.shared.runtime().config.database_url.is_none() {
+            return json_reply(201, &block_json(&self.shared.add_memory_block(row)));
+        }
+        let Some(pool) = self.shared.db_pool() else {
+            return error_reply(503, "database_unavailable");
+        };
+        match crate::db::blocks::upsert(
+            &pool,
+            &row.scope,
+            &row.value,
+            row.reason.as_deref(),
+            row.expires_at_ms,
+        )
+        .await
+        {
+            Ok(stored) => {
+                self.reload(&pool).await;
+                json_reply(201, &block_json(&stored))
+            }
+            Err(e) => json_reply(
+                503,
+                &serde_json::json!({"error": "database_unavailable", "detail": e.to_string()}),
+            ),
+        }
+    }
+
+    async fn remove_block(&self, id: i64) -> Reply {
+        let removed = if self.shared.runtime().config.database_url.is_none() {
+            self.shared.remove_memory_block(id)
+        } else {
+            let Some(pool) = self.shared.db_pool() else {
+                return error_reply(503, "database_unavailable");
+            };
+            match crate::db::blocks::delete(&pool, id).await {
+                Ok(found) => {
+                    self.reload(&pool).await;
+                    found
+                }
+                Err(_) => return error_reply(503, "database_unavailable"),
+            }
+        };
+        if removed {
+            Reply {
+                status: 204,
+                headers: Vec::new(),
+                body: bytes::Bytes::new(),
+            }
+        } else {
+            error_reply(404, "not_found")
+        }
+    }
+
+    /// This gateway sees its own change at once; the others through NOTIFY.
+    async fn reload(&self, pool: &sqlx::PgPool) {
+        match crate::db::snapshot::load(&self.shared, pool).await {
+            Ok(d) => self.shared.swap_dynamic(d),
+            Err(e) => tracing::warn!(error = %e, "snapshot reload after a block change failed"),
+        }
     }
 
     fn readyz(&self) -> Reply {
         let rt = self.shared.runtime();
         let store_ok = self.shared.store.healthy();
+        let db_configured = rt.config.database_url.is_some();
+        let db_ok = !db_configured || self.shared.db_healthy();
         let body = serde_json::json!({
             "ready": true,
-            "degraded": !store_ok,
+            "degraded": !store_ok || !db_ok,
             "instance_id": rt.config.server.instance_id,
             "store": { "backend": self.shared.store.name(), "healthy": store_ok },
-            "database": { "configured": rt.config.database_url.is_some(), "healthy": rt.config.database_url.is_none() },
+            "database": { "configured": db_configured, "healthy": db_ok },
         });
         json_reply(200, &body)
     }
@@ -94,7 +249,7 @@ impl Admin {
         let now_ms = self.shared.clock.now_ms();
         let reject = |r: Rejection| r.render(now_ms);
         let ip = req.ip.to_canonical();
-        if rt.blocks.ip(ip, now_ms).is_some() {
+        if blocked_ip(&self.shared, &rt, ip, now_ms) {
             return Err(reject(Rejection::blocked(crate::limiter::Scope::Ip)));
         }
         let route = match &req.route {
@@ -111,9 +266,11 @@ impl Admin {
             Some(k) if auth != Auth::None => crate::identity::validate_key(k.as_bytes()),
             _ => Presented::Missing,
         };
-        let key = lookup_key(&rt, presented, auth).map_err(reject)?;
+        let key = identify(&self.shared, &rt, presented, auth, ip, now_ms)
+            .await
+            .map_err(reject)?;
         if let Some(k) = &key {
-            blocked_key(&rt, k, now_ms).map_err(reject)?;
+            blocked_key(&self.shared, &rt, k, now_ms).map_err(reject)?;
         }
         let cost = req.cost.or(route.map(|r| r.route.cost)).unwrap_or(1).max(1);
         let mode = route.map_or(Mode::Enforce, |r| r.route.mode);
@@ -180,6 +337,20 @@ async fn read_body(session: &mut ServerSession) -> Result<Vec<u8>, Reply> {
     }
 }
 
+fn block_json(b: &BlockRow) -> serde_json::Value {
+    serde_json::json!({
+        "id": b.id,
+        "scope": b.scope,
+        "value": b.value,
+        "reason": b.reason,
+        "expires_at": b.expires_at_ms.and_then(|ms| u64::try_from(ms).ok()).map(crate::config::format_rfc3339),
+    })
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
 fn json_reply<T: Serialize>(status: u16, body: &T) -> Reply {
     let body = serde_json::to_vec(body).unwrap_or_default();
     Reply {
@@ -227,6 +398,9 @@ impl ServeHttp for Admin {
             }
             (Method::POST, "/v1/check") => {
                 to_response(self.check(session).await, "application/json")
+            }
+            (m, p) if p == "/v1/blocks" || p.starts_with("/v1/blocks/") => {
+                to_response(self.blocks(session, &m, p).await, "application/json")
             }
             (_, "/healthz" | "/readyz" | "/metrics" | "/v1/check") => {
                 to_response(error_reply(405, "method_not_allowed"), "application/json")

@@ -82,6 +82,54 @@ impl KeyTable {
         Self { by_digest }
     }
 
+    /// The live keys of the database snapshot: tiers from `config`, tenant tiers from the
+    /// tenants table (else `[[tenants]]`, else the key's tier), and each key's
+    /// `custom_override` applied over its tier's key windows. Keys naming an unknown tier
+    /// are skipped (and logged).
+    pub fn from_rows(
+        config: &Config,
+        keys: &[crate::db::keys::ActiveKey],
+        tenants: &HashMap<String, String>,
+    ) -> Self {
+        let mut by_digest = HashMap::with_capacity(keys.len());
+        for k in keys {
+            let Some(tier) = config.tiers.get(&k.tier) else {
+                tracing::warn!(key_id = %k.id, tier = %k.tier, "key names a tier gateway.toml does not define; ignored");
+                continue;
+            };
+            let tier = match &k.custom_override {
+                Some(o) => match apply_override(tier, o) {
+                    Ok(t) => Arc::new(t),
+                    Err(e) => {
+                        tracing::warn!(key_id = %k.id, error = %e, "invalid custom_override; using the tier's limits");
+                        tier.clone()
+                    }
+                },
+                None => tier.clone(),
+            };
+            let tenant_tier = tenants
+                .get(&k.tenant)
+                .or_else(|| config.tenants.get(&k.tenant))
+                .and_then(|t| config.tiers.get(t))
+                .cloned()
+                .unwrap_or_else(|| tier.clone());
+            let key_id: Arc<str> = Arc::from(k.id.as_str());
+            let tenant: Arc<str> = Arc::from(k.tenant.as_str());
+            by_digest.insert(
+                k.sha256,
+                Arc::new(KeyInfo {
+                    key_ident: Ident::Name(key_id.clone()),
+                    tenant_ident: Ident::Name(tenant.clone()),
+                    key_id,
+                    tenant,
+                    tier,
+                    tenant_tier,
+                }),
+            );
+        }
+        Self { by_digest }
+    }
+
     /// The key whose SHA-256 matches `key`.
     pub fn lookup(&self, key: &[u8]) -> Option<&Arc<KeyInfo>> {
         let digest: [u8; 32] = Sha256::digest(key).into();
@@ -97,6 +145,49 @@ impl KeyTable {
     pub fn is_empty(&self) -> bool {
         self.by_digest.is_empty()
     }
+}
+
+/// `tier` with its key windows overridden field by field by `o`, a JSON object of
+/// `per_second` .. `per_month`: a number sets that window's limit (keeping the window's
+/// algorithm, or its default), `null` removes the window, absent fields stay as they are.
+///
+/// # Errors
+/// A message naming the field that is not a limit.
+pub fn apply_override(tier: &Tier, o: &serde_json::Value) -> Result<Tier, String> {
+    use crate::limiter::{Window, WindowLimit};
+    let obj = o
+        .as_object()
+        .ok_or("custom_override must be a JSON object")?;
+    let mut key = (*tier.key).clone();
+    for (field, v) in obj {
+        let window = Window::ALL
+            .into_iter()
+            .find(|w| w.config_key() == field)
+            .ok_or_else(|| format!("unknown field {field:?}"))?;
+        key.windows.retain(|w| w.window != window);
+        if v.is_null() {
+            continue;
+        }
+        let limit = v
+            .as_u64()
+            .filter(|n| (1..=1_000_000_000).contains(n))
+            .ok_or_else(|| format!("{field} must be a limit from 1 to 1e9"))?;
+        let old = tier.key.windows.iter().find(|w| w.window == window);
+        let algorithm = old.map_or(window.default_algorithm(), |w| w.algorithm);
+        let burst = old.map_or(1.0, |w| f64::from(w.capacity) / f64::from(w.limit));
+        let jitter = old.map_or(0, |w| w.jitter_ms);
+        key.windows.push(
+            WindowLimit::with_algorithm(window, limit as u32, algorithm)
+                .with_burst(burst)
+                .with_jitter_ms(jitter),
+        );
+    }
+    key.windows.sort_by_key(|w| w.window);
+    Ok(Tier {
+        name: tier.name.clone(),
+        key: Arc::new(key),
+        tenant: tier.tenant.clone(),
+    })
 }
 
 /// The key from `Authorization: Bearer <key>`, else `X-API-Key: <key>`. An `Authorization`
@@ -172,6 +263,31 @@ mod tests {
         for (i, (h, want)) in cases.iter().enumerate() {
             assert_eq!(api_key_from(&headers(h)), *want, "case {i}");
         }
+    }
+
+    /// custom_override replaces, adds and removes windows field by field.
+    #[test]
+    fn override_merges_field_by_field() {
+        use crate::limiter::Window;
+        let c = crate::config::parse("gateway.toml", crate::config::SHIPPED).unwrap();
+        let free = &c.tiers["free"];
+        let o = serde_json::json!({"per_minute": 1000, "per_day": null, "per_second": 7});
+        let t = apply_override(free, &o).unwrap();
+        let get = |w: Window| {
+            t.key
+                .windows
+                .iter()
+                .find(|x| x.window == w)
+                .map(|x| x.limit)
+        };
+        assert_eq!(get(Window::Second), Some(7));
+        assert_eq!(get(Window::Minute), Some(1000));
+        assert_eq!(get(Window::Hour), Some(2000), "untouched window kept");
+        assert_eq!(get(Window::Day), None, "null removes the window");
+        assert_eq!(get(Window::Month), Some(500_000));
+        assert!(apply_override(free, &serde_json::json!({"per_week": 3})).is_err());
+        assert!(apply_override(free, &serde_json::json!({"per_minute": 0})).is_err());
+        assert_eq!(t.tenant, free.tenant);
     }
 
     /// Keys are found by SHA-256 (`key` and `key_sha256` alike); the tenant tier applies.

@@ -35,6 +35,7 @@ pub mod blocklist;
 pub mod client_ip;
 pub mod clock;
 pub mod config;
+pub mod db;
 pub mod demo;
 pub mod identity;
 pub mod limiter;

@@ -9,6 +9,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use throttle::config::{self, Config};
+use throttle::db;
 use throttle::server::{self, Extras};
 
 /// Throttle: an edge gateway for public HTTP APIs.
@@ -42,6 +43,53 @@ enum Command {
         #[arg(long, default_value = "gateway.toml")]
         config: PathBuf,
     },
+    /// Apply the database migrations (idempotent).
+    Migrate {
+        #[command(flatten)]
+        db: DbArgs,
+    },
+    /// Manage API keys stored in PostgreSQL.
+    Keys {
+        #[command(subcommand)]
+        command: KeysCommand,
+        #[command(flatten)]
+        db: DbArgs,
+    },
+}
+
+#[derive(clap::Args)]
+struct DbArgs {
+    /// Database URL (else $THROTTLE_DATABASE_URL, else [database] url of --config).
+    #[arg(long, env = "THROTTLE_DATABASE_URL", global = true)]
+    database_url: Option<String>,
+    /// Config file consulted for [database] url and the known tiers.
+    #[arg(
+        long,
+        env = "THROTTLE_CONFIG",
+        default_value = "gateway.toml",
+        global = true
+    )]
+    config: PathBuf,
+}
+
+#[derive(Subcommand)]
+enum KeysCommand {
+    /// Create a key; prints it once (only its SHA-256 is stored). Creates the tenant if needed.
+    Create {
+        /// Tenant id.
+        #[arg(long)]
+        tenant: String,
+        /// Tier name (must exist in the config's [tiers]).
+        #[arg(long)]
+        tier: String,
+    },
+    /// Revoke a key by id.
+    Revoke {
+        /// Key id (as `keys list` prints it).
+        id: String,
+    },
+    /// List keys (never the keys themselves).
+    List,
 }
 
 fn main() -> ExitCode {
@@ -51,6 +99,8 @@ fn main() -> ExitCode {
         Some(Command::Run { config }) => run(&config),
         Some(Command::Check { config }) => return check(&config),
         Some(Command::Demo { config }) => demo(&config),
+        Some(Command::Migrate { db }) => migrate(&db),
+        Some(Command::Keys { command, db }) => keys(command, &db),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -93,7 +143,123 @@ fn check(path: &Path) -> ExitCode {
 fn run(path: &Path) -> anyhow::Result<()> {
     init_logging();
     let config = config::load(path).map_err(|e| anyhow::anyhow!("{e}"))?;
+    if let Some(url) = &config.database_url {
+        preflight(url)?;
+    }
     serve(config, Extras::default())
+}
+
+/// Refuses to start against an older schema; a database that is down is not fatal (the
+/// gateway serves the TOML keys and reports degraded until it comes back).
+fn preflight(url: &str) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let pool = match tokio::time::timeout(std::time::Duration::from_secs(3), db::connect(url)).await {
+            Ok(Ok(pool)) => pool,
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "database unreachable at start; serving the keys of gateway.toml");
+                return Ok(());
+            }
+            Err(_) => {
+                tracing::warn!("database did not answer within 3 s; serving the keys of gateway.toml");
+                return Ok(());
+            }
+        };
+        let checked = db::check_schema(&pool).await;
+        pool.close().await;
+        checked.map_err(|e| anyhow::anyhow!("{e}"))
+    })
+}
+
+fn database_url(args: &DbArgs) -> anyhow::Result<(String, Option<Config>)> {
+    let config = if args.config.exists() {
+        Some(config::load(&args.config).map_err(|e| anyhow::anyhow!("{e}"))?)
+    } else {
+        None
+    };
+    let url = args
+        .database_url
+        .clone()
+        .or_else(|| config.as_ref().and_then(|c| c.database_url.clone()))
+        .context("no database URL: pass --database-url, set THROTTLE_DATABASE_URL or [database] url in the config")?;
+    Ok((url, config))
+}
+
+fn block_on<T>(f: impl std::future::Future<Output = anyhow::Result<T>>) -> anyhow::Result<T> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?
+        .block_on(f)
+}
+
+fn migrate(args: &DbArgs) -> anyhow::Result<()> {
+    let (url, _) = database_url(args)?;
+    block_on(async {
+        let pool = db::connect(&url).await?;
+        db::migrate(&pool).await?;
+        println!(
+            "migrations applied ({} in total)",
+            db::MIGRATOR.iter().count()
+        );
+        Ok(())
+    })
+}
+
+fn keys(command: KeysCommand, args: &DbArgs) -> anyhow::Result<()> {
+    let (url, config) = database_url(args)?;
+    block_on(async move {
+        let pool = db::connect(&url).await?;
+        db::check_schema(&pool).await?;
+        match command {
+            KeysCommand::Create { tenant, tier } => {
+                match &config {
+                    Some(c) if !c.tiers.contains_key(&tier) => {
+                        let mut known: Vec<&String> = c.tiers.keys().collect();
+                        known.sort();
+                        anyhow::bail!(
+                            "unknown tier {tier:?} (known tiers in {}: {known:?})",
+                            c.source
+                        );
+                    }
+                    None => eprintln!(
+                        "warning: no config found at {}; tier {tier:?} is not checked",
+                        args.config.display()
+                    ),
+                    Some(_) => {}
+                }
+                let k = db::keys::create(&pool, &tenant, &tier).await?;
+                println!("key_id: {}", k.id);
+                println!("api_key: {}", k.key);
+                eprintln!(
+                    "Store the api_key now: it is not shown again (only its SHA-256 is kept)."
+                );
+            }
+            KeysCommand::Revoke { id } => {
+                db::keys::revoke(&pool, &id).await?;
+                println!("revoked {id}");
+            }
+            KeysCommand::List => {
+                println!(
+                    "{:<22} {:<16} {:<10} {:<10} {:<21} REVOKED",
+                    "ID", "TENANT", "TIER", "PREFIX", "CREATED"
+                );
+                for k in db::keys::list(&pool).await? {
+                    println!(
+                        "{:<22} {:<16} {:<10} {:<10} {:<21} {}",
+                        k.id,
+                        k.tenant,
+                        k.tier,
+                        k.prefix,
+                        k.created_at,
+                        k.revoked_at.as_deref().unwrap_or("-")
+                    );
+                }
+            }
+        }
+        Ok(())
+    })
 }
 
 fn serve(config: Config, extras: Extras) -> anyhow::Result<()> {

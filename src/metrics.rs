@@ -32,7 +32,7 @@ pub struct Metrics {
     registry: Registry,
     /// `throttle_requests_total{route,status}`.
     pub requests_total: IntCounterVec,
-    decisions: [[IntCounter; 6]; 4],
+    decisions: [[IntCounter; 6]; 5],
     /// `throttle_store_call_seconds{store}`.
     pub store_call_seconds: HistogramVec,
     /// `throttle_store_errors_total{store}`.

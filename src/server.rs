@@ -12,6 +12,8 @@ use pingora::services::listening::Service;
 
 use crate::admin::Admin;
 use crate::config::{Backend, Config};
+use crate::db::events::EventQueue;
+use crate::db::snapshot::Refresher;
 use crate::demo::DemoUpstream;
 use crate::metrics::Metrics;
 use crate::proxy::Gateway;
@@ -44,12 +46,6 @@ pub struct Extras {
 /// # Errors
 /// `StartError` when the config asks for something this build cannot run.
 pub fn build(config: Config, extras: Extras) -> Result<(Server, Arc<Shared>), StartError> {
-    if config.database_url.is_some() {
-        return Err(StartError::Unsupported(format!(
-            "{}: [database] is not available in this build yet; remove the section",
-            config.source
-        )));
-    }
     let conf = server_conf(&config);
     let mut server = Server::new_with_opt_and_conf(None::<Opt>, conf);
     let memory = Arc::new(MemoryStore::new());
@@ -62,16 +58,22 @@ pub fn build(config: Config, extras: Extras) -> Result<(Server, Arc<Shared>), St
     };
     let listen = config.server.listen;
     let admin_listen = config.server.admin_listen;
-    let shared = Arc::new(Shared::new(
-        Runtime::from_config(config)?,
-        store,
-        Metrics::new()?,
-    ));
+    let database_url = config.database_url.clone();
+    let mut shared = Shared::new(Runtime::from_config(config)?, store, Metrics::new()?);
+    if database_url.is_some() {
+        let dropped = shared.metrics.events_dropped_total.clone();
+        shared.events = Some(Arc::new(EventQueue::new(EVENT_QUEUE, dropped)));
+    }
+    let shared = Arc::new(shared);
 
     let mut proxy =
         pingora::proxy::http_proxy_service(&server.configuration, Gateway::new(shared.clone()));
     proxy.add_tcp(&listen.to_string());
-    let mut admin = Service::new("throttle admin".to_string(), Admin::new(shared.clone()));
+    let token = std::env::var("THROTTLE_ADMIN_TOKEN").ok();
+    let mut admin = Service::new(
+        "throttle admin".to_string(),
+        Admin::new(shared.clone(), token),
+    );
     admin.add_tcp(&admin_listen.to_string());
     server.add_service(proxy);
     server.add_service(admin);
@@ -79,6 +81,18 @@ pub fn build(config: Config, extras: Extras) -> Result<(Server, Arc<Shared>), St
         "memory store sweeper",
         Sweeper { store: memory },
     ));
+    if let Some(url) = database_url {
+        server.add_service(background_service(
+            "database snapshot",
+            Refresher::new(shared.clone(), url.clone()),
+        ));
+        if let Some(queue) = shared.events.clone() {
+            server.add_service(background_service(
+                "violation log writer",
+                EventWriter { queue, url },
+            ));
+        }
+    }
     if let Some(listener) = extras.demo_upstream {
         server.add_service(background_service(
             "demo upstream",
@@ -97,6 +111,43 @@ fn server_conf(config: &Config) -> ServerConf {
         pid_file: format!("/tmp/throttle-{port}.pid"),
         upgrade_sock: format!("/tmp/throttle-{port}-upgrade.sock"),
         ..ServerConf::default()
+    }
+}
+
+/// Violation events held while PostgreSQL is slow or down; beyond this the oldest are
+/// dropped and counted.
+const EVENT_QUEUE: usize = 100_000;
+
+/// Drains the violation log queue into PostgreSQL, reconnecting with backoff.
+struct EventWriter {
+    queue: Arc<EventQueue>,
+    url: String,
+}
+
+#[async_trait]
+impl BackgroundService for EventWriter {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        let mut backoff = Duration::from_millis(200);
+        loop {
+            match crate::db::connect(&self.url).await {
+                Ok(pool) => {
+                    let mut stop = shutdown.clone();
+                    self.queue
+                        .clone()
+                        .run_writer(pool, async move {
+                            let _ = stop.changed().await;
+                        })
+                        .await;
+                    return;
+                }
+                Err(e) => tracing::debug!(error = %e, "violation log writer cannot connect yet"),
+            }
+            tokio::select! {
+                _ = shutdown.changed() => return,
+                () = tokio::time::sleep(backoff) => {}
+            }
+            backoff = (backoff * 2).min(Duration::from_secs(5));
+        }
     }
 }
 

@@ -95,6 +95,7 @@ pub(crate) struct DatabaseFile {
 pub(crate) struct LimitsFile {
     pub(crate) ip: Option<ScopeFile>,
     pub(crate) global: Option<ScopeFile>,
+    pub(crate) auth: Option<ScopeFile>,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize)]

@@ -12,6 +12,7 @@ pub use error::{line_col, ConfigError};
 pub use model::{
     Auth, Backend, BlockEntry, BlockTarget, Config, KeyEntry, Mode, Route, Server, Store, Tier,
 };
+pub use validate::{format_rfc3339, rfc3339_ms};
 
 /// The config shipped with Throttle (the repository's `gateway.toml`), used by
 /// `throttle demo` when no file is found.

@@ -27,6 +27,8 @@ pub struct Config {
     pub ip_limits: Option<Arc<ScopeLimits>>,
     /// `[limits.global]`.
     pub global_limits: Option<Arc<ScopeLimits>>,
+    /// `[limits.auth]`: failed key lookups per client IP.
+    pub auth_limits: Option<Arc<ScopeLimits>>,
     /// `[tiers.NAME]` by name.
     pub tiers: HashMap<String, Arc<Tier>>,
     /// `[[routes]]` in file order.

@@ -41,6 +41,10 @@ pub(super) fn validate(name: &str, source: &str, raw: File) -> Result<Config, Co
         Some(s) => Some(Arc::new(scope(&cx, s, None, None, store.on_failure)?)),
         None => None,
     };
+    let auth_limits = match &raw.limits.auth {
+        Some(s) => Some(Arc::new(scope(&cx, s, None, None, store.on_failure)?)),
+        None => None,
+    };
     let mut tiers = HashMap::new();
     for (tier_name, t) in &raw.tiers {
         tiers.insert(
@@ -70,6 +74,7 @@ pub(super) fn validate(name: &str, source: &str, raw: File) -> Result<Config, Co
         database_url: raw.database.map(|d| d.url),
         ip_limits,
         global_limits,
+        auth_limits,
         tiers,
         routes,
         keys,
@@ -524,6 +529,24 @@ fn blocks(cx: &Ctx<'_>, list: &[BlockFile]) -> Result<Vec<BlockEntry>, ConfigErr
             Ok(BlockEntry { target, reason: b.reason.clone(), expires_at_ms })
         })
         .collect()
+}
+
+/// Unix ms of an RFC 3339 date-time (or a bare date), e.g. `2026-12-31T00:00:00Z`.
+pub fn rfc3339_ms(s: &str) -> Option<u64> {
+    datetime_ms(&s.trim().parse::<toml::value::Datetime>().ok()?)
+}
+
+/// `2026-12-31T00:00:00Z` for Unix ms.
+pub fn format_rfc3339(ms: u64) -> String {
+    let secs = ms / 1000;
+    let (y, m, d) = crate::limiter::algorithm::civil_from_days((secs / 86_400) as i64);
+    let rem = secs % 86_400;
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
 }
 
 /// Unix ms of a TOML offset date-time, or of a bare date at 00:00 UTC.

@@ -36,6 +36,8 @@ pub struct Check<'a> {
     pub scopes: ArrayVec<ScopeCheck<'a>, 4>,
     /// Units the request spends in every window (route `cost`); at least 1.
     pub cost: u32,
+    /// Decide without charging anything (a look at the state).
+    pub peek: bool,
 }
 
 // === impl Ident ===
@@ -82,6 +84,7 @@ impl<'a> Check<'a> {
         Self {
             scopes: ArrayVec::new(),
             cost: cost.max(1),
+            peek: false,
         }
     }
 

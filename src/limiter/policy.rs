@@ -15,6 +15,8 @@ pub enum Scope {
     Tenant,
     /// One counter for all traffic.
     Global,
+    /// Failed API key lookups, keyed by client IP (brute-force protection).
+    Auth,
 }
 
 /// The length of a limit's window.
@@ -90,8 +92,14 @@ pub struct ScopeLimits {
 // === impl Scope ===
 
 impl Scope {
-    /// Every scope, in evaluation order.
-    pub const ALL: [Scope; 4] = [Scope::Ip, Scope::Key, Scope::Tenant, Scope::Global];
+    /// Every scope: the four request scopes in evaluation order, then `Auth`.
+    pub const ALL: [Scope; 5] = [
+        Scope::Ip,
+        Scope::Key,
+        Scope::Tenant,
+        Scope::Global,
+        Scope::Auth,
+    ];
 
     /// The name used on the wire, in metrics and in Redis keys.
     pub fn as_str(self) -> &'static str {
@@ -100,6 +108,7 @@ impl Scope {
             Scope::Key => "key",
             Scope::Tenant => "tenant",
             Scope::Global => "global",
+            Scope::Auth => "auth",
         }
     }
 }

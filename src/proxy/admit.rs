@@ -4,7 +4,8 @@
 //! Order matters and is part of the contract: an IP block answers 403 before anything
 //! else is looked at; auth (401) comes before limits, so an unauthenticated caller spends
 //! no key or tenant budget; the ip and global limits apply even when no route matches,
-//! so probing for routes is rate limited too.
+//! so probing for routes is rate limited too. Failed key lookups count against the client
+//! IP in `[limits.auth]`; past that limit no key from that IP is looked at (429 `auth`).
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -14,6 +15,7 @@ use pingora::http::RequestHeader;
 use super::respond::Rejection;
 use super::router::{is_ambiguous_path, RouteEntry};
 use crate::config::{Auth, Mode};
+use crate::db::events::Event;
 use crate::identity::{api_key_from, KeyInfo, Presented};
 use crate::limiter::{Check, Ident, OnFailure, Scope, Verdict, WindowDecision};
 use crate::metrics::Outcome;
@@ -71,14 +73,13 @@ pub async fn admit(
     peer: IpAddr,
     now_ms: u64,
 ) -> Result<Admitted, Refusal> {
-    let client_ip = rt.resolver.resolve(
-        peer,
-        req.headers
-            .get_all("x-forwarded-for")
-            .iter()
-            .map(|v| v.as_bytes()),
-    );
-    if rt.blocks.ip(client_ip, now_ms).is_some() {
+    let xff = req
+        .headers
+        .get_all("x-forwarded-for")
+        .iter()
+        .map(|v| v.as_bytes());
+    let client_ip = rt.resolver.resolve(peer, xff);
+    if blocked_ip(shared, rt, client_ip, now_ms) {
         return Err(Rejection::blocked(Scope::Ip).into());
     }
     let path = req.uri.path();
@@ -98,9 +99,15 @@ pub async fn admit(
         rejection,
         route: Some(route.route.name.clone()),
     };
-    let key = identify(rt, req, route.route.auth).map_err(refused)?;
+    let presented = match route.route.auth {
+        Auth::None => Presented::Missing,
+        _ => api_key_from(&req.headers),
+    };
+    let key = identify(shared, rt, presented, route.route.auth, client_ip, now_ms)
+        .await
+        .map_err(refused)?;
     if let Some(k) = &key {
-        blocked_key(rt, k, now_ms).map_err(refused)?;
+        blocked_key(shared, rt, k, now_ms).map_err(refused)?;
     }
     let (cost, mode) = (route.route.cost, route.route.mode);
     let out = limit(shared, rt, client_ip, key.as_deref(), cost, mode)
@@ -115,26 +122,44 @@ pub async fn admit(
     })
 }
 
-/// The caller's key under the route's `auth` rule.
-///
-/// # Errors
-/// 401 when a required key is missing, or any presented key is invalid.
-pub fn identify(
-    rt: &Runtime,
-    req: &RequestHeader,
-    auth: Auth,
-) -> Result<Option<Arc<KeyInfo>>, Rejection> {
-    if auth == Auth::None {
-        return Ok(None);
-    }
-    lookup_key(rt, api_key_from(&req.headers), auth)
+/// Whether `ip` is blocked by the config or the database / admin API.
+pub fn blocked_ip(shared: &Shared, rt: &Runtime, ip: IpAddr, now_ms: u64) -> bool {
+    rt.blocks.ip(ip, now_ms).is_some() || shared.dynamic().blocks.ip(ip, now_ms).is_some()
 }
 
-/// Resolves a presented key.
+/// The caller's key under the route's `auth` rule, guarded by `[limits.auth]`.
+///
+/// # Errors
+/// 401 when a required key is missing or a presented key is invalid; 429 `auth` when the
+/// client IP has failed too many lookups.
+pub async fn identify(
+    shared: &Shared,
+    rt: &Runtime,
+    presented: Presented<'_>,
+    auth: Auth,
+    client_ip: IpAddr,
+    now_ms: u64,
+) -> Result<Option<Arc<KeyInfo>>, Rejection> {
+    let attempt = !matches!(presented, Presented::Missing);
+    if attempt && shared.is_suspect(client_ip, now_ms) {
+        // Past the failed-lookup limit no key is even looked at, valid or not.
+        auth_limit(shared, rt, client_ip, true, now_ms).await?;
+    }
+    match lookup_key(shared, rt, presented, auth) {
+        Err(Rejection::InvalidKey) => {
+            auth_limit(shared, rt, client_ip, false, now_ms).await?;
+            Err(Rejection::InvalidKey)
+        }
+        other => other,
+    }
+}
+
+/// Resolves a presented key against the config's keys, then the database snapshot.
 ///
 /// # Errors
 /// 401 `missing_api_key` / `invalid_api_key`.
 pub fn lookup_key(
+    shared: &Shared,
     rt: &Runtime,
     presented: Presented<'_>,
     auth: Auth,
@@ -143,12 +168,56 @@ pub fn lookup_key(
         Presented::Missing if auth == Auth::Required => Err(Rejection::MissingKey),
         Presented::Missing => Ok(None),
         Presented::Malformed => Err(Rejection::InvalidKey),
-        Presented::Key(k) => rt
-            .keys
-            .lookup(k)
-            .cloned()
-            .map(Some)
-            .ok_or(Rejection::InvalidKey),
+        Presented::Key(k) => match rt.keys.lookup(k) {
+            Some(info) => Ok(Some(info.clone())),
+            None => shared
+                .dynamic()
+                .keys
+                .lookup(k)
+                .cloned()
+                .map(Some)
+                .ok_or(Rejection::InvalidKey),
+        },
+    }
+}
+
+/// Counts (or, with `peek`, looks at) a failed key lookup against the client IP.
+async fn auth_limit(
+    shared: &Shared,
+    rt: &Runtime,
+    client_ip: IpAddr,
+    peek: bool,
+    now_ms: u64,
+) -> Result<(), Rejection> {
+    let Some(limits) = &rt.config.auth_limits else {
+        return Ok(());
+    };
+    let mut check = Check::new(1);
+    check.peek = peek;
+    check.push(Scope::Auth, Ident::Ip(client_ip), limits);
+    let verdict = match shared.store.check(&check).await {
+        Ok(v) => v,
+        Err(_) => return Ok(()), // brute-force counting fails open: auth itself still holds
+    };
+    if !peek {
+        let longest = limits
+            .windows
+            .iter()
+            .map(|w| w.window.period_ms())
+            .max()
+            .unwrap_or(0);
+        shared.suspect(client_ip, now_ms.saturating_add(longest), now_ms);
+    }
+    match verdict.governing {
+        Some(g) if !verdict.allowed => {
+            shared.metrics.decision(Scope::Auth, Outcome::Rejected);
+            record(shared, client_ip, None, &g);
+            Err(Rejection::RateLimited {
+                governing: g,
+                message: limits.message.clone(),
+            })
+        }
+        _ => Ok(()),
     }
 }
 
@@ -156,11 +225,21 @@ pub fn lookup_key(
 ///
 /// # Errors
 /// `Rejection::Blocked` naming the scope.
-pub fn blocked_key(rt: &Runtime, key: &KeyInfo, now_ms: u64) -> Result<(), Rejection> {
-    if rt.blocks.key(&key.key_id, now_ms).is_some() {
+pub fn blocked_key(
+    shared: &Shared,
+    rt: &Runtime,
+    key: &KeyInfo,
+    now_ms: u64,
+) -> Result<(), Rejection> {
+    let dynamic = shared.dynamic();
+    if rt.blocks.key(&key.key_id, now_ms).is_some()
+        || dynamic.blocks.key(&key.key_id, now_ms).is_some()
+    {
         return Err(Rejection::blocked(Scope::Key));
     }
-    if rt.blocks.tenant(&key.tenant, now_ms).is_some() {
+    if rt.blocks.tenant(&key.tenant, now_ms).is_some()
+        || dynamic.blocks.tenant(&key.tenant, now_ms).is_some()
+    {
         return Err(Rejection::blocked(Scope::Tenant));
     }
     Ok(())
@@ -223,12 +302,35 @@ pub async fn limit(
         });
     }
     shared.metrics.decision(governing.scope, Outcome::Rejected);
+    record(shared, client_ip, key, &governing);
     let message = check
         .scopes
         .iter()
         .find(|s| s.scope == governing.scope)
         .and_then(|s| s.limits.message.clone());
     Err(Rejection::RateLimited { governing, message })
+}
+
+/// Queues a violation event for the database log (when one is configured). Never blocks.
+fn record(shared: &Shared, client_ip: IpAddr, key: Option<&KeyInfo>, g: &WindowDecision) {
+    let Some(queue) = &shared.events else { return };
+    let ident = match g.scope {
+        Scope::Ip | Scope::Auth => client_ip.to_string(),
+        Scope::Key => key.map_or_else(String::new, |k| k.key_id.to_string()),
+        Scope::Tenant => key.map_or_else(String::new, |k| k.tenant.to_string()),
+        Scope::Global => "all".to_string(),
+    };
+    queue.push(Event {
+        tenant_id: key.map(|k| k.tenant.clone()),
+        api_key_id: key.map(|k| k.key_id.clone()),
+        ip: client_ip,
+        scope: g.scope.as_str(),
+        limit_key: format!("{}:{ident}", g.scope.as_str()),
+        limit_value: u64::from(g.decision.limit),
+        count: g.decision.current,
+        window: g.window,
+        at_ms: shared.clock.now_ms(),
+    });
 }
 
 /// The scopes that apply to a caller, in order.

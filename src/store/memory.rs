@@ -124,7 +124,7 @@ impl<C: Clock> MemoryStore<C> {
             }
         }
         let total_windows: usize = check.scopes.iter().map(|s| s.limits.windows.len()).sum();
-        if total_windows == 1 {
+        if total_windows == 1 && !check.peek {
             // One window: charging is decided by that window alone, no dry run needed.
             let shard = shard_mut(&mut guards, shard_of[0]);
             let d = shard.charge(&check.scopes[0], now_ms, check.cost);
@@ -137,7 +137,7 @@ impl<C: Clock> MemoryStore<C> {
             shard.dry_run(s, now_ms, check.cost, &mut decisions, &mut nexts);
         }
         let verdict = Verdict::from_decisions(decisions.iter().copied());
-        if verdict.allowed {
+        if verdict.allowed && !check.peek {
             let mut at = 0;
             for (i, s) in check.scopes.iter().enumerate() {
                 let n = s.limits.windows.len();

@@ -129,7 +129,7 @@ impl RedisStore {
         let (p, w) = (&self.prefix, window.label());
         match ident {
             Ident::Global => format!("{p}:{{global}}:{w}"),
-            Ident::Ip(ip) => format!("{p}:{{ip:{ip}}}:{w}"),
+            Ident::Ip(ip) => format!("{p}:{{{}:{ip}}}:{w}", scope.as_str()),
             Ident::Name(n) => format!("{p}:{{{}:{n}}}:{w}", scope.as_str()),
         }
     }
@@ -206,10 +206,13 @@ impl RedisStore {
         conn: &mut Conn,
         scopes: &[ScopeCheck<'_>],
         cost: u32,
+        peek: bool,
         now: &str,
     ) -> Result<Reply, StoreError> {
         let mut inv = self.script.prepare_invoke();
-        inv.arg(now).arg(cost).arg("check");
+        inv.arg(now)
+            .arg(cost)
+            .arg(if peek { "peek" } else { "check" });
         for s in scopes {
             self.push_scope(&mut inv, s, None);
         }
@@ -227,7 +230,7 @@ impl RedisStore {
         let now = self.now_arg();
         if !matches!(conn, Conn::Cluster(_)) || check.scopes.len() == 1 {
             let reply = self
-                .call(&mut conn, &check.scopes, check.cost, &now)
+                .call(&mut conn, &check.scopes, check.cost, check.peek, &now)
                 .await?;
             return Ok(Verdict::from_decisions(reply.decisions));
         }
@@ -236,8 +239,14 @@ impl RedisStore {
             let mut c = conn.clone();
             let now = now.clone();
             async move {
-                self.call(&mut c, std::slice::from_ref(s), check.cost, &now)
-                    .await
+                self.call(
+                    &mut c,
+                    std::slice::from_ref(s),
+                    check.cost,
+                    check.peek,
+                    &now,
+                )
+                .await
             }
         });
         let replies = futures_util::future::join_all(calls).await;
@@ -245,7 +254,7 @@ impl RedisStore {
         let mut charged = Vec::new();
         for (s, r) in check.scopes.iter().zip(replies) {
             let r = r?;
-            if r.all_allowed {
+            if r.all_allowed && !check.peek {
                 charged.push((
                     s.clone(),
                     r.now,

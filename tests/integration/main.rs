@@ -13,4 +13,5 @@ mod lua_scripts;
 mod admin;
 mod cli;
 mod client_ip_e2e;
+mod db;
 mod proxy_e2e;

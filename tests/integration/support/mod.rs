@@ -13,7 +13,27 @@ use tokio::time::Instant;
 
 use tempfile::TempDir;
 
+pub mod postgres;
 pub mod redis;
+
+/// The admin token every test gateway is started with.
+pub const ADMIN_TOKEN: &str = "test-admin-token";
+
+/// Polls `f` every 10 ms until it returns Some, or panics after `patience`.
+pub async fn eventually<T, F, Fut>(patience: Duration, what: &str, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + patience;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "not within {patience:?}: {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
 
 /// A free loopback port (bind :0, read, release). Races are handled by retrying starts.
 pub fn free_port() -> u16 {
@@ -90,6 +110,7 @@ impl Gateway {
                 .arg("--config")
                 .arg(&path)
                 .env("RUST_LOG", "warn")
+                .env("THROTTLE_ADMIN_TOKEN", ADMIN_TOKEN)
                 .stdout(Stdio::null())
                 .stderr(log)
                 .spawn()

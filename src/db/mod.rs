@@ -1,0 +1,117 @@
+//! PostgreSQL: tenants, hashed API keys, overrides, blocks and the violation log.
+//!
+//! Nothing on the request path waits on this module: keys, overrides and blocks are read
+//! into an in-memory snapshot (`snapshot`) refreshed in the background, and violation
+//! events go through a bounded queue to a batched writer (`events`).
+
+pub mod blocks;
+pub mod events;
+pub mod keys;
+pub mod snapshot;
+
+use std::time::Duration;
+
+use sqlx::migrate::Migrator;
+use sqlx::postgres::{PgPool, PgPoolOptions};
+
+use crate::config::Config;
+use crate::limiter::ScopeLimits;
+
+/// The migrations of `migrations/`, embedded in the binary.
+pub static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
+
+/// A database failure.
+#[derive(Debug, thiserror::Error)]
+pub enum DbError {
+    /// The query or connection failed.
+    #[error("database: {0}")]
+    Sqlx(#[from] sqlx::Error),
+    /// Applying migrations failed.
+    #[error("migrations: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    /// The schema lacks migrations this build needs.
+    #[error("the database schema is older than this gateway ({0} migration(s) missing): run `throttle migrate --database-url <URL>`")]
+    SchemaOutdated(usize),
+    /// A request the data does not allow.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// A small pool with short timeouts: the gateway never lets a slow database hold it up.
+///
+/// # Errors
+/// When the database cannot be reached within 3 s.
+pub async fn connect(url: &str) -> Result<PgPool, DbError> {
+    Ok(PgPoolOptions::new()
+        .max_connections(4)
+        .acquire_timeout(Duration::from_secs(3))
+        .connect(url)
+        .await?)
+}
+
+/// Applies every pending migration (idempotent).
+///
+/// # Errors
+/// When a migration fails.
+pub async fn migrate(pool: &PgPool) -> Result<(), DbError> {
+    MIGRATOR.run(pool).await?;
+    Ok(())
+}
+
+/// Refuses a schema older than this build.
+///
+/// # Errors
+/// `DbError::SchemaOutdated` naming how many migrations are missing.
+pub async fn check_schema(pool: &PgPool) -> Result<(), DbError> {
+    let exists: bool = sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations') IS NOT NULL")
+        .fetch_one(pool)
+        .await?;
+    let applied: Vec<i64> = if exists {
+        sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success")
+            .fetch_all(pool)
+            .await?
+    } else {
+        Vec::new()
+    };
+    let missing = MIGRATOR
+        .iter()
+        .filter(|m| !applied.contains(&m.version))
+        .count();
+    if missing > 0 {
+        return Err(DbError::SchemaOutdated(missing));
+    }
+    Ok(())
+}
+
+/// Writes every tier of `config` through to `rate_limit_policies`.
+///
+/// # Errors
+/// When the database fails.
+pub async fn sync_policies(pool: &PgPool, config: &Config) -> Result<(), DbError> {
+    for tier in config.tiers.values() {
+        let limits =
+            serde_json::json!({ "key": scope_json(&tier.key), "tenant": scope_json(&tier.tenant) });
+        sqlx::query(
+            "INSERT INTO rate_limit_policies (name, limits) VALUES ($1, $2)
+             ON CONFLICT (name) DO UPDATE SET limits = EXCLUDED.limits, updated_at = now()
+             WHERE rate_limit_policies.limits IS DISTINCT FROM EXCLUDED.limits",
+        )
+        .bind(&tier.name)
+        .bind(limits)
+        .execute(pool)
+        .await?;
+    }
+    Ok(())
+}
+
+/// A scope table as JSON: `{"per_minute": {"limit": 100, "algorithm": "token_bucket"}, ...}`.
+pub fn scope_json(s: &ScopeLimits) -> serde_json::Value {
+    let mut m = serde_json::Map::new();
+    for w in &s.windows {
+        m.insert(
+            w.window.config_key().to_string(),
+            serde_json::json!({ "limit": w.limit, "algorithm": w.algorithm.as_str(), "capacity": w.capacity }),
+        );
+    }
+    serde_json::Value::Object(m)
+}

@@ -1,0 +1,541 @@
+//! PostgreSQL end to end: migrations, the keys CLI, overrides, revocation and block
+//! propagation across two gateways, brute-force protection, and the violation log
+//! (including across a PostgreSQL restart). Each test has a database of its own.
+
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use tokio::time::Instant;
+
+use crate::support::postgres::{PgServer, TestDb};
+use crate::support::{client, eventually, free_port, header, Gateway, Upstream, ADMIN_TOKEN};
+
+/// A gateway config on `db_url`. Failed lookups are generous here (polling for a key
+/// that has not propagated yet is not an attack); `brute_force_is_limited_per_ip` tightens it.
+fn config(db_url: &str) -> String {
+    format!(
+        r#"
+[database]
+url = "{db_url}"
+
+[limits.auth]
+per_minute = 1000
+
+[tiers.free]
+key = {{ per_minute = 100 }}
+
+[tiers.tight]
+key = {{ per_minute = 2 }}
+
+[[routes]]
+name = "api"
+path_prefix = "/"
+upstreams = ["{{upstream}}"]
+
+[[keys]]
+id = "toml_key"
+key = "toml-secret"
+tenant = "acme"
+tier = "tight"
+"#
+    )
+}
+
+fn throttle(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_throttle"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// `keys create` through the real CLI; returns (key id, api key).
+fn create_key(db: &TestDb, gw: &Gateway, tenant: &str, tier: &str) -> (String, String) {
+    let out = throttle(&[
+        "keys",
+        "create",
+        "--tenant",
+        tenant,
+        "--tier",
+        tier,
+        "--database-url",
+        &db.url,
+        "--config",
+        gw.config_path().to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let field = |name: &str| {
+        stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .unwrap()
+            .trim()
+            .to_string()
+    };
+    (field("key_id:"), field("api_key:"))
+}
+
+async fn status(gw: &Gateway, key: &str) -> u16 {
+    client()
+        .get(gw.url("/x"))
+        .header("x-api-key", key)
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+/// Migrations apply to an empty database and again (idempotent); a gateway refuses to
+/// start on a schema that lacks them, saying what to run.
+#[tokio::test(flavor = "multi_thread")]
+async fn migrations_apply_twice_and_old_schemas_are_refused() {
+    let Some(db) = TestDb::create() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("gw.toml");
+    let body = config(&db.url).replace("{upstream}", "127.0.0.1:9");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[server]\nlisten = \"127.0.0.1:{}\"\nadmin_listen = \"127.0.0.1:{}\"\n{body}",
+            free_port(),
+            free_port()
+        ),
+    )
+    .unwrap();
+    let out = throttle(&["run", "--config", cfg.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("older than this gateway") && stderr.contains("throttle migrate"),
+        "{stderr}"
+    );
+    db.migrate();
+    db.migrate();
+    let pool = db.pool().await;
+    let tables: Vec<String> = sqlx::query_scalar(
+        "SELECT tablename::text FROM pg_tables WHERE schemaname = 'public' ORDER BY 1",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    for t in [
+        "api_key_rate_limits",
+        "api_keys",
+        "rate_limit_blocks",
+        "rate_limit_events",
+        "rate_limit_policies",
+        "tenants",
+    ] {
+        assert!(tables.iter().any(|x| x == t), "{t} missing from {tables:?}");
+    }
+}
+
+/// `keys create` prints the key once and stores only its SHA-256; the key works on two
+/// gateways; `keys list` never shows it; `keys revoke` takes effect everywhere within 1 s.
+#[tokio::test(flavor = "multi_thread")]
+async fn keys_cli_and_revocation_reach_every_gateway_within_a_second() {
+    let Some(db) = TestDb::migrated() else { return };
+    let up = Upstream::start("u").await;
+    let gw1 = Gateway::start(&config(&db.url), Some(&up)).await;
+    let gw2 = Gateway::start(&config(&db.url), Some(&up)).await;
+    let (id, key) = create_key(&db, &gw1, "globex", "free");
+    assert!(key.starts_with("thr_") && key.len() > 40);
+    let pool = db.pool().await;
+    let stored: String = sqlx::query_scalar("SELECT key_sha256 FROM api_keys WHERE id = $1")
+        .bind(&id)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        stored,
+        hex::encode(<sha2::Sha256 as sha2::Digest>::digest(key.as_bytes()))
+    );
+    let tenant_tier: String = sqlx::query_scalar("SELECT tier FROM tenants WHERE id = 'globex'")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(tenant_tier, "free", "keys create creates the tenant");
+    for gw in [&gw1, &gw2] {
+        eventually(Duration::from_secs(2), "new key accepted", || async {
+            (status(gw, &key).await == 200).then_some(())
+        })
+        .await;
+        let r = client()
+            .get(gw.url("/x"))
+            .header("x-api-key", &key)
+            .send()
+            .await
+            .unwrap();
+        let echo: Value = r.json().await.unwrap();
+        assert_eq!(echo["headers"]["x-throttle-key-id"], id.as_str());
+    }
+    let list =
+        String::from_utf8(throttle(&["keys", "list", "--database-url", &db.url]).stdout).unwrap();
+    assert!(
+        list.contains(&id) && list.contains(&key[..8]) && !list.contains(&key),
+        "{list}"
+    );
+    let out = throttle(&["keys", "revoke", &id, "--database-url", &db.url]);
+    assert!(out.status.success());
+    let revoked = Instant::now();
+    for gw in [&gw1, &gw2] {
+        eventually(Duration::from_secs(1), "revocation propagated", || async {
+            (status(gw, &key).await == 401).then_some(())
+        })
+        .await;
+    }
+    assert!(
+        revoked.elapsed() < Duration::from_secs(1),
+        "took {:?}",
+        revoked.elapsed()
+    );
+    assert!(
+        !throttle(&["keys", "revoke", &id, "--database-url", &db.url])
+            .status
+            .success(),
+        "revoking twice fails"
+    );
+}
+
+/// custom_override replaces the tier's windows field by field (here per_minute 100 -> 2).
+#[tokio::test(flavor = "multi_thread")]
+async fn custom_override_replaces_tier_windows() {
+    let Some(db) = TestDb::migrated() else { return };
+    let up = Upstream::start("u").await;
+    let gw = Gateway::start(&config(&db.url), Some(&up)).await;
+    let (id, key) = create_key(&db, &gw, "initech", "free");
+    let pool = db.pool().await;
+    sqlx::query("INSERT INTO api_key_rate_limits (api_key_id, custom_override) VALUES ($1, '{\"per_minute\": 2}')").bind(&id).execute(&pool).await.unwrap();
+    eventually(Duration::from_secs(2), "override applied", || async {
+        let r = client()
+            .get(gw.url("/x"))
+            .header("x-api-key", &key)
+            .send()
+            .await
+            .unwrap();
+        (header(&r, "x-ratelimit-limit") == "2").then_some(())
+    })
+    .await;
+    let mut statuses = Vec::new();
+    for _ in 0..3 {
+        statuses.push(status(&gw, &key).await);
+    }
+    assert!(statuses.contains(&429), "{statuses:?}");
+    let r = client()
+        .get(gw.url("/x"))
+        .header("x-api-key", &key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.json::<Value>().await.unwrap()["limit"], 2);
+    let policies: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM rate_limit_policies WHERE name IN ('free', 'tight')",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        policies, 2,
+        "tiers are written through to rate_limit_policies"
+    );
+}
+
+/// Blocks posted to one gateway's admin API (and rows written with SQL) reach the other
+/// within 1 s; the API needs the admin token.
+#[tokio::test(flavor = "multi_thread")]
+async fn blocks_propagate_across_gateways_within_a_second() {
+    let Some(db) = TestDb::migrated() else { return };
+    let up = Upstream::start("u").await;
+    let gw1 = Gateway::start(&config(&db.url), Some(&up)).await;
+    let gw2 = Gateway::start(&config(&db.url), Some(&up)).await;
+    let c = client();
+    let url = gw1.admin_url("/v1/blocks");
+    assert_eq!(
+        c.post(&url)
+            .json(&json!({"scope": "key", "value": "toml_key"}))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        401
+    );
+    assert_eq!(
+        c.get(&url)
+            .bearer_auth("wrong")
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        401
+    );
+    let posted = Instant::now();
+    let r = c
+        .post(&url)
+        .bearer_auth(ADMIN_TOKEN)
+        .json(&json!({"scope": "key", "value": "toml_key", "reason": "abuse"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let block: Value = r.json().await.unwrap();
+    let id = block["id"].as_i64().unwrap();
+    eventually(Duration::from_secs(1), "block on gw2", || async {
+        (status(&gw2, "toml-secret").await == 403).then_some(())
+    })
+    .await;
+    assert!(posted.elapsed() < Duration::from_secs(1));
+    let listed: Value = c
+        .get(&url)
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(listed["blocks"][0]["value"], "toml_key");
+    assert_eq!(
+        c.delete(format!("{url}/{id}"))
+            .bearer_auth(ADMIN_TOKEN)
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        204
+    );
+    // Not 403 any more (the key's own 2/minute may be spent by the polling above: 429).
+    eventually(Duration::from_secs(1), "unblock on gw2", || async {
+        (status(&gw2, "toml-secret").await != 403).then_some(())
+    })
+    .await;
+    // Through SQL: a tenant block with an expiry in the future.
+    let pool = db.pool().await;
+    sqlx::query("INSERT INTO rate_limit_blocks (scope, value, expires_at) VALUES ('tenant', 'acme', now() + interval '1 hour')").execute(&pool).await.unwrap();
+    for gw in [&gw1, &gw2] {
+        eventually(Duration::from_secs(1), "SQL block", || async {
+            let r = client()
+                .get(gw.url("/x"))
+                .header("x-api-key", "toml-secret")
+                .send()
+                .await
+                .unwrap();
+            (r.status() == 403).then_some(())
+        })
+        .await;
+    }
+    assert_eq!(
+        c.post(&url)
+            .bearer_auth(ADMIN_TOKEN)
+            .json(&json!({"scope": "ip", "value": "300.1.1.1"}))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        400
+    );
+}
+
+/// Failed key lookups count against the client IP: past `[limits.auth]` every key, even a
+/// valid one, gets 429 with scope "auth" (works without a database).
+#[tokio::test(flavor = "multi_thread")]
+async fn brute_force_is_limited_per_ip() {
+    let up = Upstream::start("u").await;
+    let body = config("postgres://unused")
+        .replace("[database]\nurl = \"postgres://unused\"\n", "")
+        .replace("per_minute = 1000", "per_minute = 3");
+    let gw = Gateway::start(&body, Some(&up)).await;
+    for i in 0..3 {
+        assert_eq!(status(&gw, &format!("guess-{i}")).await, 401);
+    }
+    let r = client()
+        .get(gw.url("/x"))
+        .header("x-api-key", "guess-4")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 429);
+    assert_eq!(r.json::<Value>().await.unwrap()["scope"], "auth");
+    let r = client()
+        .get(gw.url("/x"))
+        .header("x-api-key", "toml-secret")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        r.status(),
+        429,
+        "a valid key is not looked at either once the IP is over the limit"
+    );
+    // Requests without a key are not auth attempts.
+    let r = client().get(gw.url("/x")).send().await.unwrap();
+    assert_eq!(r.status(), 401);
+}
+
+/// Blocks posted without a database live in memory: add, list, delete.
+#[tokio::test(flavor = "multi_thread")]
+async fn blocks_api_works_without_a_database() {
+    let up = Upstream::start("u").await;
+    let body = config("postgres://unused").replace("[database]\nurl = \"postgres://unused\"\n", "");
+    let gw = Gateway::start(&body, Some(&up)).await;
+    let c = client();
+    let url = gw.admin_url("/v1/blocks");
+    let r = c
+        .post(&url)
+        .bearer_auth(ADMIN_TOKEN)
+        .json(&json!({"scope": "ip", "value": "127.0.0.0/8", "expires_at": "2099-01-01T00:00:00Z"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let b: Value = r.json().await.unwrap();
+    assert_eq!(b["expires_at"], "2099-01-01T00:00:00Z");
+    assert_eq!(status(&gw, "toml-secret").await, 403);
+    assert_eq!(
+        c.delete(format!("{url}/{}", b["id"]))
+            .bearer_auth(ADMIN_TOKEN)
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        204
+    );
+    assert_eq!(status(&gw, "toml-secret").await, 200);
+}
+
+async fn event_count(db_url: &str) -> i64 {
+    let pool = sqlx::PgPool::connect(db_url).await.unwrap();
+    let n = sqlx::query_scalar("SELECT count(*) FROM rate_limit_events WHERE scope = 'key' AND limit_key = 'key:toml_key' AND api_key_id = 'toml_key'").fetch_one(&pool).await.unwrap();
+    pool.close().await;
+    n
+}
+
+/// Every rejection becomes a rate_limit_events row (batched, in this month's partition).
+#[tokio::test(flavor = "multi_thread")]
+async fn rejections_are_logged() {
+    let Some(db) = TestDb::migrated() else { return };
+    let up = Upstream::start("u").await;
+    let gw = Gateway::start(&config(&db.url), Some(&up)).await;
+    let statuses: Vec<u16> =
+        futures_util::future::join_all((0..7).map(|_| status(&gw, "toml-secret"))).await;
+    assert_eq!(statuses.iter().filter(|s| **s == 429).count(), 5);
+    eventually(Duration::from_secs(5), "5 events", || async {
+        (event_count(&db.url).await == 5).then_some(())
+    })
+    .await;
+    let pool = db.pool().await;
+    let row: (String, i64, i64, String) = sqlx::query_as(
+        "SELECT ip::text, limit_value, count, \"window\"::text FROM rate_limit_events LIMIT 1",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        (row.0.as_str(), row.1, row.3.as_str()),
+        ("127.0.0.1/32", 2, "00:01:00")
+    );
+    assert!(row.2 >= 3);
+}
+
+/// PostgreSQL stops and comes back: the gateway keeps answering (from its snapshot) and no
+/// event is lost while the queue stays within its bound.
+#[tokio::test(flavor = "multi_thread")]
+async fn no_event_is_lost_across_a_postgres_restart() {
+    let Some(pg) = PgServer::start() else {
+        assert!(
+            std::env::var("CI").is_err(),
+            "a private PostgreSQL is required in CI"
+        );
+        return eprintln!("skipped: cannot start a private PostgreSQL");
+    };
+    let db = TestDb::create_on(&pg.url()).unwrap();
+    db.migrate();
+    let up = Upstream::start("u").await;
+    let gw = Gateway::start(&config(&db.url), Some(&up)).await;
+    for _ in 0..5 {
+        status(&gw, "toml-secret").await;
+    }
+    eventually(
+        Duration::from_secs(5),
+        "3 events before the restart",
+        || async { (event_count(&db.url).await == 3).then_some(()) },
+    )
+    .await;
+    assert!(pg.down());
+    for _ in 0..4 {
+        let started = Instant::now();
+        assert_eq!(status(&gw, "toml-secret").await, 429);
+        assert!(
+            started.elapsed() < Duration::from_millis(500),
+            "the request path waited on PostgreSQL"
+        );
+    }
+    let ready: Value = client()
+        .get(gw.admin_url("/readyz"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    eventually(Duration::from_secs(10), "degraded", || async {
+        let r: Value = client()
+            .get(gw.admin_url("/readyz"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        (r["degraded"] == true).then_some(())
+    })
+    .await;
+    let _ = ready;
+    assert!(pg.up());
+    eventually(
+        Duration::from_secs(15),
+        "all 7 events after the restart",
+        || async { (event_count(&db.url).await == 7).then_some(()) },
+    )
+    .await;
+    let m = gw.metrics().await;
+    assert!(m.contains("throttle_events_dropped_total 0"), "{m}");
+}
+
+/// PostgreSQL down at start: the gateway serves the TOML keys and says degraded.
+#[tokio::test(flavor = "multi_thread")]
+async fn serves_toml_keys_when_postgres_is_down_at_start() {
+    let up = Upstream::start("u").await;
+    let dead = format!("postgres://postgres@127.0.0.1:{}/none", free_port());
+    let gw = Gateway::start(&config(&dead), Some(&up)).await;
+    assert_eq!(status(&gw, "toml-secret").await, 200);
+    let r: Value = client()
+        .get(gw.admin_url("/readyz"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            r["ready"].as_bool(),
+            r["degraded"].as_bool(),
+            r["database"]["healthy"].as_bool()
+        ),
+        (Some(true), Some(true), Some(false))
+    );
+    let posted = client()
+        .post(gw.admin_url("/v1/blocks"))
+        .bearer_auth(ADMIN_TOKEN)
+        .json(&json!({"scope": "ip", "value": "10.0.0.1"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(posted.status(), 503);
+}
