@@ -1,6 +1,7 @@
 //! Assembles the Pingora server: the proxy service, the admin service and background
 //! tasks (the memory store's sweeper, the demo upstream), from a validated `Config`.
 
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,7 +19,7 @@ use crate::demo::DemoUpstream;
 use crate::metrics::Metrics;
 use crate::proxy::Gateway;
 use crate::state::{Runtime, Shared};
-use crate::store::{LimitStore, MemoryStore, RedisStore};
+use crate::store::{LimitStore, MemoryStore, RedisStore, TieredStore};
 
 /// Why the gateway cannot start.
 #[derive(Debug, thiserror::Error)]
@@ -49,17 +50,37 @@ pub fn build(config: Config, extras: Extras) -> Result<(Server, Arc<Shared>), St
     let conf = server_conf(&config);
     let mut server = Server::new_with_opt_and_conf(None::<Opt>, conf);
     let memory = Arc::new(MemoryStore::new());
+    let metrics = Arc::new(Metrics::new()?);
+    let instances = Arc::new(AtomicU32::new(config.store.instances.unwrap_or(1)));
+    let mut redis = None;
     let store: Arc<dyn LimitStore> = match config.store.backend {
         Backend::Memory => memory.clone(),
-        Backend::Redis => Arc::new(
-            RedisStore::from_config(&config.store)
-                .map_err(|e| StartError::Unsupported(e.to_string()))?,
-        ),
+        Backend::Redis => {
+            let primary = Arc::new(
+                RedisStore::from_config(&config.store)
+                    .map_err(|e| StartError::Unsupported(e.to_string()))?,
+            );
+            redis = Some(primary.clone());
+            Arc::new(TieredStore::new(
+                primary,
+                memory.clone(),
+                instances.clone(),
+                metrics.clone(),
+            ))
+        }
+    };
+    let heartbeat = match (&redis, config.store.instances) {
+        (Some(r), None) => Some(Heartbeat {
+            redis: r.clone(),
+            instances: instances.clone(),
+            id: config.server.instance_id.clone(),
+        }),
+        _ => None,
     };
     let listen = config.server.listen;
     let admin_listen = config.server.admin_listen;
     let database_url = config.database_url.clone();
-    let mut shared = Shared::new(Runtime::from_config(config)?, store, Metrics::new()?);
+    let mut shared = Shared::new(Runtime::from_config(config)?, store, metrics);
     if database_url.is_some() {
         let dropped = shared.metrics.events_dropped_total.clone();
         shared.events = Some(Arc::new(EventQueue::new(EVENT_QUEUE, dropped)));
@@ -81,6 +102,9 @@ pub fn build(config: Config, extras: Extras) -> Result<(Server, Arc<Shared>), St
         "memory store sweeper",
         Sweeper { store: memory },
     ));
+    if let Some(h) = heartbeat {
+        server.add_service(background_service("instance heartbeat", h));
+    }
     if let Some(url) = database_url {
         server.add_service(background_service(
             "database snapshot",
@@ -147,6 +171,34 @@ impl BackgroundService for EventWriter {
                 () = tokio::time::sleep(backoff) => {}
             }
             backoff = (backoff * 2).min(Duration::from_secs(5));
+        }
+    }
+}
+
+/// Heartbeats this instance into Redis every second; the live count sizes the local
+/// fallback (the last count seen is kept while Redis is down).
+struct Heartbeat {
+    redis: Arc<RedisStore>,
+    instances: Arc<AtomicU32>,
+    id: String,
+}
+
+#[async_trait]
+impl BackgroundService for Heartbeat {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        let clock = crate::clock::SystemClock;
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tokio::select! {
+                _ = shutdown.changed() => return,
+                _ = tick.tick() => {
+                    use crate::clock::Clock;
+                    match self.redis.heartbeat(&self.id, clock.now_ms(), 3_000).await {
+                        Ok(n) => self.instances.store(n, Ordering::Relaxed),
+                        Err(e) => tracing::trace!(error = %e, "heartbeat failed; keeping the last instance count"),
+                    }
+                }
+            }
         }
     }
 }

@@ -63,7 +63,7 @@ pub struct Shared {
     /// The limit store.
     pub store: Arc<dyn LimitStore>,
     /// Metrics.
-    pub metrics: Metrics,
+    pub metrics: Arc<Metrics>,
     /// Limiter time.
     pub clock: Arc<dyn Clock>,
 }
@@ -90,7 +90,7 @@ impl Runtime {
 
 impl Shared {
     /// Shared state over `runtime` and `store`, on the system clock (no database).
-    pub fn new(runtime: Runtime, store: Arc<dyn LimitStore>, metrics: Metrics) -> Self {
+    pub fn new(runtime: Runtime, store: Arc<dyn LimitStore>, metrics: Arc<Metrics>) -> Self {
         Self::with_clock(runtime, store, metrics, Arc::new(SystemClock))
     }
 
@@ -98,7 +98,7 @@ impl Shared {
     pub fn with_clock(
         runtime: Runtime,
         store: Arc<dyn LimitStore>,
-        metrics: Metrics,
+        metrics: Arc<Metrics>,
         clock: Arc<dyn Clock>,
     ) -> Self {
         Self {

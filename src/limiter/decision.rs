@@ -45,6 +45,8 @@ pub struct Verdict {
     pub governing: Option<WindowDecision>,
     /// Bit `1 << scope as u8` for each scope that was checked.
     pub scopes_checked: u8,
+    /// True when decided by the local fallback instead of the shared store.
+    pub fallback: bool,
 }
 
 // === impl Verdict ===
@@ -55,6 +57,7 @@ impl Verdict {
         allowed: true,
         governing: None,
         scopes_checked: 0,
+        fallback: false,
     };
 
     /// Folds per-window decisions into the layered verdict (see `Verdict::governing`).
@@ -81,6 +84,7 @@ impl Verdict {
             allowed,
             governing: if allowed { pass } else { reject },
             scopes_checked,
+            fallback: false,
         }
     }
 

@@ -5,8 +5,10 @@
 //! all-or-nothing even when many threads (or gateways) check the same identities at once.
 //! "Over limit" is a `Verdict`, never an error: `StoreError` means the store failed.
 
+pub mod breaker;
 pub mod memory;
 pub mod redis;
+pub mod tiered;
 
 use async_trait::async_trait;
 
@@ -14,6 +16,7 @@ use crate::limiter::{Check, Verdict};
 
 pub use self::redis::RedisStore;
 pub use memory::MemoryStore;
+pub use tiered::TieredStore;
 
 /// The store could not decide.
 #[derive(Debug, thiserror::Error)]
@@ -24,6 +27,9 @@ pub enum StoreError {
     /// The store is unreachable or answered with an error.
     #[error("store unavailable: {0}")]
     Unavailable(String),
+    /// The circuit breaker is open: the store was not called.
+    #[error("store circuit open")]
+    CircuitOpen,
 }
 
 /// A shared home for limiter state.

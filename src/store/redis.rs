@@ -134,6 +134,49 @@ impl RedisStore {
         }
     }
 
+    /// Records this instance as alive for `ttl_ms` and returns how many instances are alive
+    /// (a sorted set `<prefix>:{instances}` scored by last heartbeat).
+    ///
+    /// # Errors
+    /// When Redis fails or misses the deadline.
+    pub async fn heartbeat(
+        &self,
+        instance_id: &str,
+        now_ms: u64,
+        ttl_ms: u64,
+    ) -> Result<u32, StoreError> {
+        let script = redis::Script::new(
+            "redis.call('ZADD', KEYS[1], ARGV[1], ARGV[2])
+             redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', tonumber(ARGV[1]) - tonumber(ARGV[3]))
+             redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[3]) * 2)
+             return redis.call('ZCARD', KEYS[1])",
+        );
+        let key = format!("{}:{{instances}}", self.prefix);
+        let mut conn = tokio::time::timeout(self.timeout, self.conn())
+            .await
+            .map_err(|_| StoreError::Timeout(self.timeout.as_millis() as u64))??;
+        let mut inv = script.key(key);
+        inv.arg(now_ms).arg(instance_id).arg(ttl_ms);
+        let n: Vec<i64> = match tokio::time::timeout(self.timeout, async {
+            let n: RedisResult<i64> = match &mut conn {
+                Conn::Single(c) => inv.invoke_async(c).await,
+                Conn::Cluster(c) => inv.invoke_async(c).await,
+                Conn::Sentinel(c) => inv.invoke_async(c).await,
+            };
+            n.map(|v| vec![v])
+        })
+        .await
+        {
+            Ok(Ok(n)) => n,
+            Ok(Err(e)) => return Err(unavailable(e)),
+            Err(_) => return Err(StoreError::Timeout(self.timeout.as_millis() as u64)),
+        };
+        Ok(n.first()
+            .and_then(|v| u32::try_from(*v).ok())
+            .unwrap_or(1)
+            .max(1))
+    }
+
     /// Whether the last call succeeded.
     pub fn is_healthy(&self) -> bool {
         self.healthy.load(Ordering::Relaxed)

@@ -1,0 +1,165 @@
+//! Failure is a policy: the shared store first; when it fails or the circuit breaker is
+//! open, each scope's `on_failure` decides, in microseconds, without waiting on Redis.
+//!
+//! - `closed`: the request is refused (503 `rate_limiter_unavailable`, `Retry-After: 1`).
+//! - `open`: the scope is skipped (counted as `failed_open`).
+//! - `local`: the scope is decided by this process's `MemoryStore` with every limit divided
+//!   by the live instance count (counted as `local_fallback`), so a fleet of N gateways
+//!   admits about the limit in total, not N times it (Kong Enterprise's fallback counts
+//!   the full limit per node).
+//!
+//! The local state is separate and never written back: when Redis answers again,
+//! decisions are shared again from the next request on (the breaker probes every
+//! `PROBE_EVERY`), and Redis never sees what was counted locally.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use arrayvec::ArrayVec;
+use async_trait::async_trait;
+
+use super::breaker::{BreakerState, CircuitBreaker};
+use super::{LimitStore, MemoryStore, StoreError};
+use crate::limiter::{Check, OnFailure, ScopeLimits, Verdict, WindowLimit};
+use crate::metrics::{Metrics, Outcome};
+
+/// Consecutive failures that open the breaker.
+pub const FAILURES_TO_OPEN: u32 = 3;
+/// How often an open breaker lets one call through to probe the store.
+pub const PROBE_EVERY: Duration = Duration::from_millis(500);
+
+/// The shared store with its failure policies.
+pub struct TieredStore {
+    primary: Arc<dyn LimitStore>,
+    fallback: Arc<MemoryStore>,
+    breaker: CircuitBreaker,
+    instances: Arc<AtomicU32>,
+    metrics: Arc<Metrics>,
+}
+
+// === impl TieredStore ===
+
+impl TieredStore {
+    /// `primary` guarded by a breaker, with a local fallback sized by `instances`.
+    pub fn new(
+        primary: Arc<dyn LimitStore>,
+        fallback: Arc<MemoryStore>,
+        instances: Arc<AtomicU32>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        Self {
+            primary,
+            fallback,
+            breaker: CircuitBreaker::new(FAILURES_TO_OPEN, PROBE_EVERY),
+            instances,
+            metrics,
+        }
+    }
+
+    /// The breaker (for tests and `/readyz`).
+    pub fn breaker(&self) -> &CircuitBreaker {
+        &self.breaker
+    }
+
+    /// The local fallback store (the gateway sweeps it).
+    pub fn fallback(&self) -> &MemoryStore {
+        &self.fallback
+    }
+
+    fn degraded(
+        &self,
+        check: &Check<'_>,
+        error: Option<StoreError>,
+    ) -> Result<Verdict, StoreError> {
+        if check
+            .scopes
+            .iter()
+            .any(|s| s.limits.on_failure == OnFailure::Closed)
+        {
+            return Err(error.unwrap_or(StoreError::CircuitOpen));
+        }
+        let n = self.instances.load(Ordering::Relaxed).max(1);
+        let divided: ArrayVec<(usize, ScopeLimits), 4> = check
+            .scopes
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.limits.on_failure == OnFailure::Local)
+            .map(|(i, s)| (i, divide(s.limits, n)))
+            .collect();
+        let mut local = Check::new(check.cost);
+        local.peek = check.peek;
+        for (i, limits) in &divided {
+            let s = &check.scopes[*i];
+            local.push(s.scope, s.ident.clone(), limits);
+        }
+        for s in &check.scopes {
+            let outcome = if s.limits.on_failure == OnFailure::Local {
+                Outcome::LocalFallback
+            } else {
+                Outcome::FailedOpen
+            };
+            self.metrics.decision(s.scope, outcome);
+        }
+        let mut verdict = self.fallback.decide(&local);
+        verdict.fallback = true;
+        Ok(verdict)
+    }
+}
+
+/// `limits` with every window's limit and capacity divided by `n` (at least 1).
+pub fn divide(limits: &ScopeLimits, n: u32) -> ScopeLimits {
+    let windows = limits
+        .windows
+        .iter()
+        .map(|w| WindowLimit {
+            limit: (w.limit / n).max(1),
+            capacity: (w.capacity / n).max(1),
+            ..*w
+        })
+        .collect();
+    ScopeLimits {
+        windows,
+        on_failure: limits.on_failure,
+        message: limits.message.clone(),
+    }
+}
+
+#[async_trait]
+impl LimitStore for TieredStore {
+    async fn check(&self, check: &Check<'_>) -> Result<Verdict, StoreError> {
+        let mut error = None;
+        if self.breaker.allow() {
+            match self.primary.check(check).await {
+                Ok(v) => {
+                    self.breaker.success();
+                    self.metrics.fallback_active.set(0);
+                    return Ok(v);
+                }
+                Err(e) => {
+                    self.metrics
+                        .store_errors_total
+                        .with_label_values(&[self.primary.name()])
+                        .inc();
+                    self.breaker.failure();
+                    error = Some(e);
+                }
+            }
+        }
+        self.metrics
+            .fallback_active
+            .set(i64::from(self.breaker.state() != BreakerState::Closed));
+        self.degraded(check, error)
+    }
+
+    fn name(&self) -> &'static str {
+        self.primary.name()
+    }
+
+    fn healthy(&self) -> bool {
+        self.primary.healthy() && self.breaker.state() == BreakerState::Closed
+    }
+}
+
+#[cfg(test)]
+mod tests;
