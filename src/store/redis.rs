@@ -380,8 +380,11 @@ impl LimitStore for RedisStore {
         }
         let result = self.check_inner(check).await;
         self.healthy.store(result.is_ok(), Ordering::Relaxed);
-        if let (Err(_), Target::Sentinel(..)) = (&result, &self.target) {
-            self.conn.store(None); // re-ask the sentinels for the master next time
+        if result.is_err() && !matches!(self.target, Target::Single(_)) {
+            // Sentinel: re-ask the sentinels for the master. Cluster: reconnect from the seed
+            // nodes and refetch the slot map (after a failover the old primary is gone).
+            // The breaker in front of this store bounds how often that happens.
+            self.conn.store(None);
         }
         result
     }

@@ -109,7 +109,10 @@ impl Gateway {
                 .args(args)
                 .arg("--config")
                 .arg(&path)
-                .env("RUST_LOG", "warn")
+                .env(
+                    "RUST_LOG",
+                    std::env::var("GW_LOG").unwrap_or_else(|_| "warn".into()),
+                )
                 .env("THROTTLE_ADMIN_TOKEN", ADMIN_TOKEN)
                 .stdout(Stdio::null())
                 .stderr(log)

@@ -132,6 +132,19 @@ impl RedisServer {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
+    /// Sends `signal` (e.g. "STOP", "CONT") to the server process.
+    pub fn signal(&self, signal: &str) {
+        if let Some(c) = &self.child {
+            let ok = Command::new("kill")
+                .arg(format!("-{signal}"))
+                .arg(c.id().to_string())
+                .status()
+                .unwrap()
+                .success();
+            assert!(ok, "kill -{signal}");
+        }
+    }
+
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
@@ -168,15 +181,20 @@ fn ping(port: u16) -> bool {
     s.read_exact(&mut buf).is_ok() && &buf == b"+PONG\r\n"
 }
 
-/// A 3-primary Redis Cluster (no replicas), formed with `redis-cli --cluster create`.
+/// A 3-primary Redis Cluster, formed with `redis-cli --cluster create`, optionally with
+/// one replica per primary.
 pub struct RedisCluster {
     pub nodes: Vec<RedisServer>,
 }
 
 impl RedisCluster {
     pub async fn start() -> Self {
+        Self::start_with_replicas(0).await
+    }
+
+    pub async fn start_with_replicas(replicas: usize) -> Self {
         let mut nodes = Vec::new();
-        for _ in 0..3 {
+        for _ in 0..3 * (1 + replicas) {
             nodes.push(
                 RedisServer::start_with(&[
                     "--cluster-enabled",
@@ -194,7 +212,7 @@ impl RedisCluster {
         let out = Command::new("redis-cli")
             .args(["--cluster", "create"])
             .args(&addrs)
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .output()
             .expect("redis-cli must be installed");
         assert!(
@@ -211,7 +229,7 @@ impl RedisCluster {
         let deadline = Instant::now() + Duration::from_secs(20);
         while Instant::now() < deadline {
             let mut ok = true;
-            for n in &self.nodes {
+            for n in self.nodes.iter().filter(|n| n.child.is_some()) {
                 let mut c = n.client().await;
                 let info: String = redis::cmd("CLUSTER")
                     .arg("INFO")
@@ -220,15 +238,63 @@ impl RedisCluster {
                     .unwrap();
                 ok &= info.contains("cluster_state:ok");
             }
+            // Replicas must have synced with their primary, or Redis refuses to fail over.
+            for n in self.nodes.iter().filter(|n| n.child.is_some()) {
+                let mut c = n.client().await;
+                let info: String = redis::cmd("INFO")
+                    .arg("replication")
+                    .query_async(&mut c)
+                    .await
+                    .unwrap();
+                ok &= !info.contains("role:slave") || info.contains("master_link_status:up");
+            }
             if ok {
                 return;
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        panic!("cluster never reached cluster_state:ok");
+        panic!("cluster never reached cluster_state:ok with every replica in sync");
     }
 
     pub fn urls(&self) -> Vec<String> {
         self.nodes.iter().map(RedisServer::url).collect()
+    }
+
+    /// The node serving `key` as primary.
+    pub async fn primary_for(&mut self, key: &str) -> &mut RedisServer {
+        let mut c = self.nodes[0].client().await;
+        let slot: i64 = redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(key)
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        let nodes: String = redis::cmd("CLUSTER")
+            .arg("NODES")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        let port = nodes
+            .lines()
+            .filter(|l| l.contains("master") && !l.contains("fail"))
+            .find(|l| {
+                l.split_whitespace().skip(8).any(|range| {
+                    let mut it = range.split('-').map(|v| v.parse::<i64>().unwrap_or(-1));
+                    let a = it.next().unwrap_or(-1);
+                    let b = it.next().unwrap_or(a);
+                    (a..=b).contains(&slot)
+                })
+            })
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|addr| addr.split('@').next())
+            .and_then(|hp| hp.rsplit(':').next())
+            .and_then(|p| p.parse::<u16>().ok())
+            .expect("no primary for the slot");
+        self.nodes.iter_mut().find(|n| n.port == port).unwrap()
+    }
+
+    /// Waits until every live node reports cluster_state:ok.
+    pub async fn wait_healthy(&self) {
+        self.wait_ok().await;
     }
 }
