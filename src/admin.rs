@@ -86,6 +86,34 @@ impl Admin {
         presented.is_some_and(|p| constant_time_eq(p, expected.as_bytes()))
     }
 
+    async fn reload_config(&self, session: &ServerSession) -> Reply {
+        if !self.authorized(session) {
+            return json_reply(
+                401,
+                &serde_json::json!({"error": "unauthorized", "detail": "Authorization: Bearer $THROTTLE_ADMIN_TOKEN required"}),
+            );
+        }
+        // The reload itself runs detached from this connection: a client that hangs up
+        // mid-reload cannot leave a half-applied config.
+        let shared = self.shared.clone();
+        let outcome = tokio::spawn(async move { crate::reload::reload(&shared).await }).await;
+        match outcome
+            .unwrap_or_else(|e| Err(crate::config::ConfigError::file("reload", e.to_string())))
+        {
+            Ok(r) => json_reply(
+                200,
+                &serde_json::json!({"reloaded": true, "source": r.source, "needs_restart": r.needs_restart}),
+            ),
+            Err(e) => {
+                tracing::warn!("config reload rejected: {e}");
+                json_reply(
+                    400,
+                    &serde_json::json!({"error": "invalid_config", "detail": e.to_string()}),
+                )
+            }
+        }
+    }
+
     async fn blocks(&self, session: &mut ServerSession, method: &Method, path: &str) -> Reply {
         if !self.authorized(session) {
             return json_reply(
@@ -398,6 +426,9 @@ impl ServeHttp for Admin {
             }
             (Method::POST, "/v1/check") => {
                 to_response(self.check(session).await, "application/json")
+            }
+            (Method::POST, "/v1/reload") => {
+                to_response(self.reload_config(session).await, "application/json")
             }
             (m, p) if p == "/v1/blocks" || p.starts_with("/v1/blocks/") => {
                 to_response(self.blocks(session, &m, p).await, "application/json")

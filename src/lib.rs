@@ -41,6 +41,7 @@ pub mod identity;
 pub mod limiter;
 pub mod metrics;
 pub mod proxy;
+pub mod reload;
 pub mod server;
 pub mod state;
 pub mod store;

@@ -102,6 +102,12 @@ pub fn build(config: Config, extras: Extras) -> Result<(Server, Arc<Shared>), St
         "memory store sweeper",
         Sweeper { store: memory },
     ));
+    server.add_service(background_service(
+        "reload on SIGHUP",
+        Reloader {
+            shared: shared.clone(),
+        },
+    ));
     if let Some(h) = heartbeat {
         server.add_service(background_service("instance heartbeat", h));
     }
@@ -171,6 +177,34 @@ impl BackgroundService for EventWriter {
                 () = tokio::time::sleep(backoff) => {}
             }
             backoff = (backoff * 2).min(Duration::from_secs(5));
+        }
+    }
+}
+
+/// Reloads gateway.toml on SIGHUP (see `reload`).
+struct Reloader {
+    shared: Arc<Shared>,
+}
+
+#[async_trait]
+impl BackgroundService for Reloader {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        let mut hup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGHUP; reload with POST /v1/reload");
+                return;
+            }
+        };
+        loop {
+            tokio::select! {
+                _ = shutdown.changed() => return,
+                _ = hup.recv() => {
+                    if let Err(e) = crate::reload::reload(&self.shared).await {
+                        tracing::warn!("config reload rejected: {e}");
+                    }
+                }
+            }
         }
     }
 }

@@ -15,3 +15,4 @@ mod cli;
 mod client_ip_e2e;
 mod db;
 mod proxy_e2e;
+mod reload;

@@ -97,12 +97,17 @@ impl Gateway {
 
     /// Starts the binary with `args` + `--config <rendered>`, retrying on port races.
     pub async fn start_with(args: &[&str], body: &str) -> Self {
+        Self::start_full(args, body, "grace_period_secs = 0").await
+    }
+
+    /// As `start_with`, with extra `[server]` lines (e.g. a grace period).
+    pub async fn start_full(args: &[&str], body: &str, server_extra: &str) -> Self {
         for _ in 0..5 {
             let (port, admin_port) = (free_port(), free_port());
             let dir = tempfile::tempdir().unwrap();
             let path = dir.path().join("gateway.toml");
             let id = format!("test-{port}-{admin_port}-{}", std::process::id());
-            let server = format!("[server]\nlisten = \"127.0.0.1:{port}\"\nadmin_listen = \"127.0.0.1:{admin_port}\"\ninstance_id = \"{id}\"\nthreads = 1\ngrace_period_secs = 0\n\n");
+            let server = format!("[server]\nlisten = \"127.0.0.1:{port}\"\nadmin_listen = \"127.0.0.1:{admin_port}\"\ninstance_id = \"{id}\"\nthreads = 1\n{server_extra}\n\n");
             std::fs::write(&path, format!("{server}{body}")).unwrap();
             let log = std::fs::File::create(dir.path().join("gateway.log")).unwrap();
             let child = Command::new(env!("CARGO_BIN_EXE_throttle"))
@@ -168,6 +173,36 @@ impl Gateway {
 
     pub fn config_path(&self) -> PathBuf {
         self.dir.path().join("gateway.toml")
+    }
+
+    /// Replaces everything after `[server]` in the config file (for reload tests).
+    pub fn rewrite(&self, body: &str) {
+        let current = std::fs::read_to_string(self.config_path()).unwrap();
+        let server = current.split("\n\n").next().unwrap();
+        std::fs::write(self.config_path(), format!("{server}\n\n{body}")).unwrap();
+    }
+
+    /// Sends `signal` ("HUP", "TERM", ...) to the gateway process.
+    pub fn signal(&self, signal: &str) {
+        let ok = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill -{signal}");
+    }
+
+    /// Waits up to `patience` for the process to exit.
+    pub async fn wait_exit(&mut self, patience: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + patience;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        None
     }
 
     pub async fn metrics(&self) -> String {

@@ -1,0 +1,175 @@
+//! Hot reload (POST /v1/reload and SIGHUP) and the SIGTERM drain, on the real binary.
+
+use std::io::Write;
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::time::Instant;
+
+use crate::support::{client, eventually, header, raw_exchange, Gateway, Upstream, ADMIN_TOKEN};
+
+fn body(per_minute: u32, extra_route: bool) -> String {
+    let mut b = format!(
+        "[tiers.t]\nkey = {{ per_minute = {per_minute}, algorithm = \"fixed_window\" }}\n\n[[routes]]\nname = \"api\"\npath_prefix = \"/v1\"\nupstreams = [\"{{upstream}}\"]\n\n[[keys]]\nid = \"k\"\nkey = \"secret\"\ntenant = \"acme\"\ntier = \"t\"\n"
+    );
+    if extra_route {
+        b.push_str("\n[[routes]]\nname = \"new\"\npath_prefix = \"/new\"\nupstreams = [\"{upstream}\"]\nauth = \"none\"\n");
+    }
+    b
+}
+
+/// A valid file applies to new requests; keep-alive connections and in-flight requests
+/// survive; an invalid file is refused with the `throttle check` error and the old config
+/// keeps serving.
+#[tokio::test(flavor = "multi_thread")]
+async fn reload_applies_valid_and_refuses_invalid_config() {
+    let up = Upstream::start("u").await;
+    let gw = Gateway::start(&body(2, false), Some(&up)).await;
+    let c = client();
+    let mut conn = std::net::TcpStream::connect(gw.addr).unwrap();
+    let req = b"GET /v1/x HTTP/1.1\r\nHost: t\r\nX-API-Key: secret\r\n\r\n";
+    let (s, head, _) = raw_exchange(&mut conn, req).unwrap();
+    assert_eq!(s, 200);
+    assert!(head.to_ascii_lowercase().contains("x-ratelimit-limit: 2"));
+    assert_eq!(c.get(gw.url("/new")).send().await.unwrap().status(), 404);
+
+    // A slow request in flight across the reload.
+    let slow = tokio::spawn({
+        let url = gw.url("/v1/slow?delay_ms=700");
+        async move {
+            client()
+                .get(url)
+                .header("x-api-key", "secret")
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    gw.rewrite(&body(50, true).replace("{upstream}", &up.addr.to_string()));
+    let unauthorized = c.post(gw.admin_url("/v1/reload")).send().await.unwrap();
+    assert_eq!(unauthorized.status(), 401);
+    let r = c
+        .post(gw.admin_url("/v1/reload"))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.json::<Value>().await.unwrap()["reloaded"], true);
+    assert_eq!(
+        slow.await.unwrap(),
+        200,
+        "the in-flight request was dropped"
+    );
+    // The same keep-alive connection, now under the new limits (state carries over: the
+    // fixed window's count of 2 now counts against 50).
+    let (s, head, _) =
+        raw_exchange(&mut conn, req).expect("keep-alive connection dropped by the reload");
+    assert_eq!(s, 200);
+    assert!(
+        head.to_ascii_lowercase().contains("x-ratelimit-limit: 50"),
+        "{head}"
+    );
+    assert_eq!(c.get(gw.url("/new")).send().await.unwrap().status(), 200);
+
+    // An invalid file: refused with file:line:col, the old config keeps serving.
+    let path = gw.config_path();
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&path)
+        .unwrap();
+    writeln!(f, "\n[limits.ip]\nper_minute = 0").unwrap();
+    let r = c
+        .post(gw.admin_url("/v1/reload"))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let detail = r.json::<Value>().await.unwrap()["detail"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let expected_prefix = format!("{}:", path.display());
+    assert!(
+        detail.starts_with(&expected_prefix) && detail.contains("per_minute must be at least 1"),
+        "{detail}"
+    );
+    let check = std::process::Command::new(env!("CARGO_BIN_EXE_throttle"))
+        .args(["check", "--config", path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&check.stderr).trim(),
+        detail,
+        "the same error as throttle check"
+    );
+    let r = c.get(gw.url("/new")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let r = c
+        .get(gw.url("/v1/x"))
+        .header("x-api-key", "secret")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(header(&r, "x-ratelimit-limit"), "50");
+}
+
+/// SIGHUP re-reads the file too.
+#[tokio::test(flavor = "multi_thread")]
+async fn sighup_reloads() {
+    let up = Upstream::start("u").await;
+    let gw = Gateway::start(&body(2, false), Some(&up)).await;
+    gw.rewrite(&body(2, true).replace("{upstream}", &up.addr.to_string()));
+    gw.signal("HUP");
+    eventually(Duration::from_secs(5), "route added by SIGHUP", || async {
+        (client().get(gw.url("/new")).send().await.unwrap().status() == 200).then_some(())
+    })
+    .await;
+}
+
+/// SIGTERM: new connections are refused, the in-flight request completes, and the
+/// process exits within the grace period.
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_drains_in_flight_requests_and_exits() {
+    let up = Upstream::start("u").await;
+    let mut gw = Gateway::start_full(
+        &["run"],
+        &body(100, false).replace("{upstream}", &up.addr.to_string()),
+        "grace_period_secs = 2",
+    )
+    .await;
+    let slow = tokio::spawn({
+        let url = gw.url("/v1/slow?delay_ms=1000");
+        async move {
+            client()
+                .get(url)
+                .header("x-api-key", "secret")
+                .send()
+                .await
+                .map(|r| r.status().as_u16())
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let sent = Instant::now();
+    gw.signal("TERM");
+    assert_eq!(
+        slow.await.unwrap().unwrap(),
+        200,
+        "the in-flight request was cut"
+    );
+    let status = gw
+        .wait_exit(Duration::from_secs(8))
+        .await
+        .expect("did not exit");
+    let took = sent.elapsed();
+    eprintln!("sigterm: exited {status} after {took:?} (grace_period_secs = 2)");
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+    assert!(
+        std::net::TcpStream::connect(gw.addr).is_err(),
+        "still accepting after exit"
+    );
+}
