@@ -30,6 +30,10 @@ enum Command {
         /// Config file.
         #[arg(long, env = "THROTTLE_CONFIG", default_value = "gateway.toml")]
         config: PathBuf,
+        /// Take over the listeners of the running gateway (zero-downtime upgrade; then send
+        /// the old process SIGQUIT).
+        #[arg(long)]
+        upgrade: bool,
     },
     /// Validate a config file; errors print as FILE:LINE:COL: message.
     Check {
@@ -95,8 +99,8 @@ enum KeysCommand {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        None => run(&cli.config),
-        Some(Command::Run { config }) => run(&config),
+        None => run(&cli.config, false),
+        Some(Command::Run { config, upgrade }) => run(&config, upgrade),
         Some(Command::Check { config }) => return check(&config),
         Some(Command::Demo { config }) => demo(&config),
         Some(Command::Migrate { db }) => migrate(&db),
@@ -141,13 +145,19 @@ fn check(path: &Path) -> ExitCode {
     }
 }
 
-fn run(path: &Path) -> anyhow::Result<()> {
+fn run(path: &Path, upgrade: bool) -> anyhow::Result<()> {
     init_logging();
     let config = config::load(path).map_err(|e| anyhow::anyhow!("{e}"))?;
     if let Some(url) = &config.database_url {
         preflight(url)?;
     }
-    serve(config, Extras::default())
+    serve(
+        config,
+        Extras {
+            upgrade,
+            ..Extras::default()
+        },
+    )
 }
 
 /// Refuses to start against an older schema; a database that is down is not fatal (the
@@ -295,6 +305,7 @@ fn demo(path: &Path) -> anyhow::Result<()> {
         config,
         Extras {
             demo_upstream: Some(upstream),
+            upgrade: false,
         },
     )
 }

@@ -35,11 +35,14 @@ pub enum StartError {
     Io(#[from] std::io::Error),
 }
 
-/// Extra pieces for `throttle demo`.
+/// Extra pieces for `throttle demo` and `throttle run --upgrade`.
 #[derive(Default)]
 pub struct Extras {
     /// Serve the demo echo upstream on this listener.
     pub demo_upstream: Option<std::net::TcpListener>,
+    /// Take over the listening sockets of a running gateway (zero-downtime upgrade): the
+    /// old process hands them over on SIGQUIT through `server.upgrade_sock`.
+    pub upgrade: bool,
 }
 
 /// Builds the server for `config`, returning it with the state it shares.
@@ -48,7 +51,11 @@ pub struct Extras {
 /// `StartError` when the config asks for something this build cannot run.
 pub fn build(config: Config, extras: Extras) -> Result<(Server, Arc<Shared>), StartError> {
     let conf = server_conf(&config);
-    let mut server = Server::new_with_opt_and_conf(None::<Opt>, conf);
+    let opt = Opt {
+        upgrade: extras.upgrade,
+        ..Opt::default()
+    };
+    let mut server = Server::new_with_opt_and_conf(Some(opt), conf);
     let memory = Arc::new(MemoryStore::new());
     let metrics = Arc::new(Metrics::new()?);
     let instances = Arc::new(AtomicU32::new(config.store.instances.unwrap_or(1)));
@@ -139,7 +146,11 @@ fn server_conf(config: &Config) -> ServerConf {
         grace_period_seconds: Some(config.server.grace_period.as_secs()),
         graceful_shutdown_timeout_seconds: Some(1),
         pid_file: format!("/tmp/throttle-{port}.pid"),
-        upgrade_sock: format!("/tmp/throttle-{port}-upgrade.sock"),
+        upgrade_sock: config
+            .server
+            .upgrade_sock
+            .clone()
+            .unwrap_or_else(|| format!("/tmp/throttle-{port}-upgrade.sock")),
         ..ServerConf::default()
     }
 }

@@ -39,6 +39,7 @@ pub(crate) struct ServerFile {
     pub(crate) instance_id: Option<String>,
     pub(crate) threads: Option<Spanned<usize>>,
     pub(crate) grace_period_secs: Option<u64>,
+    pub(crate) upgrade_sock: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

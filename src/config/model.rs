@@ -54,6 +54,8 @@ pub struct Server {
     pub threads: usize,
     /// SIGTERM drain budget.
     pub grace_period: Duration,
+    /// Socket through which an old process hands its listeners to a new one.
+    pub upgrade_sock: Option<String>,
 }
 
 /// Store backend.

@@ -108,6 +108,7 @@ fn server(cx: &Ctx<'_>, s: &ServerFile) -> Result<Server, ConfigError> {
         instance_id: s.instance_id.clone().unwrap_or_else(default_instance_id),
         threads,
         grace_period: Duration::from_secs(s.grace_period_secs.unwrap_or(5)),
+        upgrade_sock: s.upgrade_sock.clone(),
     })
 }
 

@@ -173,3 +173,75 @@ async fn sigterm_drains_in_flight_requests_and_exits() {
         "still accepting after exit"
     );
 }
+
+/// Zero-downtime upgrade: a new process started with `run --upgrade` takes over the
+/// listeners when the old one gets SIGQUIT; every request in between is answered.
+#[tokio::test(flavor = "multi_thread")]
+async fn upgrade_hands_over_listeners_without_refusing_requests() {
+    let up = Upstream::start("u").await;
+    let sock = tempfile::tempdir().unwrap();
+    let sock_path = sock.path().join("upgrade.sock");
+    let server_extra = format!(
+        "grace_period_secs = 1\nupgrade_sock = \"{}\"",
+        sock_path.display()
+    );
+    let body = "[[routes]]\nname = \"all\"\npath_prefix = \"/\"\nupstreams = [\"{upstream}\"]\nauth = \"none\"\n".replace("{upstream}", &up.addr.to_string());
+    let mut old = Gateway::start_full(&["run"], &body, &server_extra).await;
+    let url = old.url("/x");
+    let mut new = std::process::Command::new(env!("CARGO_BIN_EXE_throttle"))
+        .args([
+            "run",
+            "--upgrade",
+            "--config",
+            old.config_path().to_str().unwrap(),
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let c = client();
+    let mut statuses = Vec::new();
+    let started = Instant::now();
+    let mut signalled = false;
+    while started.elapsed() < Duration::from_secs(15) {
+        if !signalled && started.elapsed() > Duration::from_millis(1500) {
+            old.signal("QUIT"); // the new process is polling the upgrade socket by now
+            signalled = true;
+        }
+        statuses.push(
+            c.get(&url)
+                .send()
+                .await
+                .map(|r| r.status().as_u16())
+                .unwrap_or(0),
+        );
+        if signalled && old.wait_exit(Duration::from_millis(1)).await.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        old.wait_exit(Duration::from_secs(1)).await.is_some(),
+        "the old process did not exit"
+    );
+    for _ in 0..5 {
+        statuses.push(
+            c.get(&url)
+                .send()
+                .await
+                .map(|r| r.status().as_u16())
+                .unwrap_or(0),
+        );
+    }
+    let _ = new.kill();
+    let _ = new.wait();
+    assert!(
+        statuses.iter().all(|s| *s == 200),
+        "requests refused or failed during the upgrade: {statuses:?}"
+    );
+    eprintln!(
+        "upgrade: {} requests, all 200, old process gone after {:?}",
+        statuses.len(),
+        started.elapsed()
+    );
+}
