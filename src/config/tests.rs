@@ -176,4 +176,6 @@ fn docker_compose_config_is_valid() {
     assert!(body.contains("[[routes]]"), "no inline config found");
     let c = parse("docker-compose.yml#gateway", &body).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(c.server.listen.to_string(), "0.0.0.0:8080");
+    assert_eq!(c.store.backend, Backend::Redis);
+    assert!(c.database_url.is_some() && c.auth_limits.is_some());
 }
