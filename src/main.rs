@@ -118,11 +118,16 @@ fn main() -> ExitCode {
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_target(false)
-        .with_writer(std::io::stderr)
-        .try_init();
+        .with_writer(std::io::stderr);
+    // THROTTLE_LOG_FORMAT=json: one JSON object per line, for log shippers.
+    let _ = if std::env::var("THROTTLE_LOG_FORMAT").is_ok_and(|f| f == "json") {
+        builder.json().try_init()
+    } else {
+        builder.try_init()
+    };
 }
 
 fn check(path: &Path) -> ExitCode {
