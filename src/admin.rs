@@ -247,7 +247,7 @@ impl Admin {
             "ready": true,
             "degraded": !store_ok || !db_ok,
             "instance_id": rt.config.server.instance_id,
-            "store": { "backend": self.shared.store.name(), "healthy": store_ok },
+            "store": { "backend": self.shared.store.name(), "healthy": store_ok, "instances": self.shared.store.instances() },
             "database": { "configured": db_configured, "healthy": db_ok },
         });
         json_reply(200, &body)

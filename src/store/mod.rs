@@ -49,4 +49,9 @@ pub trait LimitStore: Send + Sync + 'static {
     fn healthy(&self) -> bool {
         true
     }
+
+    /// The fleet size the local fallback divides limits by. Default: none (no fallback).
+    fn instances(&self) -> Option<u32> {
+        None
+    }
 }

@@ -159,6 +159,10 @@ impl LimitStore for TieredStore {
     fn healthy(&self) -> bool {
         self.primary.healthy() && self.breaker.state() == BreakerState::Closed
     }
+
+    fn instances(&self) -> Option<u32> {
+        Some(self.instances.load(Ordering::Relaxed).max(1))
+    }
 }
 
 #[cfg(test)]

@@ -58,17 +58,24 @@ async fn health_ready_and_metrics() {
         .await
         .unwrap();
     c.get(gw.url("/v1/x")).send().await.unwrap();
-    let m = gw.metrics().await;
-    for needle in [
+    // Request counters are written in the logging phase, after the response: wait for them.
+    let needles = [
         r#"throttle_requests_total{route="api",status="200"} 1"#,
         r#"throttle_requests_total{route="api",status="401"} 1"#,
         r#"throttle_decisions_total{decision="allowed",scope="key"} 1"#,
         "throttle_store_call_seconds_count{store=\"memory\"}",
         "throttle_upstream_seconds_count{route=\"api\"} 1",
         "throttle_fallback_active 0",
-    ] {
-        assert!(m.contains(needle), "missing {needle}:\n{m}");
-    }
+    ];
+    let m = crate::support::eventually(
+        std::time::Duration::from_secs(5),
+        "all metrics present",
+        || async {
+            let m = gw.metrics().await;
+            needles.iter().all(|n| m.contains(n)).then_some(m)
+        },
+    )
+    .await;
     assert!(
         !m.contains("127.0.0.1") && !m.contains("key_a") && !m.contains("acme"),
         "identities leaked into labels"

@@ -349,3 +349,68 @@ async fn redis_down_fails_closed_and_reports_degraded() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// Gateways heartbeat into Redis; when Redis dies, the local fallback divides each limit
+/// by the last live count seen (2 here): 40 per hour becomes 20 per gateway.
+#[tokio::test(flavor = "multi_thread")]
+async fn local_fallback_uses_the_live_instance_count() {
+    let mut redis = RedisServer::start().await;
+    let up = Upstream::start("u").await;
+    let body = format!(
+        "[store]\nbackend = \"redis\"\nurl = \"{}\"\ntimeout_ms = 200\non_failure = \"local\"\nkey_prefix = \"hb\"\n[tiers.forty]\nkey = {{ per_hour = 40, algorithm = \"fixed_window\" }}\n{}",
+        redis.url(),
+        TIERS.replace("[[keys]]\nid = \"k_tb\"", "[[keys]]\nid = \"k_forty\"\nkey = \"forty\"\ntenant = \"t_forty\"\ntier = \"forty\"\n\n[[keys]]\nid = \"k_tb\"")
+    );
+    let gws = [
+        Gateway::start(&body, Some(&up)).await,
+        Gateway::start(&body, Some(&up)).await,
+    ];
+    let mut conn = redis.client().await;
+    crate::support::eventually(Duration::from_secs(5), "both instances heartbeat", || {
+        let mut conn = conn.clone();
+        async move {
+            let n: i64 = redis::cmd("ZCARD")
+                .arg("hb:{instances}")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            (n == 2).then_some(())
+        }
+    })
+    .await;
+    for gw in &gws {
+        crate::support::eventually(
+            Duration::from_secs(5),
+            "the gateway sees 2 instances",
+            || async {
+                let r: Value = client()
+                    .get(gw.admin_url("/readyz"))
+                    .send()
+                    .await
+                    .unwrap()
+                    .json()
+                    .await
+                    .unwrap();
+                (r["store"]["instances"] == 2).then_some(())
+            },
+        )
+        .await;
+    }
+    let _: () = redis::cmd("PING").query_async(&mut conn).await.unwrap();
+    redis.kill();
+    let c = client();
+    let mut admitted = 0;
+    for _ in 0..30 {
+        if c.get(gws[0].url("/x"))
+            .header("x-api-key", "forty")
+            .send()
+            .await
+            .unwrap()
+            .status()
+            == 200
+        {
+            admitted += 1;
+        }
+    }
+    assert_eq!(admitted, 20, "40 per hour over 2 live instances");
+}
