@@ -50,6 +50,24 @@ pub struct KeyTable {
     by_digest: HashMap<[u8; 32], Arc<KeyInfo>>,
 }
 
+// === impl KeyInfo ===
+
+impl KeyInfo {
+    /// A key `id` of `tenant`, limited by `tier` (key) and `tenant_tier` (tenant).
+    pub fn new(id: &str, tenant: &str, tier: Arc<Tier>, tenant_tier: Arc<Tier>) -> Arc<Self> {
+        let key_id: Arc<str> = Arc::from(id);
+        let tenant: Arc<str> = Arc::from(tenant);
+        Arc::new(KeyInfo {
+            key_ident: Ident::Name(key_id.clone()),
+            tenant_ident: Ident::Name(tenant.clone()),
+            key_id,
+            tenant,
+            tier,
+            tenant_tier,
+        })
+    }
+}
+
 // === impl KeyTable ===
 
 impl KeyTable {
@@ -65,18 +83,9 @@ impl KeyTable {
                 .get(&k.tenant)
                 .and_then(|t| config.tiers.get(t))
                 .unwrap_or(tier);
-            let key_id: Arc<str> = Arc::from(k.id.as_str());
-            let tenant: Arc<str> = Arc::from(k.tenant.as_str());
             by_digest.insert(
                 k.sha256,
-                Arc::new(KeyInfo {
-                    key_ident: Ident::Name(key_id.clone()),
-                    tenant_ident: Ident::Name(tenant.clone()),
-                    key_id,
-                    tenant,
-                    tier: tier.clone(),
-                    tenant_tier: tenant_tier.clone(),
-                }),
+                KeyInfo::new(&k.id, &k.tenant, tier.clone(), tenant_tier.clone()),
             );
         }
         Self { by_digest }
@@ -113,19 +122,7 @@ impl KeyTable {
                 .and_then(|t| config.tiers.get(t))
                 .cloned()
                 .unwrap_or_else(|| tier.clone());
-            let key_id: Arc<str> = Arc::from(k.id.as_str());
-            let tenant: Arc<str> = Arc::from(k.tenant.as_str());
-            by_digest.insert(
-                k.sha256,
-                Arc::new(KeyInfo {
-                    key_ident: Ident::Name(key_id.clone()),
-                    tenant_ident: Ident::Name(tenant.clone()),
-                    key_id,
-                    tenant,
-                    tier,
-                    tenant_tier,
-                }),
-            );
+            by_digest.insert(k.sha256, KeyInfo::new(&k.id, &k.tenant, tier, tenant_tier));
         }
         Self { by_digest }
     }
