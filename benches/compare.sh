@@ -31,6 +31,8 @@ CONF
 taskset -c 1 nginx -c "$tmp/up/nginx.conf" -p "$tmp/up" & pids+=($!)
 wait_port "$up"
 
+stop_last() { kill "${pids[-1]}" 2>/dev/null || true; wait "${pids[-1]}" 2>/dev/null || true; unset 'pids[-1]'; }
+
 bench() { # name url [header]
   local name=$1 url=$2 hdr=${3:-}
   local out
@@ -46,10 +48,10 @@ p=$(port)
 BARE_PROXY_LISTEN=127.0.0.1:$p BARE_PROXY_UPSTREAM=127.0.0.1:$up taskset -c 0 "$bare" >/dev/null 2>&1 & pids+=($!)
 wait_port "$p"
 bench "pingora (bare proxy)" "http://127.0.0.1:$p/"
-kill "${pids[-1]}"; unset 'pids[-1]'
+stop_last
 
 # --- Throttle -------------------------------------------------------------------------
-throttle_run() { # name limits-toml
+throttle_run() { # name limits-toml; sets P
   local p a
   p=$(port); a=$(port)
   cat > "$tmp/$1.toml" <<TOML
@@ -66,20 +68,23 @@ auth = "none"
 TOML
   RUST_LOG=error taskset -c 0 ./target/release/throttle run --config "$tmp/$1.toml" >/dev/null 2>&1 & pids+=($!)
   wait_port "$p"
-  echo "$p"
+  P=$p
 }
-p=$(throttle_run none "")
+throttle_run none ""
+p=$P
 bench "throttle, no limits" "http://127.0.0.1:$p/"
-kill "${pids[-1]}"; unset 'pids[-1]'
-p=$(throttle_run pass $'[limits.ip]\nper_second = 100000000\nper_minute = 1000000000\n[limits.global]\nper_second = 100000000')
+stop_last
+throttle_run pass $'[limits.ip]\nper_second = 100000000\nper_minute = 1000000000\n[limits.global]\nper_second = 100000000'
+p=$P
 bench "throttle, ip (2 windows) + global, all pass" "http://127.0.0.1:$p/"
-kill "${pids[-1]}"; unset 'pids[-1]'
-p=$(throttle_run reject $'[limits.ip]\nper_hour = 1')
+stop_last
+throttle_run reject $'[limits.ip]\nper_hour = 1'
+p=$P
 bench "throttle, every request 429" "http://127.0.0.1:$p/"
-kill "${pids[-1]}"; unset 'pids[-1]'
+stop_last
 
 # --- nginx limit_req ------------------------------------------------------------------
-nginx_run() { # name extra-http extra-location
+nginx_run() { # name extra-http extra-location; sets P
   local p; p=$(port)
   mkdir -p "$tmp/$1"
   cat > "$tmp/$1/nginx.conf" <<CONF
@@ -91,20 +96,23 @@ http { access_log off; $2
 CONF
   taskset -c 0 nginx -c "$tmp/$1/nginx.conf" -p "$tmp/$1" & pids+=($!)
   wait_port "$p"
-  echo "$p"
+  P=$p
 }
-p=$(nginx_run nplain "" "")
+nginx_run nplain "" ""
+p=$P
 bench "nginx, no limits" "http://127.0.0.1:$p/"
-kill "${pids[-1]}"; unset 'pids[-1]'
-p=$(nginx_run npass "limit_req_zone \$binary_remote_addr zone=ip:10m rate=100000000r/s;" "limit_req zone=ip burst=100000000 nodelay;")
+stop_last
+nginx_run npass "limit_req_zone \$binary_remote_addr zone=ip:10m rate=100000000r/s;" "limit_req zone=ip burst=100000000 nodelay;"
+p=$P
 bench "nginx limit_req, all pass" "http://127.0.0.1:$p/"
-kill "${pids[-1]}"; unset 'pids[-1]'
-p=$(nginx_run nrej "limit_req_zone \$binary_remote_addr zone=ip:10m rate=1r/m; limit_req_status 429;" "limit_req zone=ip;")
+stop_last
+nginx_run nrej "limit_req_zone \$binary_remote_addr zone=ip:10m rate=1r/m; limit_req_status 429;" "limit_req zone=ip;"
+p=$P
 bench "nginx limit_req, every request 429" "http://127.0.0.1:$p/"
-kill "${pids[-1]}"; unset 'pids[-1]'
+stop_last
 
 # --- HAProxy stick tables -------------------------------------------------------------
-haproxy_run() { # name frontend-extra
+haproxy_run() { # name frontend-extra; sets P
   local p; p=$(port)
   cat > "$tmp/$1.cfg" <<CONF
 global
@@ -124,13 +132,16 @@ backend be
 CONF
   taskset -c 0 haproxy -f "$tmp/$1.cfg" -db >/dev/null 2>&1 & pids+=($!)
   wait_port "$p"
-  echo "$p"
+  P=$p
 }
-p=$(haproxy_run hplain "")
+haproxy_run hplain ""
+p=$P
 bench "haproxy, no limits" "http://127.0.0.1:$p/"
-kill "${pids[-1]}"; unset 'pids[-1]'
-p=$(haproxy_run hpass $'stick-table type ip size 1m expire 60s store http_req_rate(1s)\n  http-request track-sc0 src\n  http-request deny deny_status 429 if { sc_http_req_rate(0) gt 100000000 }')
+stop_last
+haproxy_run hpass $'stick-table type ip size 1m expire 60s store http_req_rate(1s)\n  http-request track-sc0 src\n  http-request deny deny_status 429 if { sc_http_req_rate(0) gt 100000000 }'
+p=$P
 bench "haproxy stick table, all pass" "http://127.0.0.1:$p/"
-kill "${pids[-1]}"; unset 'pids[-1]'
-p=$(haproxy_run hrej $'stick-table type ip size 1m expire 60s store http_req_rate(60s)\n  http-request track-sc0 src\n  http-request deny deny_status 429 if { sc_http_req_rate(0) gt 0 }')
+stop_last
+haproxy_run hrej $'stick-table type ip size 1m expire 60s store http_req_rate(60s)\n  http-request track-sc0 src\n  http-request deny deny_status 429 if { sc_http_req_rate(0) gt 0 }'
+p=$P
 bench "haproxy stick table, every request 429" "http://127.0.0.1:$p/"

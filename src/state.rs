@@ -60,6 +60,9 @@ pub struct Shared {
     suspects: Mutex<HashMap<IpAddr, u64>>,
     /// The violation log queue, when a database is configured.
     pub events: Option<Arc<EventQueue>>,
+    /// `throttle_store_call_seconds{store=<this store>}`, resolved once (no per-request
+    /// label lookup).
+    pub store_call: prometheus::Histogram,
     /// The limit store.
     pub store: Arc<dyn LimitStore>,
     /// Metrics.
@@ -109,6 +112,9 @@ impl Shared {
             memory_blocks: Mutex::new((1, Vec::new())),
             suspects: Mutex::new(HashMap::new()),
             events: None,
+            store_call: metrics
+                .store_call_seconds
+                .with_label_values(&[store.name()]),
             store,
             metrics,
             clock,

@@ -267,12 +267,8 @@ pub async fn limit(
     }
     let started = tokio::time::Instant::now();
     let result = shared.store.check(&check).await;
+    shared.store_call.observe(started.elapsed().as_secs_f64());
     let store = shared.store.name();
-    shared
-        .metrics
-        .store_call_seconds
-        .with_label_values(&[store])
-        .observe(started.elapsed().as_secs_f64());
     let verdict = match result {
         Ok(v) => v,
         Err(e) => return store_failed(shared, &check, store, &e),
