@@ -58,6 +58,8 @@ pub struct Shared {
     db_healthy: AtomicBool,
     memory_blocks: Mutex<(i64, Vec<BlockRow>)>,
     suspects: Mutex<HashMap<IpAddr, u64>>,
+    /// Whether `suspects` may hold anything: lets the common case skip the lock.
+    any_suspects: AtomicBool,
     /// The violation log queue, when a database is configured.
     pub events: Option<Arc<EventQueue>>,
     /// `throttle_store_call_seconds{store=<this store>}`, resolved once (no per-request
@@ -111,6 +113,7 @@ impl Shared {
             db_healthy: AtomicBool::new(false),
             memory_blocks: Mutex::new((1, Vec::new())),
             suspects: Mutex::new(HashMap::new()),
+            any_suspects: AtomicBool::new(false),
             events: None,
             store_call: metrics
                 .store_call_seconds
@@ -196,11 +199,15 @@ impl Shared {
         }
         if s.len() < 100_000 {
             s.insert(ip, until_ms);
+            self.any_suspects.store(true, Ordering::Relaxed);
         }
     }
 
     /// Whether `ip` presented a bad key recently.
     pub fn is_suspect(&self, ip: IpAddr, now_ms: u64) -> bool {
+        if !self.any_suspects.load(Ordering::Relaxed) {
+            return false; // nobody has failed a lookup: no lock on the request path
+        }
         let s = self.suspects.lock().unwrap_or_else(PoisonError::into_inner);
         s.get(&ip).is_some_and(|t| *t > now_ms)
     }

@@ -195,14 +195,7 @@ async fn redis_killed_under_load() {
         "local fallback admits limit / instances"
     );
     assert_eq!(metric(&gw, "throttle_fallback_active").await, 1.0);
-    let ready: Value = client()
-        .get(gw.admin_url("/readyz"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let ready: Value = gw.readyz().await;
     assert_eq!(ready["degraded"], true);
 
     let back = RedisServer::start_on(port).await;

@@ -39,14 +39,7 @@ async fn health_ready_and_metrics() {
         .await
         .unwrap();
     assert_eq!(h["status"], "ok");
-    let r: Value = c
-        .get(gw.admin_url("/readyz"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let r: Value = gw.readyz().await;
     assert_eq!(
         (r["ready"].as_bool(), r["degraded"].as_bool()),
         (Some(true), Some(false))

@@ -475,23 +475,9 @@ async fn no_event_is_lost_across_a_postgres_restart() {
             "the request path waited on PostgreSQL"
         );
     }
-    let ready: Value = client()
-        .get(gw.admin_url("/readyz"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let ready: Value = gw.readyz().await;
     eventually(Duration::from_secs(10), "degraded", || async {
-        let r: Value = client()
-            .get(gw.admin_url("/readyz"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let r: Value = gw.readyz().await;
         (r["degraded"] == true).then_some(())
     })
     .await;
@@ -514,14 +500,7 @@ async fn serves_toml_keys_when_postgres_is_down_at_start() {
     let dead = format!("postgres://postgres@127.0.0.1:{}/none", free_port());
     let gw = Gateway::start(&config(&dead), Some(&up)).await;
     assert_eq!(status(&gw, "toml-secret").await, 200);
-    let r: Value = client()
-        .get(gw.admin_url("/readyz"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let r: Value = gw.readyz().await;
     assert_eq!(
         (
             r["ready"].as_bool(),

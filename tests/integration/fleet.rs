@@ -311,14 +311,7 @@ async fn redis_down_fails_closed_and_reports_degraded() {
         r.json::<Value>().await.unwrap(),
         serde_json::json!({"error": "rate_limiter_unavailable"})
     );
-    let ready: Value = c
-        .get(gw.admin_url("/readyz"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let ready: Value = gw.readyz().await;
     assert_eq!(
         (ready["ready"].as_bool(), ready["degraded"].as_bool()),
         (Some(true), Some(true))
@@ -383,14 +376,7 @@ async fn local_fallback_uses_the_live_instance_count() {
             Duration::from_secs(5),
             "the gateway sees 2 instances",
             || async {
-                let r: Value = client()
-                    .get(gw.admin_url("/readyz"))
-                    .send()
-                    .await
-                    .unwrap()
-                    .json()
-                    .await
-                    .unwrap();
+                let r: Value = gw.readyz().await;
                 (r["store"]["instances"] == 2).then_some(())
             },
         )

@@ -205,6 +205,18 @@ impl Gateway {
         None
     }
 
+    /// The `/readyz` JSON.
+    pub async fn readyz(&self) -> serde_json::Value {
+        client()
+            .get(self.admin_url("/readyz"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+
     pub async fn metrics(&self) -> String {
         client()
             .get(self.admin_url("/metrics"))
