@@ -24,7 +24,7 @@ use crate::store::{LimitStore, MemoryStore, RedisStore, TieredStore};
 /// Why the gateway cannot start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
-    /// A feature the config asks for is not in this build yet, or cannot be set up.
+    /// The configured store cannot be set up.
     #[error("{0}")]
     Unsupported(String),
     /// Metrics could not be registered.
