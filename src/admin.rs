@@ -277,7 +277,8 @@ impl Admin {
         let now_ms = self.shared.clock.now_ms();
         let reject = |r: Rejection| r.render(now_ms);
         let ip = req.ip.to_canonical();
-        if blocked_ip(&self.shared, &rt, ip, now_ms) {
+        let dynamic = self.shared.dynamic();
+        if blocked_ip(&rt, &dynamic, ip, now_ms) {
             return Err(reject(Rejection::blocked(crate::limiter::Scope::Ip)));
         }
         let route = match &req.route {
@@ -294,11 +295,11 @@ impl Admin {
             Some(k) if auth != Auth::None => crate::identity::validate_key(k.as_bytes()),
             _ => Presented::Missing,
         };
-        let key = identify(&self.shared, &rt, presented, auth, ip, now_ms)
+        let key = identify(&self.shared, &rt, &dynamic, presented, auth, ip, now_ms)
             .await
             .map_err(reject)?;
         if let Some(k) = &key {
-            blocked_key(&self.shared, &rt, k, now_ms).map_err(reject)?;
+            blocked_key(&rt, &dynamic, k, now_ms).map_err(reject)?;
         }
         let cost = req.cost.or(route.map(|r| r.route.cost)).unwrap_or(1).max(1);
         let mode = route.map_or(Mode::Enforce, |r| r.route.mode);

@@ -19,7 +19,7 @@ use crate::db::events::Event;
 use crate::identity::{api_key_from, KeyInfo, Presented};
 use crate::limiter::{Check, Ident, OnFailure, Scope, Verdict, WindowDecision};
 use crate::metrics::Outcome;
-use crate::state::{Runtime, Shared};
+use crate::state::{Dynamic, Runtime, Shared};
 
 /// A request that may go upstream.
 #[derive(Clone)]
@@ -79,7 +79,8 @@ pub async fn admit(
         .iter()
         .map(|v| v.as_bytes());
     let client_ip = rt.resolver.resolve(peer, xff);
-    if blocked_ip(shared, rt, client_ip, now_ms) {
+    let dynamic = shared.dynamic(); // one snapshot for the whole request
+    if blocked_ip(rt, &dynamic, client_ip, now_ms) {
         return Err(Rejection::blocked(Scope::Ip).into());
     }
     let path = req.uri.path();
@@ -103,11 +104,19 @@ pub async fn admit(
         Auth::None => Presented::Missing,
         _ => api_key_from(&req.headers),
     };
-    let key = identify(shared, rt, presented, route.route.auth, client_ip, now_ms)
-        .await
-        .map_err(refused)?;
+    let key = identify(
+        shared,
+        rt,
+        &dynamic,
+        presented,
+        route.route.auth,
+        client_ip,
+        now_ms,
+    )
+    .await
+    .map_err(refused)?;
     if let Some(k) = &key {
-        blocked_key(shared, rt, k, now_ms).map_err(refused)?;
+        blocked_key(rt, &dynamic, k, now_ms).map_err(refused)?;
     }
     let (cost, mode) = (route.route.cost, route.route.mode);
     let out = limit(shared, rt, client_ip, key.as_deref(), cost, mode)
@@ -123,8 +132,8 @@ pub async fn admit(
 }
 
 /// Whether `ip` is blocked by the config or the database / admin API.
-pub fn blocked_ip(shared: &Shared, rt: &Runtime, ip: IpAddr, now_ms: u64) -> bool {
-    rt.blocks.ip(ip, now_ms).is_some() || shared.dynamic().blocks.ip(ip, now_ms).is_some()
+pub fn blocked_ip(rt: &Runtime, dynamic: &Dynamic, ip: IpAddr, now_ms: u64) -> bool {
+    rt.blocks.ip(ip, now_ms).is_some() || dynamic.blocks.ip(ip, now_ms).is_some()
 }
 
 /// The caller's key under the route's `auth` rule, guarded by `[limits.auth]`.
@@ -135,6 +144,7 @@ pub fn blocked_ip(shared: &Shared, rt: &Runtime, ip: IpAddr, now_ms: u64) -> boo
 pub async fn identify(
     shared: &Shared,
     rt: &Runtime,
+    dynamic: &Dynamic,
     presented: Presented<'_>,
     auth: Auth,
     client_ip: IpAddr,
@@ -145,7 +155,7 @@ pub async fn identify(
         // Past the failed-lookup limit no key is even looked at, valid or not.
         auth_limit(shared, rt, client_ip, true, now_ms).await?;
     }
-    match lookup_key(shared, rt, presented, auth) {
+    match lookup_key(rt, dynamic, presented, auth) {
         Err(Rejection::InvalidKey) => {
             auth_limit(shared, rt, client_ip, false, now_ms).await?;
             Err(Rejection::InvalidKey)
@@ -159,8 +169,8 @@ pub async fn identify(
 /// # Errors
 /// 401 `missing_api_key` / `invalid_api_key`.
 pub fn lookup_key(
-    shared: &Shared,
     rt: &Runtime,
+    dynamic: &Dynamic,
     presented: Presented<'_>,
     auth: Auth,
 ) -> Result<Option<Arc<KeyInfo>>, Rejection> {
@@ -170,8 +180,7 @@ pub fn lookup_key(
         Presented::Malformed => Err(Rejection::InvalidKey),
         Presented::Key(k) => match rt.keys.lookup(k) {
             Some(info) => Ok(Some(info.clone())),
-            None => shared
-                .dynamic()
+            None => dynamic
                 .keys
                 .lookup(k)
                 .cloned()
@@ -226,12 +235,11 @@ async fn auth_limit(
 /// # Errors
 /// `Rejection::Blocked` naming the scope.
 pub fn blocked_key(
-    shared: &Shared,
     rt: &Runtime,
+    dynamic: &Dynamic,
     key: &KeyInfo,
     now_ms: u64,
 ) -> Result<(), Rejection> {
-    let dynamic = shared.dynamic();
     if rt.blocks.key(&key.key_id, now_ms).is_some()
         || dynamic.blocks.key(&key.key_id, now_ms).is_some()
     {
