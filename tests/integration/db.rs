@@ -42,6 +42,17 @@ tier = "tight"
     )
 }
 
+/// A gateway on `db_url` that has connected to it and loaded its snapshot (the database
+/// side comes up in the background, after the listeners).
+async fn connected(db_url: &str, up: &Upstream) -> Gateway {
+    let gw = Gateway::start(&config(db_url), Some(up)).await;
+    eventually(Duration::from_secs(10), "database connected", || async {
+        (gw.readyz().await["database"]["healthy"] == true).then_some(())
+    })
+    .await;
+    gw
+}
+
 fn throttle(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_throttle"))
         .args(args)
@@ -142,8 +153,8 @@ async fn migrations_apply_twice_and_old_schemas_are_refused() {
 async fn keys_cli_and_revocation_reach_every_gateway_within_a_second() {
     let Some(db) = TestDb::migrated() else { return };
     let up = Upstream::start("u").await;
-    let gw1 = Gateway::start(&config(&db.url), Some(&up)).await;
-    let gw2 = Gateway::start(&config(&db.url), Some(&up)).await;
+    let gw1 = connected(&db.url, &up).await;
+    let gw2 = connected(&db.url, &up).await;
     let (id, key) = create_key(&db, &gw1, "globex", "free");
     assert!(key.starts_with("thr_") && key.len() > 40);
     let pool = db.pool().await;
@@ -208,7 +219,7 @@ async fn keys_cli_and_revocation_reach_every_gateway_within_a_second() {
 async fn custom_override_replaces_tier_windows() {
     let Some(db) = TestDb::migrated() else { return };
     let up = Upstream::start("u").await;
-    let gw = Gateway::start(&config(&db.url), Some(&up)).await;
+    let gw = connected(&db.url, &up).await;
     let (id, key) = create_key(&db, &gw, "initech", "free");
     let pool = db.pool().await;
     sqlx::query("INSERT INTO api_key_rate_limits (api_key_id, custom_override) VALUES ($1, '{\"per_minute\": 2}')").bind(&id).execute(&pool).await.unwrap();
@@ -252,8 +263,8 @@ async fn custom_override_replaces_tier_windows() {
 async fn blocks_propagate_across_gateways_within_a_second() {
     let Some(db) = TestDb::migrated() else { return };
     let up = Upstream::start("u").await;
-    let gw1 = Gateway::start(&config(&db.url), Some(&up)).await;
-    let gw2 = Gateway::start(&config(&db.url), Some(&up)).await;
+    let gw1 = connected(&db.url, &up).await;
+    let gw2 = connected(&db.url, &up).await;
     let c = client();
     let url = gw1.admin_url("/v1/blocks");
     assert_eq!(
@@ -420,7 +431,7 @@ async fn event_count(db_url: &str) -> i64 {
 async fn rejections_are_logged() {
     let Some(db) = TestDb::migrated() else { return };
     let up = Upstream::start("u").await;
-    let gw = Gateway::start(&config(&db.url), Some(&up)).await;
+    let gw = connected(&db.url, &up).await;
     let statuses: Vec<u16> =
         futures_util::future::join_all((0..7).map(|_| status(&gw, "toml-secret"))).await;
     assert_eq!(statuses.iter().filter(|s| **s == 429).count(), 5);
@@ -456,7 +467,7 @@ async fn no_event_is_lost_across_a_postgres_restart() {
     let db = TestDb::create_on(&pg.url()).unwrap();
     db.migrate();
     let up = Upstream::start("u").await;
-    let gw = Gateway::start(&config(&db.url), Some(&up)).await;
+    let gw = connected(&db.url, &up).await;
     for _ in 0..5 {
         status(&gw, "toml-secret").await;
     }

@@ -225,23 +225,19 @@ async fn cluster_fleet_is_exact_and_refunds() {
             .unwrap();
     }
     let client = redis::cluster::ClusterClient::new(cluster.urls()).unwrap();
-    let mut conn = client.get_async_connection().await.unwrap();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    loop {
-        let state: String = redis::cmd("GET")
-            .arg("cl:{key:k_a}:1h")
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        if state.ends_with(":0:2") {
-            break;
+    let conn = client.get_async_connection().await.unwrap();
+    crate::support::eventually(Duration::from_secs(5), "key charge refunded", || {
+        let mut conn = conn.clone();
+        async move {
+            let state: String = redis::cmd("GET")
+                .arg("cl:{key:k_a}:1h")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            state.ends_with(":0:2").then_some(())
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "key charge never refunded: {state}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await;
 }
 
 /// Behind Sentinel: the gateway asks the sentinels for the master and limits there.
@@ -323,24 +319,21 @@ async fn redis_down_fails_closed_and_reports_degraded() {
     );
     // Redis comes back on the same port: shared decisions again.
     let _back = RedisServer::start_on(port).await;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let s = c
-            .get(gw.url("/x"))
-            .header("x-api-key", "a")
-            .send()
-            .await
-            .unwrap()
-            .status();
-        if s == 200 {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "still {s} after Redis came back"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    crate::support::eventually(
+        Duration::from_secs(10),
+        "200 after Redis came back",
+        || async {
+            let s = c
+                .get(gw.url("/x"))
+                .header("x-api-key", "a")
+                .send()
+                .await
+                .unwrap()
+                .status();
+            (s == 200).then_some(())
+        },
+    )
+    .await;
 }
 
 /// Gateways heartbeat into Redis; when Redis dies, the local fallback divides each limit
