@@ -38,8 +38,21 @@ pub(crate) struct ServerFile {
     pub(crate) admin_listen: Option<Spanned<String>>,
     pub(crate) instance_id: Option<String>,
     pub(crate) threads: Option<Spanned<usize>>,
-    pub(crate) grace_period_secs: Option<u64>,
+    pub(crate) grace_period_secs: Option<Spanned<u64>>,
     pub(crate) upgrade_sock: Option<String>,
+    pub(crate) header_timeout_secs: Option<Spanned<u64>>,
+    pub(crate) idle_timeout_secs: Option<Spanned<u64>>,
+    pub(crate) max_connections: Option<Spanned<u32>>,
+    pub(crate) max_connections_per_ip: Option<Spanned<u32>>,
+    pub(crate) underscores_in_headers: Option<bool>,
+    pub(crate) path_parameters: Option<PathParametersFile>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum PathParametersFile {
+    Reject,
+    Allow,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -163,8 +176,8 @@ pub(crate) struct RouteFile {
     pub(crate) cost: Option<Spanned<u32>>,
     #[serde(default)]
     pub(crate) mode: ModeFile,
-    pub(crate) connect_timeout_ms: Option<u64>,
-    pub(crate) read_timeout_ms: Option<u64>,
+    pub(crate) connect_timeout_ms: Option<Spanned<u64>>,
+    pub(crate) read_timeout_ms: Option<Spanned<u64>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -10,7 +10,8 @@ use std::path::Path;
 
 pub use error::{line_col, ConfigError};
 pub use model::{
-    Auth, Backend, BlockEntry, BlockTarget, Config, KeyEntry, Mode, Route, Server, Store, Tier,
+    Auth, Backend, BlockEntry, BlockTarget, Config, KeyEntry, Mode, PathParameters, Route, Server,
+    Store, Tier,
 };
 pub use validate::{format_rfc3339, rfc3339_ms};
 

@@ -56,6 +56,30 @@ pub struct Server {
     pub grace_period: Duration,
     /// Socket through which an old process hands its listeners to a new one.
     pub upgrade_sock: Option<String>,
+    /// Deadline for reading a request's headers (`header_timeout_secs`, default 10 s).
+    pub header_timeout: Duration,
+    /// Keep-alive idle timeout of a client connection (`idle_timeout_secs`, default 60 s).
+    pub idle_timeout: Duration,
+    /// Cap on open proxy connections; `None`: derived at start from the open-file limit.
+    pub max_connections: Option<u32>,
+    /// Cap on open proxy connections from one client IP; `None`: no cap.
+    pub max_connections_per_ip: Option<u32>,
+    /// Forward request headers whose names contain `_`; when false (the default, as
+    /// nginx) they are dropped before forwarding.
+    pub underscores_in_headers: bool,
+    /// Whether `;` path parameters are accepted.
+    pub path_parameters: PathParameters,
+}
+
+/// `[server] path_parameters`: what to do with `;` parameters in a request path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PathParameters {
+    /// Refuse such a request (the default): servers disagree on what `/v1;x/../admin`
+    /// means, so a prefix match on it proves little.
+    #[default]
+    Reject,
+    /// Accept them.
+    Allow,
 }
 
 /// Store backend.

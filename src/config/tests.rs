@@ -1,7 +1,15 @@
 use std::path::Path;
+use std::time::Duration;
 
 use super::*;
 use crate::limiter::{Algorithm, OnFailure, Window};
+
+/// One route, so that a test config is complete (a file without routes is refused).
+const ROUTE: &str = "\n[[routes]]\nname = \"all\"\npath_prefix = \"/\"\nupstreams = [\"127.0.0.1:9000\"]\nauth = \"none\"\n";
+
+fn with_route(src: &str) -> String {
+    format!("{src}{ROUTE}")
+}
 
 fn fixture_dir(kind: &str) -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -105,7 +113,7 @@ burst_multiplier = 2.0
 key = { per_second = 10, burst_multiplier = 3.0 }
 tenant = { per_second = 10, reset_jitter_secs = 60, per_day = 5 }
 "#;
-    let c = parse("x.toml", src).unwrap();
+    let c = parse("x.toml", &with_route(src)).unwrap();
     let ip = c.ip_limits.as_ref().unwrap();
     assert_eq!(
         (ip.windows[0].algorithm, ip.on_failure),
@@ -136,12 +144,113 @@ scope = "tenant"
 value = "evil"
 expires_at = 2026-01-01T01:00:00+01:00
 "#;
-    let c = parse("x.toml", src).unwrap();
+    let c = parse("x.toml", &with_route(src)).unwrap();
     assert_eq!(
         c.blocks[0].target,
         BlockTarget::Ip("198.51.100.7/32".parse().unwrap())
     );
     assert_eq!(c.blocks[1].expires_at_ms, Some(1_767_225_600_000));
+}
+
+/// The `[server]` keys that guard the gateway have safe defaults when absent.
+#[test]
+fn server_guard_defaults() {
+    let s = parse("x.toml", ROUTE).unwrap().server;
+    assert_eq!(s.header_timeout, Duration::from_secs(10));
+    assert_eq!(s.idle_timeout, Duration::from_secs(60));
+    assert_eq!((s.max_connections, s.max_connections_per_ip), (None, None));
+    assert!(!s.underscores_in_headers);
+    assert_eq!(s.path_parameters, PathParameters::Reject);
+    assert_eq!((s.threads, s.grace_period), (2, Duration::from_secs(5)));
+}
+
+/// The same keys take the values given, at the edges of their ranges.
+#[test]
+fn server_guard_values_are_taken() {
+    let src = r#"
+[server]
+header_timeout_secs = 300
+idle_timeout_secs = 1
+max_connections = 10000000
+max_connections_per_ip = 1
+underscores_in_headers = true
+path_parameters = "allow"
+threads = 256
+grace_period_secs = 0
+"#;
+    let s = parse("x.toml", &with_route(src)).unwrap().server;
+    assert_eq!(s.header_timeout, Duration::from_secs(300));
+    assert_eq!(s.idle_timeout, Duration::from_secs(1));
+    assert_eq!(s.max_connections, Some(10_000_000));
+    assert_eq!(s.max_connections_per_ip, Some(1));
+    assert!(s.underscores_in_headers);
+    assert_eq!(s.path_parameters, PathParameters::Allow);
+    assert_eq!((s.threads, s.grace_period), (256, Duration::ZERO));
+    let s = parse(
+        "x.toml",
+        &with_route("[server]\npath_parameters = \"reject\"\n"),
+    )
+    .unwrap();
+    assert_eq!(s.server.path_parameters, PathParameters::Reject);
+}
+
+/// Listeners on different ports, or on different specific addresses, are accepted;
+/// one socket for both is refused, also when reached through an unspecified address.
+#[test]
+fn admin_listener_must_not_share_the_proxy_socket() {
+    let server = |listen: &str, admin: &str| {
+        let src = format!("[server]\nlisten = \"{listen}\"\nadmin_listen = \"{admin}\"\n");
+        parse("x.toml", &with_route(&src))
+    };
+    for (l, a) in [
+        ("127.0.0.1:8080", "127.0.0.1:9090"),
+        ("127.0.0.1:8080", "127.0.0.2:8080"),
+        ("127.0.0.1:8080", "[::1]:8080"),
+        ("127.0.0.1:0", "127.0.0.1:0"),
+    ] {
+        server(l, a).unwrap_or_else(|e| panic!("{l} {a}: {e}"));
+    }
+    for (l, a) in [
+        ("127.0.0.1:8080", "127.0.0.1:8080"),
+        ("0.0.0.0:8080", "127.0.0.1:8080"),
+        ("[::1]:8080", "[::]:8080"),
+        ("[::]:8080", "0.0.0.0:8080"),
+        ("[::ffff:127.0.0.1]:8080", "127.0.0.1:8080"),
+    ] {
+        let e = server(l, a).expect_err(&format!("{l} {a}"));
+        assert_eq!(e.position, Some((3, 16)), "{e}");
+        assert!(e.message.starts_with("admin_listen "), "{e}");
+    }
+    // The admin default (127.0.0.1:9090) taken by `listen`: the error points at `listen`.
+    let e = parse(
+        "x.toml",
+        &with_route("[server]\nlisten = \"127.0.0.1:9090\"\n"),
+    )
+    .unwrap_err();
+    assert_eq!(e.position, Some((2, 10)), "{e}");
+    assert!(e.message.contains("(the default)"), "{e}");
+}
+
+/// Route upstream timeouts default to 1 s (connect) and 30 s (read).
+#[test]
+fn route_timeouts_default_and_take_values() {
+    let c = parse("x.toml", ROUTE).unwrap();
+    assert_eq!(c.routes[0].connect_timeout, Duration::from_secs(1));
+    assert_eq!(c.routes[0].read_timeout, Duration::from_secs(30));
+    let src = format!("{ROUTE}connect_timeout_ms = 1\nread_timeout_ms = 3600000\n");
+    let c = parse("x.toml", &src).unwrap();
+    assert_eq!(c.routes[0].connect_timeout, Duration::from_millis(1));
+    assert_eq!(c.routes[0].read_timeout, Duration::from_secs(3600));
+}
+
+/// A file without routes is refused at its start, even when otherwise valid.
+#[test]
+fn refuses_a_config_without_routes() {
+    for src in ["", "[limits.ip]\nper_second = 10\n"] {
+        let e = parse("x.toml", src).unwrap_err();
+        assert_eq!(e.position, Some((1, 1)));
+        assert!(e.message.starts_with("no [[routes]]"), "{e}");
+    }
 }
 
 /// An unreadable file is named in the error.

@@ -1,8 +1,9 @@
 //! From the serde mirror (`file`) to the validated model: one function per section.
 
 use std::collections::{HashMap, HashSet};
-use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
-use std::ops::Range;
+use std::fmt::Display;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
+use std::ops::{Range, RangeInclusive};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,6 +19,16 @@ use crate::limiter::{Algorithm, OnFailure, ScopeLimits, Window, WindowLimit};
 
 /// Largest accepted limit: keeps Redis' Lua numbers (doubles) exact.
 const MAX_LIMIT: u64 = 1_000_000_000;
+/// Bounds that keep a typo (an extra zero, ms for s) from taking the gateway down.
+const MAX_THREADS: usize = 256;
+const MAX_CONNECTIONS: u32 = 10_000_000;
+/// An hour: a longer upstream timeout or drain is a typo, not a plan.
+const MAX_UPSTREAM_TIMEOUT_MS: u64 = 3_600_000;
+const MAX_STORE_TIMEOUT_MS: u64 = 60_000;
+const DEFAULT_LISTEN: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 8080);
+const DEFAULT_ADMIN_LISTEN: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 9090);
+const NO_ROUTES: &str =
+    "no [[routes]]: every proxied request would get 404 (is the file truncated?)";
 
 struct Ctx<'a> {
     name: &'a str,
@@ -32,6 +43,7 @@ impl Ctx<'_> {
 
 pub(super) fn validate(name: &str, source: &str, raw: File) -> Result<Config, ConfigError> {
     let cx = Ctx { name, source };
+    let server = server(&cx, &raw.server)?;
     let store = store(&cx, &raw.store)?;
     let ip_limits = match &raw.limits.ip {
         Some(s) => Some(Arc::new(scope(&cx, s, None, None, store.on_failure)?)),
@@ -66,10 +78,16 @@ pub(super) fn validate(name: &str, source: &str, raw: File) -> Result<Config, Co
         [&ip_limits, &global_limits],
         &tiers,
     )?;
+    let trusted_proxies = trusted(&cx, &raw.client_ip.trusted_proxies)?;
+    let blocks = blocks(&cx, &raw.blocks)?;
+    // Last, so that a more specific error in a half-written file is reported first.
+    if routes.is_empty() {
+        return Err(cx.err(0..0, NO_ROUTES));
+    }
     Ok(Config {
         source: name.to_string(),
-        server: server(&cx, &raw.server)?,
-        trusted_proxies: trusted(&cx, &raw.client_ip.trusted_proxies)?,
+        server,
+        trusted_proxies,
         store,
         database_url: raw.database.map(|d| d.url),
         ip_limits,
@@ -79,37 +97,116 @@ pub(super) fn validate(name: &str, source: &str, raw: File) -> Result<Config, Co
         routes,
         keys,
         tenants,
-        blocks: blocks(&cx, &raw.blocks)?,
+        blocks,
     })
 }
 
 fn server(cx: &Ctx<'_>, s: &ServerFile) -> Result<Server, ConfigError> {
-    let addr = |v: &Option<Spanned<String>>, default: &str| -> Result<SocketAddr, ConfigError> {
-        match v {
-            None => Ok(default
-                .parse()
-                .unwrap_or(SocketAddr::from(([127, 0, 0, 1], 0)))),
-            Some(v) => v.get_ref().parse().map_err(|_| {
-                cx.err(
-                    v.span(),
-                    format!("invalid listen address {:?}: expected IP:PORT", v.get_ref()),
-                )
-            }),
-        }
-    };
+    let (listen, admin_listen) = listeners(cx, s)?;
     let threads = match &s.threads {
         Some(t) if *t.get_ref() == 0 => return Err(cx.err(t.span(), "threads must be at least 1")),
+        Some(t) if *t.get_ref() > MAX_THREADS => {
+            let msg = format!("threads = {} is absurd: at most {MAX_THREADS}", t.get_ref());
+            return Err(cx.err(t.span(), msg));
+        }
         Some(t) => *t.get_ref(),
         None => 2,
     };
+    let secs = |key, v: &Option<Spanned<u64>>, range, default| {
+        let n = bounded(cx, key, v.as_ref(), range)?;
+        Ok::<_, ConfigError>(Duration::from_secs(n.unwrap_or(default)))
+    };
+    let conns = |key, v: &Option<Spanned<u32>>, max| bounded(cx, key, v.as_ref(), 1..=max);
     Ok(Server {
-        listen: addr(&s.listen, "127.0.0.1:8080")?,
-        admin_listen: addr(&s.admin_listen, "127.0.0.1:9090")?,
+        listen,
+        admin_listen,
         instance_id: s.instance_id.clone().unwrap_or_else(default_instance_id),
         threads,
-        grace_period: Duration::from_secs(s.grace_period_secs.unwrap_or(5)),
+        grace_period: secs("grace_period_secs", &s.grace_period_secs, 0..=3600, 5)?,
         upgrade_sock: s.upgrade_sock.clone(),
+        header_timeout: secs("header_timeout_secs", &s.header_timeout_secs, 1..=300, 10)?,
+        idle_timeout: secs("idle_timeout_secs", &s.idle_timeout_secs, 1..=3600, 60)?,
+        max_connections: conns("max_connections", &s.max_connections, MAX_CONNECTIONS)?,
+        max_connections_per_ip: conns(
+            "max_connections_per_ip",
+            &s.max_connections_per_ip,
+            u32::MAX,
+        )?,
+        underscores_in_headers: s.underscores_in_headers.unwrap_or(false),
+        path_parameters: match s.path_parameters {
+            None | Some(PathParametersFile::Reject) => PathParameters::Reject,
+            Some(PathParametersFile::Allow) => PathParameters::Allow,
+        },
     })
+}
+
+/// `listen` and `admin_listen`, refused when both would bind one socket: the admin API
+/// would then answer on the public port.
+fn listeners(cx: &Ctx<'_>, s: &ServerFile) -> Result<(SocketAddr, SocketAddr), ConfigError> {
+    let listen = listen_addr(cx, s.listen.as_ref())?.unwrap_or(DEFAULT_LISTEN);
+    let admin = listen_addr(cx, s.admin_listen.as_ref())?.unwrap_or(DEFAULT_ADMIN_LISTEN);
+    if !same_socket(listen, admin) {
+        return Ok((listen, admin));
+    }
+    let (span, default) = match (&s.admin_listen, &s.listen) {
+        (Some(a), _) => (a.span(), ""),
+        (None, Some(l)) => (l.span(), " (the default)"),
+        (None, None) => (0..0, " (the default)"),
+    };
+    let what = if listen == admin {
+        "is the proxy listener's address".to_string()
+    } else {
+        format!("overlaps the proxy listener {listen} (same port, an unspecified address)")
+    };
+    Err(cx.err(
+        span,
+        format!(
+            "admin_listen {admin}{default} {what}: the admin API would answer on the public port"
+        ),
+    ))
+}
+
+fn listen_addr(
+    cx: &Ctx<'_>,
+    v: Option<&Spanned<String>>,
+) -> Result<Option<SocketAddr>, ConfigError> {
+    let Some(v) = v else { return Ok(None) };
+    v.get_ref().parse().map(Some).map_err(|_| {
+        cx.err(
+            v.span(),
+            format!("invalid listen address {:?}: expected IP:PORT", v.get_ref()),
+        )
+    })
+}
+
+/// Whether binding `a` and `b` would collide: one port (not 0, which picks a free one),
+/// and one address or either unspecified (`0.0.0.0`, `::`).
+fn same_socket(a: SocketAddr, b: SocketAddr) -> bool {
+    let (x, y) = (a.ip().to_canonical(), b.ip().to_canonical());
+    a.port() == b.port() && a.port() != 0 && (x == y || x.is_unspecified() || y.is_unspecified())
+}
+
+/// `v` when within `range`, else an error at its value naming `key`.
+fn bounded<T>(
+    cx: &Ctx<'_>,
+    key: &str,
+    v: Option<&Spanned<T>>,
+    range: RangeInclusive<T>,
+) -> Result<Option<T>, ConfigError>
+where
+    T: Copy + PartialOrd + Display,
+{
+    let Some(v) = v else { return Ok(None) };
+    let n = *v.get_ref();
+    if n < *range.start() {
+        let msg = format!("{key} must be at least {}", range.start());
+        return Err(cx.err(v.span(), msg));
+    }
+    if n > *range.end() {
+        let msg = format!("{key} = {n} is above the maximum of {}", range.end());
+        return Err(cx.err(v.span(), msg));
+    }
+    Ok(Some(n))
 }
 
 fn default_instance_id() -> String {
@@ -155,11 +252,12 @@ fn store(cx: &Ctx<'_>, s: &StoreFile) -> Result<Store, ConfigError> {
             ));
         }
     }
-    if let Some(t) = &s.timeout_ms {
-        if *t.get_ref() == 0 {
-            return Err(cx.err(t.span(), "timeout_ms must be at least 1"));
-        }
-    }
+    let timeout_ms = bounded(
+        cx,
+        "timeout_ms",
+        s.timeout_ms.as_ref(),
+        1..=MAX_STORE_TIMEOUT_MS,
+    )?;
     if let Some(n) = &s.instances {
         if *n.get_ref() == 0 {
             return Err(cx.err(n.span(), "instances must be at least 1"));
@@ -173,7 +271,7 @@ fn store(cx: &Ctx<'_>, s: &StoreFile) -> Result<Store, ConfigError> {
             .sentinel
             .as_ref()
             .map(|s| (s.urls.clone(), s.master.clone())),
-        timeout: Duration::from_millis(s.timeout_ms.as_ref().map_or(25, |t| *t.get_ref())),
+        timeout: Duration::from_millis(timeout_ms.unwrap_or(25)),
         on_failure: s.on_failure.map_or(OnFailure::Local, on_failure),
         instances: s.instances.as_ref().map(|n| *n.get_ref()),
         key_prefix: s.key_prefix.clone().unwrap_or_else(|| "thr".to_string()),
@@ -444,11 +542,29 @@ fn routes(cx: &Ctx<'_>, list: &[Spanned<RouteFile>]) -> Result<Vec<Route>, Confi
                 ModeFile::Enforce => Mode::Enforce,
                 ModeFile::Shadow => Mode::Shadow,
             },
-            connect_timeout: Duration::from_millis(r.connect_timeout_ms.unwrap_or(1_000).max(1)),
-            read_timeout: Duration::from_millis(r.read_timeout_ms.unwrap_or(30_000).max(1)),
+            connect_timeout: upstream_timeout(
+                cx,
+                "connect_timeout_ms",
+                &r.connect_timeout_ms,
+                1_000,
+            )?,
+            read_timeout: upstream_timeout(cx, "read_timeout_ms", &r.read_timeout_ms, 30_000)?,
         });
     }
     Ok(out)
+}
+
+/// A route's upstream timeout in ms: 0 would fail every request, and over an hour is a typo.
+fn upstream_timeout(
+    cx: &Ctx<'_>,
+    key: &str,
+    v: &Option<Spanned<u64>>,
+    default_ms: u64,
+) -> Result<Duration, ConfigError> {
+    let range = 1..=MAX_UPSTREAM_TIMEOUT_MS;
+    Ok(Duration::from_millis(
+        bounded(cx, key, v.as_ref(), range)?.unwrap_or(default_ms),
+    ))
 }
 
 /// `IP:PORT`, or `host:port` resolved now (never on the request path).
