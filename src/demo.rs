@@ -1,6 +1,6 @@
 //! A tiny echo upstream for `throttle demo` and the tests: every request gets 200 and a
 //! JSON body with the method, path and the headers the upstream received, so one can
-//! see exactly what the gateway forwarded.
+//! see exactly what the gateway forwarded. `?delay_ms=N` makes it answer N ms late.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -75,10 +75,27 @@ pub async fn serve(listener: TcpListener, label: &'static str, shutdown: impl Fu
     }
 }
 
+/// The longest `delay_ms` honoured.
+const MAX_DELAY_MS: u64 = 60_000;
+
+/// `delay_ms=N` in the query: how long to wait before answering (slow upstreams in tests
+/// and in the demo).
+fn delay(query: Option<&str>) -> Option<std::time::Duration> {
+    let ms = query?
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("delay_ms="))?
+        .parse::<u64>()
+        .ok()?;
+    Some(std::time::Duration::from_millis(ms.min(MAX_DELAY_MS)))
+}
+
 async fn echo(
     req: Request<hyper::body::Incoming>,
     label: &'static str,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
+    if let Some(d) = delay(req.uri().query()) {
+        tokio::time::sleep(d).await;
+    }
     let mut headers = serde_json::Map::new();
     for name in req.headers().keys() {
         let values: Vec<&str> = req
