@@ -13,8 +13,9 @@ use std::sync::Arc;
 use pingora::http::RequestHeader;
 
 use super::respond::Rejection;
-use super::router::{is_ambiguous_path, RouteEntry};
-use crate::config::{Auth, Mode};
+use super::router::RouteEntry;
+use super::target::target;
+use crate::config::{Auth, Mode, PathParameters};
 use crate::db::events::Event;
 use crate::identity::{api_key_from, KeyInfo, Presented};
 use crate::limiter::{Check, Ident, OnFailure, Scope, Verdict, WindowDecision};
@@ -34,6 +35,10 @@ pub struct Admitted {
     pub rate: Option<WindowDecision>,
     /// True when `rate` is a shadow-mode would-be rejection.
     pub shadow_rejected: bool,
+    /// The `Host` to forward, when it differs from the client's (see `target`).
+    pub host_header: Option<http::HeaderValue>,
+    /// The origin-form URI to forward, when it differs from the client's.
+    pub uri: Option<http::Uri>,
 }
 
 /// The outcome of the limits for one caller.
@@ -83,16 +88,9 @@ pub async fn admit(
     if blocked_ip(rt, &dynamic, client_ip, now_ms) {
         return Err(Rejection::blocked(Scope::Ip).into());
     }
-    let path = req.uri.path();
-    if is_ambiguous_path(path) {
-        return Err(Rejection::InvalidPath.into());
-    }
-    let host = req
-        .headers
-        .get(http::header::HOST)
-        .map(|h| h.as_bytes())
-        .or_else(|| req.uri.host().map(str::as_bytes));
-    let Some(route) = rt.router.find(host, path) else {
+    let allow_params = rt.config.server.path_parameters == PathParameters::Allow;
+    let t = target(req, allow_params)?;
+    let Some(route) = rt.router.find(t.host.as_deref(), &t.path.route) else {
         let out = limit(shared, rt, client_ip, None, 1, Mode::Enforce).await?;
         return Err(Rejection::NoRoute(out.verdict.governing).into());
     };
@@ -111,6 +109,7 @@ pub async fn admit(
         presented,
         route.route.auth,
         client_ip,
+        None,
         now_ms,
     )
     .await
@@ -128,6 +127,8 @@ pub async fn admit(
         key,
         rate: out.verdict.governing,
         shadow_rejected: out.shadow_rejected,
+        host_header: t.host_header,
+        uri: t.uri,
     })
 }
 
@@ -138,9 +139,13 @@ pub fn blocked_ip(rt: &Runtime, dynamic: &Dynamic, ip: IpAddr, now_ms: u64) -> b
 
 /// The caller's key under the route's `auth` rule, guarded by `[limits.auth]`.
 ///
+/// Failed lookups count against `client_ip` and, when given, `also` (the address that
+/// really sent the request, for `/v1/check`, whose `ip` field is the caller's choice).
+///
 /// # Errors
-/// 401 when a required key is missing or a presented key is invalid; 429 `auth` when the
-/// client IP has failed too many lookups.
+/// 401 when a required key is missing or a presented key is invalid; 429 `auth` when one
+/// of the addresses has failed too many lookups.
+#[allow(clippy::too_many_arguments)]
 pub async fn identify(
     shared: &Shared,
     rt: &Runtime,
@@ -148,16 +153,25 @@ pub async fn identify(
     presented: Presented<'_>,
     auth: Auth,
     client_ip: IpAddr,
+    also: Option<IpAddr>,
     now_ms: u64,
 ) -> Result<Option<Arc<KeyInfo>>, Rejection> {
+    let also = also.filter(|a| *a != client_ip);
+    let addresses = std::iter::once(client_ip).chain(also);
     let attempt = !matches!(presented, Presented::Missing);
-    if attempt && rt.config.auth_limits.is_some() && shared.is_suspect(client_ip, now_ms) {
-        // Past the failed-lookup limit no key is even looked at, valid or not.
-        auth_limit(shared, rt, client_ip, true, now_ms).await?;
+    if attempt && rt.config.auth_limits.is_some() {
+        for ip in addresses.clone() {
+            if shared.is_suspect(ip, now_ms) {
+                // Past the failed-lookup limit no key is even looked at, valid or not.
+                auth_limit(shared, rt, ip, true, now_ms).await?;
+            }
+        }
     }
     match lookup_key(rt, dynamic, presented, auth) {
         Err(Rejection::InvalidKey) => {
-            auth_limit(shared, rt, client_ip, false, now_ms).await?;
+            for ip in addresses {
+                auth_limit(shared, rt, ip, false, now_ms).await?;
+            }
             Err(Rejection::InvalidKey)
         }
         other => other,

@@ -29,8 +29,10 @@ pub enum Rejection {
     InvalidKey,
     /// 404: no route matched (after the ip and global limits passed).
     NoRoute(Option<WindowDecision>),
-    /// 400: a path with dot segments.
+    /// 400: an ambiguous path (dot segments, encoded separators, ...; see `path`).
     InvalidPath,
+    /// 400: no, several or a malformed `Host` (see `target`).
+    InvalidHost,
     /// 503: a fail-closed scope could not reach its store.
     Unavailable,
 }
@@ -83,6 +85,7 @@ impl Rejection {
                 json(404, r#"{"error":"no_route"}"#.into(), headers)
             }
             Rejection::InvalidPath => json(400, r#"{"error":"invalid_path"}"#.into(), Vec::new()),
+            Rejection::InvalidHost => json(400, r#"{"error":"invalid_host"}"#.into(), Vec::new()),
             Rejection::Unavailable => json(
                 503,
                 r#"{"error":"rate_limiter_unavailable"}"#.into(),

@@ -13,6 +13,7 @@ use tokio::time::Instant;
 
 use tempfile::TempDir;
 
+pub mod decoding;
 pub mod postgres;
 pub mod redis;
 

@@ -1,0 +1,307 @@
+//! The request target as the gateway routes it and forwards it: one authority and one
+//! path, so the route a request is matched on is the route the upstream serves.
+//!
+//! - The authority of an absolute-form target (`GET http://api.example.com/x`) is the
+//!   host (RFC 9112 §3.2.2; Pingora refuses a `Host` that differs from it); otherwise
+//!   exactly one `Host` is required for HTTP/1.1 (none or several: 400). Hosts compare case-insensitively, without port and without one
+//!   trailing dot; the upstream receives that host (with the port as sent) in `Host` and
+//!   the path in origin form.
+//! - The path is normalized by `path::normalize` (400 `invalid_path` when ambiguous).
+
+use std::borrow::Cow;
+
+use http::header::HOST;
+use http::{HeaderValue, Uri, Version};
+use pingora::http::RequestHeader;
+use pingora::protocols::http::authority::{raw_target_authority, RawTargetAuthority};
+
+use super::path::{self, Normalized};
+use super::respond::Rejection;
+
+/// Longest accepted host (RFC 1035 names are at most 253 characters).
+const MAX_HOST: usize = 253;
+
+/// The routed and forwarded form of a request target.
+#[derive(Debug)]
+pub struct Target<'a> {
+    /// Lower-case host without port and trailing dot; None for HTTP/1.0 without `Host`.
+    pub host: Option<Cow<'a, str>>,
+    /// The normalized path.
+    pub path: Normalized<'a>,
+    /// The `Host` the upstream must receive, when it differs from what the client sent.
+    pub host_header: Option<HeaderValue>,
+    /// The origin-form URI the upstream must receive, when it differs from the client's.
+    pub uri: Option<Uri>,
+}
+
+/// Works out the target of `req`.
+///
+/// # Errors
+/// 400 `invalid_path` or `invalid_host`.
+pub fn target(req: &RequestHeader, allow_params: bool) -> Result<Target<'_>, Rejection> {
+    let path = path::normalize(req.uri.path(), allow_params).map_err(|e| {
+        tracing::debug!(error = %e, "invalid path");
+        Rejection::InvalidPath
+    })?;
+    // Pingora keeps an absolute-form authority out of `uri` (it is in `raw_path`) and has
+    // already refused a `Host` that differs from it, several `Host`s and userinfo.
+    let (authority, from_uri) = match req.uri.authority() {
+        Some(a) => (Some(a.as_str().as_bytes()), true),
+        None => match raw_target_authority(req.raw_path()) {
+            RawTargetAuthority::Absolute { authority, .. } => (Some(authority), true),
+            RawTargetAuthority::AmbiguousAuthority => return Err(Rejection::InvalidHost),
+            RawTargetAuthority::None => (single_host(req)?, false),
+        },
+    };
+    let (host, port) = match authority {
+        Some(a) => {
+            let (h, p) = parse_authority(a).ok_or(Rejection::InvalidHost)?;
+            (Some(h), p)
+        }
+        None => (None, None),
+    };
+    let host_header = match &host {
+        Some(h) if from_uri || needs_rewrite(req, h, port) => {
+            let value = match port {
+                Some(p) => format!("{h}:{p}"),
+                None => h.to_string(),
+            };
+            Some(HeaderValue::from_str(&value).map_err(|_| Rejection::InvalidHost)?)
+        }
+        _ => None,
+    };
+    let uri = if from_uri || matches!(path.forward, Cow::Owned(_)) {
+        Some(origin_form(&path.forward, req.uri.query())?)
+    } else {
+        None
+    };
+    Ok(Target {
+        host,
+        path,
+        host_header,
+        uri,
+    })
+}
+
+/// The one `Host` of a request: several are refused; none is refused for HTTP/1.1.
+fn single_host(req: &RequestHeader) -> Result<Option<&[u8]>, Rejection> {
+    let mut hosts = req.headers.get_all(HOST).iter();
+    match (hosts.next(), hosts.next()) {
+        (Some(h), None) => Ok(Some(h.as_bytes())),
+        (Some(_), Some(_)) => Err(Rejection::InvalidHost),
+        (None, _) if req.version == Version::HTTP_11 => Err(Rejection::InvalidHost),
+        (None, _) => Ok(None),
+    }
+}
+
+/// `host[:port]` or `[v6][:port]` -> (lower-case host without one trailing dot, port).
+pub fn parse_authority(raw: &[u8]) -> Option<(Cow<'_, str>, Option<u16>)> {
+    let s = std::str::from_utf8(raw).ok()?;
+    if s.contains('@') {
+        return None; // userinfo has no place in a request target
+    }
+    let (host, port) = if let Some(rest) = s.strip_prefix('[') {
+        let (v6, after) = rest.split_once(']')?;
+        v6.parse::<std::net::Ipv6Addr>().ok()?;
+        let port = match after {
+            "" => None,
+            p => Some(p.strip_prefix(':')?),
+        };
+        (&s[..v6.len() + 2], port)
+    } else {
+        match s.rsplit_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (s, None),
+        }
+    };
+    let port = match port {
+        None => None,
+        Some(p) if !p.is_empty() && p.len() <= 5 && p.bytes().all(|b| b.is_ascii_digit()) => {
+            Some(p.parse::<u16>().ok()?)
+        }
+        Some(_) => return None,
+    };
+    let host = host.strip_suffix('.').unwrap_or(host);
+    if host.is_empty() || host.len() > MAX_HOST || !valid_host(host) {
+        return None;
+    }
+    let host = if host.bytes().any(|b| b.is_ascii_uppercase()) {
+        Cow::Owned(host.to_ascii_lowercase())
+    } else {
+        Cow::Borrowed(host)
+    };
+    Some((host, port))
+}
+
+/// A reg-name of letters, digits, `-`, `_` and non-empty dot-separated labels, or an
+/// IPv6 literal in brackets (already checked).
+fn valid_host(h: &str) -> bool {
+    if h.starts_with('[') {
+        return true;
+    }
+    h.split('.').all(|label| {
+        !label.is_empty()
+            && label
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    })
+}
+
+/// Whether the client's `Host` differs from the normalized host (case, trailing dot).
+fn needs_rewrite(req: &RequestHeader, host: &str, port: Option<u16>) -> bool {
+    let sent = req.headers.get(HOST).map_or(&b""[..], |v| v.as_bytes());
+    let plain = sent.len() == host.len() + port.map_or(0, |p| 1 + digits(p));
+    !(plain && sent.starts_with(host.as_bytes()))
+}
+
+fn digits(p: u16) -> usize {
+    p.checked_ilog10().map_or(1, |d| d as usize + 1)
+}
+
+fn origin_form(path: &str, query: Option<&str>) -> Result<Uri, Rejection> {
+    let pq = match query {
+        Some(q) => format!("{path}?{q}"),
+        None => path.to_string(),
+    };
+    Uri::builder()
+        .path_and_query(pq)
+        .build()
+        .map_err(|_| Rejection::InvalidPath)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(raw_target: &str, hosts: &[&str], version: Version) -> RequestHeader {
+        let mut r = RequestHeader::build("GET", raw_target.as_bytes(), None).unwrap();
+        r.set_version(version);
+        for h in hosts {
+            r.append_header("host", *h).unwrap();
+        }
+        r
+    }
+
+    /// (target, Host headers, version) -> routed host, forwarded Host, forwarded URI.
+    type Row<'a> = (
+        &'a str,
+        &'a [&'a str],
+        Version,
+        Option<&'a str>,
+        Option<&'a str>,
+        Option<&'a str>,
+    );
+
+    #[test]
+    fn authority_table() {
+        use Version as V;
+        let ok: [Row<'_>; 9] = [
+            (
+                "/x",
+                &["api.example.com"],
+                V::HTTP_11,
+                Some("api.example.com"),
+                None,
+                None,
+            ),
+            (
+                "/x",
+                &["API.Example.com:8080"],
+                V::HTTP_11,
+                Some("api.example.com"),
+                Some("api.example.com:8080"),
+                None,
+            ),
+            (
+                "/x",
+                &["internal.example.com."],
+                V::HTTP_11,
+                Some("internal.example.com"),
+                Some("internal.example.com"),
+                None,
+            ),
+            (
+                "http://internal.example.com/x",
+                &[],
+                V::HTTP_11,
+                Some("internal.example.com"),
+                Some("internal.example.com"),
+                Some("/x"),
+            ),
+            (
+                "http://internal.example.com/x?q=1",
+                &["public.example.com"],
+                V::HTTP_11,
+                Some("internal.example.com"),
+                Some("internal.example.com"),
+                Some("/x?q=1"),
+            ),
+            ("/x", &[], V::HTTP_10, None, None, None),
+            ("/x", &["[::1]:80"], V::HTTP_11, Some("[::1]"), None, None),
+            (
+                "/a//b?z",
+                &["h"],
+                V::HTTP_11,
+                Some("h"),
+                None,
+                Some("/a/b?z"),
+            ),
+            (
+                "/x",
+                &["127.0.0.1:8080"],
+                V::HTTP_11,
+                Some("127.0.0.1"),
+                None,
+                None,
+            ),
+        ];
+        for (i, (t, hosts, v, host, hh, uri)) in ok.into_iter().enumerate() {
+            let r = req(t, hosts, v);
+            let got = target(&r, false).unwrap_or_else(|e| panic!("case {i}: {e:?}"));
+            assert_eq!(got.host.as_deref(), host, "case {i} host");
+            assert_eq!(
+                got.host_header.as_ref().map(|h| h.to_str().unwrap()),
+                hh,
+                "case {i} Host"
+            );
+            assert_eq!(
+                got.uri.map(|u| u.to_string()).as_deref(),
+                uri,
+                "case {i} uri"
+            );
+        }
+    }
+
+    /// Missing, duplicate and malformed hosts are refused.
+    #[test]
+    fn refuses_bad_hosts() {
+        let bad: [(&str, &[&str]); 9] = [
+            ("/x", &[]),
+            ("/x", &["a.example", "b.example"]),
+            ("/x", &[""]),
+            ("/x", &["a..b"]),
+            ("/x", &["a.example.."]),
+            ("/x", &["user@a.example"]),
+            ("/x", &["a.example:99999"]),
+            ("/x", &["a.example:"]),
+            ("/x", &["a b"]),
+        ];
+        for (i, (t, hosts)) in bad.into_iter().enumerate() {
+            let r = req(t, hosts, Version::HTTP_11);
+            assert!(
+                matches!(target(&r, false), Err(Rejection::InvalidHost)),
+                "case {i}"
+            );
+        }
+    }
+
+    /// A clean request needs no rewrite and allocates nothing for its target.
+    #[test]
+    fn clean_request_is_borrowed() {
+        let r = req("/v1/x?y=1", &["api.example.com"], Version::HTTP_11);
+        let t = target(&r, false).unwrap();
+        assert!(matches!(t.host, Some(Cow::Borrowed(_))));
+        assert!(matches!(t.path.forward, Cow::Borrowed(_)));
+        assert!(t.host_header.is_none() && t.uri.is_none());
+    }
+}
