@@ -158,6 +158,12 @@ impl Admin {
             )
         };
         let value = req.value.trim().to_string();
+        // PostgreSQL text cannot hold NUL; no control character belongs in either field.
+        if let Some(detail) = text_problem("value", &value, 256)
+            .or_else(|| text_problem("reason", req.reason.as_deref().unwrap_or(""), 1024))
+        {
+            return bad(&detail);
+        }
         match req.scope.as_str() {
             "ip" if crate::state::parse_net(&value).is_none() => {
                 return bad("value must be an address or CIDR")
@@ -267,15 +273,25 @@ impl Admin {
                 )
             }
         };
-        match self.decide(&req).await {
+        let caller = session
+            .client_addr()
+            .and_then(|a| a.as_inet())
+            .map(|a| a.ip().to_canonical());
+        match self.decide(&req, caller).await {
             Ok(reply) | Err(reply) => reply,
         }
     }
 
-    async fn decide(&self, req: &CheckRequest) -> Result<Reply, Reply> {
+    async fn decide(&self, req: &CheckRequest, caller: Option<IpAddr>) -> Result<Reply, Reply> {
         let rt = self.shared.runtime();
         let now_ms = self.shared.clock.now_ms();
-        let reject = |r: Rejection| r.render(now_ms);
+        // A rate-limit answer (also `[limits.auth]`'s) is the documented decision body.
+        let reject = |r: Rejection| match r {
+            Rejection::RateLimited { governing, .. } => {
+                decision_reply(Some(&governing), now_ms, false, false)
+            }
+            other => other.render(now_ms),
+        };
         let ip = req.ip.to_canonical();
         let dynamic = self.shared.dynamic();
         if blocked_ip(&rt, &dynamic, ip, now_ms) {
@@ -295,9 +311,20 @@ impl Admin {
             Some(k) if auth != Auth::None => crate::identity::validate_key(k.as_bytes()),
             _ => Presented::Missing,
         };
-        let key = identify(&self.shared, &rt, &dynamic, presented, auth, ip, now_ms)
-            .await
-            .map_err(reject)?;
+        // Failed lookups count against the given `ip` and against the caller itself, so
+        // rotating the `ip` field does not buy more guesses.
+        let key = identify(
+            &self.shared,
+            &rt,
+            &dynamic,
+            presented,
+            auth,
+            ip,
+            caller,
+            now_ms,
+        )
+        .await
+        .map_err(reject)?;
         if let Some(k) = &key {
             blocked_key(&rt, &dynamic, k, now_ms).map_err(reject)?;
         }
@@ -310,9 +337,6 @@ impl Admin {
                 true,
                 out.shadow_rejected,
             )),
-            Err(Rejection::RateLimited { governing, .. }) => {
-                Err(decision_reply(Some(&governing), now_ms, false, false))
-            }
             Err(other) => Err(reject(other)),
         }
     }
@@ -364,6 +388,14 @@ async fn read_body(session: &mut ServerSession) -> Result<Vec<u8>, Reply> {
             Err(_) => return Err(error_reply(400, "invalid_request")),
         }
     }
+}
+
+/// Why a block field cannot be stored: control characters or too long.
+fn text_problem(field: &str, s: &str, max: usize) -> Option<String> {
+    if s.chars().any(char::is_control) {
+        return Some(format!("{field} must not contain control characters"));
+    }
+    (s.len() > max).then(|| format!("{field} is longer than {max} bytes"))
 }
 
 fn block_json(b: &BlockRow) -> serde_json::Value {

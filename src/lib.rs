@@ -38,6 +38,7 @@ pub mod config;
 pub mod db;
 pub mod demo;
 pub mod identity;
+pub mod lifecycle;
 pub mod limiter;
 pub mod metrics;
 pub mod proxy;

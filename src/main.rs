@@ -280,14 +280,13 @@ fn keys(command: KeysCommand, args: &DbArgs) -> anyhow::Result<()> {
 
 fn serve(config: Config, extras: Extras) -> anyhow::Result<()> {
     tracing::info!(listen = %config.server.listen, admin = %config.server.admin_listen, "throttle starting");
-    let (mut server, _shared) = server::build(config, extras)?;
-    server.bootstrap();
-    server.run_forever()
+    server::run(config, extras)?;
+    Ok(())
 }
 
 fn demo(path: &Path) -> anyhow::Result<()> {
     init_logging();
-    let mut config = if path.exists() {
+    let config = if path.exists() {
         config::load(path).map_err(|e| anyhow::anyhow!("{e}"))?
     } else {
         config::parse("gateway.toml (shipped)", config::SHIPPED)
@@ -296,9 +295,6 @@ fn demo(path: &Path) -> anyhow::Result<()> {
     let upstream =
         std::net::TcpListener::bind("127.0.0.1:0").context("binding the demo upstream")?;
     let addr = upstream.local_addr()?;
-    for route in &mut config.routes {
-        route.upstreams = vec![addr];
-    }
     let listen = config.server.listen;
     println!(
         "throttle demo: gateway on http://{listen}, admin on http://{}, demo upstream on {addr}",

@@ -29,9 +29,12 @@ pub async fn reload(shared: &Shared) -> Result<Reloaded, ConfigError> {
     let source = old.config.source.clone();
     let path = PathBuf::from(&source);
     // File IO and upstream name resolution: off the async workers.
-    let loaded = tokio::task::spawn_blocking(move || config::load(&path))
+    let mut loaded = tokio::task::spawn_blocking(move || config::load(&path))
         .await
         .map_err(|e| ConfigError::file(&source, format!("reload task failed: {e}")))??;
+    if let Some(addr) = shared.upstream_override {
+        point_routes_at(&mut loaded, addr); // `throttle demo` keeps its in-process upstream
+    }
     let needs_restart = fixed_at_start(&old.config, &loaded);
     let runtime = Runtime::from_config(loaded)
         .map_err(|e| ConfigError::file(&source, format!("upstreams: {e}")))?;
@@ -53,6 +56,13 @@ pub async fn reload(shared: &Shared) -> Result<Reloaded, ConfigError> {
         source,
         needs_restart,
     })
+}
+
+/// Points every route at `addr` (`throttle demo`'s in-process upstream).
+pub fn point_routes_at(config: &mut Config, addr: std::net::SocketAddr) {
+    for route in &mut config.routes {
+        route.upstreams = vec![addr];
+    }
 }
 
 fn fixed_at_start(old: &Config, new: &Config) -> Vec<&'static str> {

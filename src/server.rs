@@ -11,12 +11,16 @@ use pingora::server::{Server, ShutdownWatch};
 use pingora::services::background::{background_service, BackgroundService};
 use pingora::services::listening::Service;
 
+use pingora::server::{ExecutionPhase, RunArgs};
+
 use crate::admin::Admin;
 use crate::config::{Backend, Config};
 use crate::db::events::EventQueue;
 use crate::db::snapshot::Refresher;
 use crate::demo::DemoUpstream;
+use crate::lifecycle::{self, Lifecycle};
 use crate::metrics::Metrics;
+use crate::proxy::listener::Edge;
 use crate::proxy::Gateway;
 use crate::state::{Runtime, Shared};
 use crate::store::{LimitStore, MemoryStore, RedisStore, TieredStore};
@@ -45,11 +49,49 @@ pub struct Extras {
     pub upgrade: bool,
 }
 
+/// A built server and the state it shares.
+pub struct Built {
+    /// The Pingora server, ready to bootstrap and run.
+    pub server: Server,
+    /// Gateway state.
+    pub shared: Arc<Shared>,
+    /// Open connections and shutdown work.
+    pub lifecycle: Arc<Lifecycle>,
+}
+
+/// Builds the server for `config` and runs it until it is told to stop.
+///
+/// # Errors
+/// `StartError` when the config asks for something this build cannot run.
+pub fn run(config: Config, extras: Extras) -> Result<(), StartError> {
+    let Built {
+        mut server,
+        lifecycle,
+        ..
+    } = build(config, extras)?;
+    server.bootstrap();
+    watch_shutdown(server.watch_execution_phase(), lifecycle);
+    server.run(RunArgs::default());
+    Ok(())
+}
+
 /// Builds the server for `config`, returning it with the state it shares.
 ///
 /// # Errors
 /// `StartError` when the config asks for something this build cannot run.
-pub fn build(config: Config, extras: Extras) -> Result<(Server, Arc<Shared>), StartError> {
+pub fn build(mut config: Config, extras: Extras) -> Result<Built, StartError> {
+    let nofile = lifecycle::raise_nofile_limit();
+    let max_connections = config.server.max_connections.map_or_else(
+        || lifecycle::default_max_connections(nofile, lifecycle::open_files()),
+        |n| n as usize,
+    );
+    let demo_addr = match &extras.demo_upstream {
+        Some(l) => Some(l.local_addr()?),
+        None => None,
+    };
+    if let Some(addr) = demo_addr {
+        crate::reload::point_routes_at(&mut config, addr);
+    }
     let conf = server_conf(&config);
     let opt = Opt {
         upgrade: extras.upgrade,
@@ -76,26 +118,31 @@ pub fn build(config: Config, extras: Extras) -> Result<(Server, Arc<Shared>), St
             ))
         }
     };
-    let heartbeat = match (&redis, config.store.instances) {
-        (Some(r), None) => Some(Heartbeat {
-            redis: r.clone(),
-            instances: instances.clone(),
-            id: config.server.instance_id.clone(),
-        }),
-        _ => None,
-    };
+    // On Redis the heartbeat always runs (it is also the store's health probe); its
+    // count sizes the local fallback unless `[store] instances` fixes it.
+    let heartbeat = redis.as_ref().map(|r| Heartbeat {
+        redis: r.clone(),
+        instances: config.store.instances.is_none().then(|| instances.clone()),
+        id: config.server.instance_id.clone(),
+    });
     let listen = config.server.listen;
     let admin_listen = config.server.admin_listen;
     let database_url = config.database_url.clone();
     let mut shared = Shared::new(Runtime::from_config(config)?, store, metrics);
+    shared.upstream_override = demo_addr;
     if database_url.is_some() {
         let dropped = shared.metrics.events_dropped_total.clone();
         shared.events = Some(Arc::new(EventQueue::new(EVENT_QUEUE, dropped)));
     }
     let shared = Arc::new(shared);
 
-    let mut proxy =
-        pingora::proxy::http_proxy_service(&server.configuration, Gateway::new(shared.clone()));
+    let lifecycle = Arc::new(Lifecycle::default());
+    tracing::debug!(max_connections, nofile, "connection cap");
+    let gateway = pingora::proxy::http_proxy(&server.configuration, Gateway::new(shared.clone()));
+    let mut proxy = Service::new(
+        "throttle proxy".to_string(),
+        Edge::new(gateway, shared.clone(), lifecycle.clone(), max_connections),
+    );
     proxy.add_tcp(&listen.to_string());
     let token = std::env::var("THROTTLE_ADMIN_TOKEN").ok();
     let mut admin = Service::new(
@@ -126,7 +173,11 @@ pub fn build(config: Config, extras: Extras) -> Result<(Server, Arc<Shared>), St
         if let Some(queue) = shared.events.clone() {
             server.add_service(background_service(
                 "violation log writer",
-                EventWriter { queue, url },
+                EventWriter {
+                    queue,
+                    url,
+                    lifecycle: lifecycle.clone(),
+                },
             ));
         }
     }
@@ -136,7 +187,75 @@ pub fn build(config: Config, extras: Extras) -> Result<(Server, Arc<Shared>), St
             DemoUpstream::new(listener),
         ));
     }
-    Ok((server, shared))
+    Ok(Built {
+        server,
+        shared,
+        lifecycle,
+    })
+}
+
+/// After a graceful shutdown has begun (SIGTERM, or SIGQUIT's upgrade), exits as soon as
+/// no connection is open and no shutdown work is pending, instead of sleeping the whole
+/// grace period; and exits at once on SIGINT (Pingora stops listening for signals once a
+/// graceful shutdown starts).
+fn watch_shutdown(
+    mut phases: tokio::sync::broadcast::Receiver<ExecutionPhase>,
+    lifecycle: Arc<Lifecycle>,
+) {
+    let watch = async move {
+        use tokio::signal::unix::{signal, SignalKind};
+        loop {
+            match phases.recv().await {
+                Ok(
+                    ExecutionPhase::GracefulTerminate
+                    | ExecutionPhase::GracefulUpgradeTransferringFds,
+                ) => break,
+                Ok(_) => {}
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+            }
+        }
+        let mut interrupt = match signal(SignalKind::interrupt()) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGINT during shutdown");
+                None
+            }
+        };
+        let mut draining = false;
+        let mut tick = tokio::time::interval(Duration::from_millis(20));
+        loop {
+            tokio::select! {
+                Some(()) = async { match &mut interrupt { Some(s) => s.recv().await, None => std::future::pending().await } } => {
+                    tracing::info!("SIGINT during graceful shutdown: exiting now");
+                    std::process::exit(130);
+                }
+                phase = phases.recv(), if !draining => {
+                    draining = matches!(phase, Ok(ExecutionPhase::ShutdownGracePeriod));
+                }
+                _ = tick.tick(), if draining => {
+                    if lifecycle.idle() {
+                        tracing::info!("graceful shutdown: drained, exiting before the grace period ends");
+                        std::process::exit(0);
+                    }
+                }
+            }
+        }
+    };
+    let spawned = std::thread::Builder::new()
+        .name("shutdown watch".into())
+        .spawn(move || {
+            match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt.block_on(watch),
+                Err(e) => tracing::warn!(error = %e, "shutdown watch cannot start"),
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "shutdown watch cannot start");
+    }
 }
 
 fn server_conf(config: &Config) -> ServerConf {
@@ -163,11 +282,14 @@ const EVENT_QUEUE: usize = 100_000;
 struct EventWriter {
     queue: Arc<EventQueue>,
     url: String,
+    lifecycle: Arc<Lifecycle>,
 }
 
 #[async_trait]
 impl BackgroundService for EventWriter {
     async fn start(&self, mut shutdown: ShutdownWatch) {
+        // The process does not exit early while the queue is being flushed.
+        let _finishing = self.lifecycle.finishing();
         let mut backoff = Duration::from_millis(200);
         loop {
             match crate::db::connect(&self.url).await {
@@ -224,7 +346,8 @@ impl BackgroundService for Reloader {
 /// fallback (the last count seen is kept while Redis is down).
 struct Heartbeat {
     redis: Arc<RedisStore>,
-    instances: Arc<AtomicU32>,
+    /// Where the live count goes (None when `[store] instances` fixes it).
+    instances: Option<Arc<AtomicU32>>,
     id: String,
 }
 
@@ -239,7 +362,11 @@ impl BackgroundService for Heartbeat {
                 _ = tick.tick() => {
                     use crate::clock::Clock;
                     match self.redis.heartbeat(&self.id, clock.now_ms(), 3_000).await {
-                        Ok(n) => self.instances.store(n, Ordering::Relaxed),
+                        Ok(n) => {
+                            if let Some(i) = &self.instances {
+                                i.store(n, Ordering::Relaxed);
+                            }
+                        }
                         Err(e) => tracing::trace!(error = %e, "heartbeat failed; keeping the last instance count"),
                     }
                 }

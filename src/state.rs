@@ -62,6 +62,9 @@ pub struct Shared {
     any_suspects: AtomicBool,
     /// The violation log queue, when a database is configured.
     pub events: Option<Arc<EventQueue>>,
+    /// Every route's upstream, whatever the config file says (`throttle demo`'s
+    /// in-process upstream, kept across reloads).
+    pub upstream_override: Option<std::net::SocketAddr>,
     /// `throttle_store_call_seconds{store=<this store>}`, resolved once (no per-request
     /// label lookup).
     pub store_call: prometheus::Histogram,
@@ -115,6 +118,7 @@ impl Shared {
             suspects: Mutex::new(HashMap::new()),
             any_suspects: AtomicBool::new(false),
             events: None,
+            upstream_override: None,
             store_call: metrics
                 .store_call_seconds
                 .with_label_values(&[store.name()]),

@@ -3,8 +3,11 @@
 
 pub mod admit;
 pub mod headers;
+pub mod listener;
+pub mod path;
 pub mod respond;
 pub mod router;
+pub mod target;
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
@@ -139,11 +142,20 @@ impl ProxyHttp for Gateway {
         let Some(a) = &ctx.admitted else {
             return Ok(());
         };
-        strip_throttle_headers(upstream);
         let peer = peer_ip(session);
         let rt = self.shared.runtime();
-        let xff = forwarded_for(session.req_header(), peer, rt.resolver.is_trusted(peer));
+        let trusted = rt.resolver.is_trusted(peer);
+        scrub_headers(upstream, trusted, rt.config.server.underscores_in_headers);
+        if let Some(uri) = &a.uri {
+            upstream.set_uri(uri.clone());
+        }
+        if let Some(host) = &a.host_header {
+            upstream.insert_header(http::header::HOST, host.clone())?;
+        }
+        let xff = forwarded_for(session.req_header(), peer, trusted);
         upstream.insert_header("x-forwarded-for", xff)?;
+        let fwd = forwarded(session.req_header(), peer, trusted);
+        upstream.insert_header(http::header::FORWARDED, fwd)?;
         upstream.insert_header("x-real-ip", a.client_ip.to_string())?;
         if let Some(k) = &a.key {
             upstream.insert_header("x-throttle-tenant", &*k.tenant)?;
@@ -227,17 +239,66 @@ fn peer_ip(session: &Session) -> IpAddr {
         .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |a| a.ip().to_canonical())
 }
 
-/// Removes every client-sent `X-Throttle-*` header: only the gateway may set them.
-fn strip_throttle_headers(req: &mut RequestHeader) {
-    let doomed: Vec<http::HeaderName> = req
+/// Removes the request headers an upstream must not take from a client:
+/// - `X-Throttle-*`: only the gateway sets them;
+/// - names with `_` (unless `underscores_in_headers`): CGI/WSGI upstreams read
+///   `X_Throttle_Tenant` as `X-Throttle-Tenant`;
+/// - `X-Original-URL` / `X-Rewrite-URL`: some frameworks route on them instead of the
+///   path this gateway matched;
+/// - from a peer that is not a trusted proxy, `Forwarded` and `X-Forwarded-Host`,
+///   `-Proto`, `-Port`, `-Prefix` (the gateway sets `Forwarded` and `X-Forwarded-For`
+///   itself).
+fn scrub_headers(req: &mut RequestHeader, trusted: bool, underscores: bool) {
+    let doomed = |n: &str| {
+        n.starts_with("x-throttle-")
+            || (!underscores && n.contains('_'))
+            || matches!(n, "x-original-url" | "x-rewrite-url")
+            || (!trusted
+                && matches!(
+                    n,
+                    "forwarded"
+                        | "x-forwarded-host"
+                        | "x-forwarded-proto"
+                        | "x-forwarded-port"
+                        | "x-forwarded-prefix"
+                ))
+    };
+    if !req.headers.keys().any(|n| doomed(n.as_str())) {
+        return; // the common case: nothing to remove, nothing allocated
+    }
+    let names: Vec<http::HeaderName> = req
         .headers
         .keys()
-        .filter(|n| n.as_str().starts_with("x-throttle-"))
+        .filter(|n| doomed(n.as_str()))
         .cloned()
         .collect();
-    for name in doomed {
+    for name in names {
         req.remove_header(&name);
     }
+}
+
+/// The upstream's `Forwarded` (RFC 7239): a trusted peer's elements plus `for=<peer>`,
+/// or `for=<peer>` alone from an untrusted peer.
+fn forwarded(req: &RequestHeader, peer: IpAddr, trusted: bool) -> HeaderValue {
+    let element = match peer {
+        IpAddr::V4(v4) => format!("for={v4}"),
+        IpAddr::V6(v6) => format!("for=\"[{v6}]\""),
+    };
+    if trusted {
+        let mut chain: Vec<&[u8]> = req
+            .headers
+            .get_all(http::header::FORWARDED)
+            .iter()
+            .map(|v| v.as_bytes())
+            .collect();
+        if !chain.is_empty() {
+            chain.push(element.as_bytes());
+            if let Ok(v) = HeaderValue::from_bytes(&chain.join(&b", "[..])) {
+                return v;
+            }
+        }
+    }
+    HeaderValue::from_str(&element).unwrap_or(HeaderValue::from_static("for=unknown"))
 }
 
 /// The upstream's `X-Forwarded-For`: the client's chain plus the peer from a trusted

@@ -145,6 +145,14 @@ impl RedisStore {
         now_ms: u64,
         ttl_ms: u64,
     ) -> Result<u32, StoreError> {
+        // The heartbeat doubles as a health probe: /readyz turns degraded when it fails,
+        // before any request meets the outage.
+        let r = self.beat(instance_id, now_ms, ttl_ms).await;
+        self.healthy.store(r.is_ok(), Ordering::Relaxed);
+        r
+    }
+
+    async fn beat(&self, instance_id: &str, now_ms: u64, ttl_ms: u64) -> Result<u32, StoreError> {
         let script = redis::Script::new(
             "redis.call('ZADD', KEYS[1], ARGV[1], ARGV[2])
              redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', tonumber(ARGV[1]) - tonumber(ARGV[3]))

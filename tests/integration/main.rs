@@ -14,5 +14,7 @@ mod admin;
 mod cli;
 mod client_ip_e2e;
 mod db;
+mod edge;
+mod hardening;
 mod proxy_e2e;
 mod reload;

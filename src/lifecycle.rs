@@ -1,0 +1,244 @@
+//! What the process must know to stop well: open proxy connections (capped, globally and
+//! per peer address) and background work that must finish before exit (the violation log
+//! flush). A gateway told to stop exits as soon as both are zero instead of sleeping the
+//! whole grace period.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+/// Open connections and unfinished shutdown work of one process.
+#[derive(Debug, Default)]
+pub struct Lifecycle {
+    connections: AtomicUsize,
+    per_ip: Mutex<HashMap<IpAddr, u32>>,
+    finishing: AtomicUsize,
+    refusing: AtomicUsize,
+}
+
+/// Why a connection was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    /// `max_connections` connections are open.
+    Total,
+    /// `max_connections_per_ip` connections of this peer are open.
+    PerIp,
+}
+
+/// An open connection; released on drop.
+#[derive(Debug)]
+pub struct ConnSlot {
+    lifecycle: Arc<Lifecycle>,
+    ip: Option<IpAddr>,
+}
+
+/// A refused connection being answered (the 503 write); released on drop.
+#[derive(Debug)]
+pub struct Refusing {
+    lifecycle: Arc<Lifecycle>,
+}
+
+/// Refused connections answered at once; beyond this they are closed without an answer,
+/// so a burst of refusals cannot itself use up the process's files.
+pub const MAX_REFUSING: usize = 16;
+
+/// Unfinished shutdown work (a background task flushing state); released on drop.
+#[derive(Debug)]
+pub struct Finishing {
+    lifecycle: Arc<Lifecycle>,
+}
+
+// === impl Lifecycle ===
+
+impl Lifecycle {
+    /// Takes a connection slot for `peer`, or says which cap refused it. `per_ip` caps are
+    /// counted only when set (behind a load balancer every connection has the same peer).
+    ///
+    /// # Errors
+    /// `Refused` when a cap is reached; nothing is taken then.
+    pub fn open(
+        self: &Arc<Self>,
+        peer: IpAddr,
+        max: usize,
+        per_ip: Option<u32>,
+    ) -> Result<ConnSlot, Refused> {
+        let before = self.connections.fetch_add(1, Ordering::AcqRel);
+        let mut slot = ConnSlot {
+            lifecycle: self.clone(),
+            ip: None,
+        };
+        if before >= max {
+            return Err(Refused::Total); // the slot's drop gives the count back
+        }
+        if let Some(cap) = per_ip {
+            let mut m = self.per_ip.lock().unwrap_or_else(PoisonError::into_inner);
+            let n = m.entry(peer).or_insert(0);
+            if *n >= cap {
+                return Err(Refused::PerIp);
+            }
+            *n += 1;
+            slot.ip = Some(peer);
+        }
+        Ok(slot)
+    }
+
+    /// Open proxy connections.
+    pub fn connections(&self) -> usize {
+        self.connections.load(Ordering::Acquire)
+    }
+
+    /// Marks shutdown work as unfinished until the guard drops.
+    pub fn finishing(self: &Arc<Self>) -> Finishing {
+        self.finishing.fetch_add(1, Ordering::AcqRel);
+        Finishing {
+            lifecycle: self.clone(),
+        }
+    }
+
+    /// A permit to answer a refused connection, unless `MAX_REFUSING` are being answered.
+    pub fn refusing(self: &Arc<Self>) -> Option<Refusing> {
+        let before = self.refusing.fetch_add(1, Ordering::AcqRel);
+        let permit = Refusing {
+            lifecycle: self.clone(),
+        };
+        (before < MAX_REFUSING).then_some(permit)
+    }
+
+    /// True when no connection is open and no shutdown work is pending.
+    pub fn idle(&self) -> bool {
+        self.connections() == 0 && self.finishing.load(Ordering::Acquire) == 0
+    }
+}
+
+impl Drop for ConnSlot {
+    fn drop(&mut self) {
+        if let Some(ip) = self.ip {
+            let mut m = self
+                .lifecycle
+                .per_ip
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if let Some(n) = m.get_mut(&ip) {
+                *n -= 1;
+                if *n == 0 {
+                    m.remove(&ip);
+                }
+            }
+        }
+        self.lifecycle.connections.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Drop for Refusing {
+    fn drop(&mut self) {
+        self.lifecycle.refusing.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Drop for Finishing {
+    fn drop(&mut self) {
+        self.lifecycle.finishing.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Raises the open-file soft limit to the hard limit and returns the new soft limit, so a
+/// connection flood meets `max_connections` long before the process runs out of files.
+pub fn raise_nofile_limit() -> u64 {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            Ok(()) => hard,
+            Err(e) => {
+                tracing::warn!(error = %e, soft, hard, "cannot raise the open-file limit");
+                soft
+            }
+        },
+        Ok((soft, _)) => soft,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the open-file limit");
+            1024
+        }
+    }
+}
+
+/// The default `max_connections` for an open-file limit `nofile` when `open` files are
+/// already open: a margin (an eighth of the limit, 256 to 1024 files) stays free for the
+/// runtimes' own descriptors, the admin listener, Redis, PostgreSQL, logs, and a burst of
+/// connections accepted before their tasks run to refuse them (an accept loop takes up to
+/// 128 in a row); every proxied connection may hold an upstream connection as well.
+/// At least 16.
+pub fn default_max_connections(nofile: u64, open: u64) -> usize {
+    let margin = (nofile / 8).clamp(256, 1024);
+    let usable = nofile.saturating_sub(open.saturating_add(margin)) / 2;
+    usize::try_from(usable).unwrap_or(usize::MAX).max(16)
+}
+
+/// Files this process has open now (`/proc/self/fd`); 64 when that cannot be read.
+pub fn open_files() -> u64 {
+    std::fs::read_dir("/proc/self/fd").map_or(64, |d| d.count() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    /// Caps refuse without taking anything; dropping a slot gives it back.
+    #[test]
+    fn caps_total_and_per_ip() {
+        let l = Arc::new(Lifecycle::default());
+        let a = l.open(ip("10.0.0.1"), 3, Some(2)).unwrap();
+        let _b = l.open(ip("10.0.0.1"), 3, Some(2)).unwrap();
+        assert_eq!(
+            l.open(ip("10.0.0.1"), 3, Some(2)).unwrap_err(),
+            Refused::PerIp
+        );
+        let _c = l.open(ip("10.0.0.2"), 3, Some(2)).unwrap();
+        assert_eq!(
+            l.open(ip("10.0.0.3"), 3, Some(2)).unwrap_err(),
+            Refused::Total
+        );
+        assert_eq!(l.connections(), 3);
+        drop(a);
+        assert_eq!(l.connections(), 2);
+        let _d = l.open(ip("10.0.0.1"), 3, Some(2)).unwrap();
+        assert!(!l.idle());
+    }
+
+    /// Idle only when no connection and no shutdown work remain.
+    #[test]
+    fn idle_waits_for_finishing_work() {
+        let l = Arc::new(Lifecycle::default());
+        let f = l.finishing();
+        assert!(!l.idle());
+        drop(f);
+        assert!(l.idle());
+    }
+
+    /// The cap leaves what is open and a margin free; never under 16.
+    #[test]
+    fn default_cap_keeps_a_reserve() {
+        assert_eq!(default_max_connections(1024, 30), (1024 - 30 - 256) / 2);
+        assert_eq!(default_max_connections(4096, 33), (4096 - 33 - 512) / 2);
+        assert_eq!(
+            default_max_connections(1_048_576, 40),
+            (1_048_576 - 40 - 1024) / 2
+        );
+        assert_eq!(default_max_connections(128, 33), 16);
+        assert_eq!(default_max_connections(10, 5), 16);
+    }
+
+    /// Refusals in flight are bounded: past the bound a refusal is a plain close.
+    #[test]
+    fn refusals_in_flight_are_bounded() {
+        let l = Arc::new(Lifecycle::default());
+        let held: Vec<_> = (0..MAX_REFUSING).map(|_| l.refusing().unwrap()).collect();
+        assert!(l.refusing().is_none());
+        drop(held);
+        assert!(l.refusing().is_some());
+    }
+}
