@@ -1,14 +1,58 @@
 //! Private redis-server processes for tests: one node, or a 3-primary cluster, on free
-//! loopback ports with no persistence; killed on drop.
+//! loopback ports with no persistence; killed on drop. When `redis-server`/`redis-cli` are
+//! missing they are installed (apt-get, as root) or the test fails naming the command.
 
 use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use tempfile::TempDir;
 use tokio::time::Instant;
 
 use super::free_port;
+
+#[path = "install.rs"]
+pub mod install;
+
+/// What to run when the Redis binaries are missing and the tests cannot install them.
+const REDIS_INSTALL: &str = "sudo apt-get install redis-server redis-tools";
+
+/// `redis-server` and `redis-cli` on PATH: checked once per test process, installed with
+/// apt-get when missing and running as root, else a panic naming the command. Never a
+/// skip, locally or under CI.
+pub fn require_redis() {
+    static READY: OnceLock<Result<(), String>> = OnceLock::new();
+    if let Err(e) = READY.get_or_init(ensure_redis) {
+        panic!("{e}");
+    }
+}
+
+fn ensure_redis() -> Result<(), String> {
+    let present =
+        || install::on_path("redis-server").is_some() && install::on_path("redis-cli").is_some();
+    if present() {
+        return Ok(());
+    }
+    let missing = "redis-server and redis-cli are needed (the Redis tests start their own \
+                   servers) and are not on PATH";
+    if !install::can_apt_install() {
+        return Err(format!("{missing}; install them with: {REDIS_INSTALL}"));
+    }
+    let _lock = install::InstallLock::acquire();
+    if !present() {
+        install::apt_install(&["redis-server", "redis-tools"], true).map_err(|e| {
+            format!("{missing}; installing them failed ({e}); run: {REDIS_INSTALL}")
+        })?;
+    }
+    if present() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{missing}, even after apt-get install; run: {REDIS_INSTALL}"
+        ))
+    }
+}
 
 /// One redis-server.
 pub struct RedisServer {
@@ -24,6 +68,7 @@ impl RedisServer {
     }
 
     pub async fn start_with(extra: &[&str]) -> Self {
+        require_redis();
         for _ in 0..5 {
             let dir = tempfile::tempdir().unwrap();
             let mut s = RedisServer {
@@ -42,6 +87,7 @@ impl RedisServer {
 
     /// A server on a given port (to bring a killed one back).
     pub async fn start_on(port: u16) -> Self {
+        require_redis();
         let mut s = RedisServer {
             port,
             child: None,
@@ -58,6 +104,7 @@ impl RedisServer {
 
     /// A sentinel monitoring `master` as `name` (quorum 1).
     pub async fn sentinel(master: &RedisServer, name: &str) -> Self {
+        require_redis();
         for _ in 0..5 {
             let dir = tempfile::tempdir().unwrap();
             let conf = dir.path().join("sentinel.conf");
@@ -79,7 +126,7 @@ impl RedisServer {
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .spawn()
-                .unwrap();
+                .unwrap_or_else(|e| panic!("redis-server: {e}; install it with: {REDIS_INSTALL}"));
             let mut s = RedisServer {
                 port,
                 child: Some(child),
@@ -110,7 +157,7 @@ impl RedisServer {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .expect("redis-server must be installed (.ci/run installs it)");
+            .unwrap_or_else(|e| panic!("redis-server: {e}; install it with: {REDIS_INSTALL}"));
         self.child = Some(child);
     }
 
@@ -214,7 +261,7 @@ impl RedisCluster {
             .args(&addrs)
             .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .output()
-            .expect("redis-cli must be installed");
+            .unwrap_or_else(|e| panic!("redis-cli: {e}; install it with: {REDIS_INSTALL}"));
         assert!(
             out.status.success(),
             "cluster create failed: {}",
