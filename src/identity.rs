@@ -91,40 +91,14 @@ impl KeyTable {
         Self { by_digest }
     }
 
-    /// The live keys of the database snapshot: tiers from `config`, tenant tiers from the
-    /// tenants table (else `[[tenants]]`, else the key's tier), and each key's
-    /// `custom_override` applied over its tier's key windows. Keys naming an unknown tier
-    /// are skipped (and logged).
-    pub fn from_rows(
-        config: &Config,
-        keys: &[crate::db::keys::ActiveKey],
-        tenants: &HashMap<String, String>,
-    ) -> Self {
-        let mut by_digest = HashMap::with_capacity(keys.len());
-        for k in keys {
-            let Some(tier) = config.tiers.get(&k.tier) else {
-                tracing::warn!(key_id = %k.id, tier = %k.tier, "key names a tier gateway.toml does not define; ignored");
-                continue;
-            };
-            let tier = match &k.custom_override {
-                Some(o) => match apply_override(tier, o) {
-                    Ok(t) => Arc::new(t),
-                    Err(e) => {
-                        tracing::warn!(key_id = %k.id, error = %e, "invalid custom_override; using the tier's limits");
-                        tier.clone()
-                    }
-                },
-                None => tier.clone(),
-            };
-            let tenant_tier = tenants
-                .get(&k.tenant)
-                .or_else(|| config.tenants.get(&k.tenant))
-                .and_then(|t| config.tiers.get(t))
-                .cloned()
-                .unwrap_or_else(|| tier.clone());
-            by_digest.insert(k.sha256, KeyInfo::new(&k.id, &k.tenant, tier, tenant_tier));
-        }
-        Self { by_digest }
+    /// Every key, by digest.
+    pub fn iter(&self) -> impl Iterator<Item = (&[u8; 32], &Arc<KeyInfo>)> {
+        self.by_digest.iter()
+    }
+
+    /// Adds (or replaces) the key with digest `sha256`.
+    pub fn insert(&mut self, sha256: [u8; 32], info: Arc<KeyInfo>) {
+        self.by_digest.insert(sha256, info);
     }
 
     /// The key whose SHA-256 matches `key`.

@@ -1,15 +1,21 @@
 //! Throttle: an edge gateway for public HTTP APIs on Pingora.
 //!
-//! Data flows one way: `config` -> `proxy` -> `identity` -> `limiter` -> `store`.
+//! The modules form layers; each imports only from the layers below it (checked by
+//! `layering::imports_only_run_down`):
 //!
-//! - `config`: `gateway.toml`, parsed and validated once into internal types.
-//! - `client_ip`: trusted-proxy `X-Forwarded-For` resolution.
-//! - `identity`: API key -> key id, tenant, tier (keys compared by SHA-256).
-//! - `blocklist`: IP / CIDR, key and tenant blocks with expiry.
-//! - `limiter`: policies, the five algorithms as pure functions, the layered verdict.
-//! - `store`: where limiter state lives (`MemoryStore` embedded).
-//! - `proxy`: the Pingora `ProxyHttp` glue, admission pipeline and responses.
-//! - `admin`: `/healthz`, `/readyz`, `/metrics`, `POST /v1/check`.
+//! 1. `clock`, then `limiter` (policies, the five algorithms as pure functions, the
+//!    layered verdict), then `config` (`gateway.toml`, validated once).
+//! 2. `metrics`, `client_ip` (trusted-proxy address resolution), `blocklist`, `identity`
+//!    (API key -> key id, tenant, tier), `lifecycle` (connections and shutdown work),
+//!    `routing` (host + path prefix -> route and upstreams), `demo` (the echo upstream).
+//! 3. `store` (where limiter state lives: memory, Redis, failure policy) and `db`
+//!    (PostgreSQL records: keys, tenants, policies, blocks, the violation log).
+//! 4. `admission`: the one transport-neutral pipeline every entry point runs, with the
+//!    request lifetime and the database snapshot.
+//! 5. `reply` (the gateway's own HTTP answers) and `reload` (config hot reload).
+//! 6. The entry points: `proxy` (Pingora), `admin` (the admin listener and `/v1/check`)
+//!    and `sync` (the background link to PostgreSQL).
+//! 7. `server`, which assembles them; `main.rs` is the CLI.
 //!
 //! ```
 //! use throttle::clock::ManualClock;
@@ -31,6 +37,7 @@
 //! ```
 
 pub mod admin;
+pub mod admission;
 pub mod blocklist;
 pub mod client_ip;
 pub mod clock;
@@ -43,6 +50,11 @@ pub mod limiter;
 pub mod metrics;
 pub mod proxy;
 pub mod reload;
+pub mod reply;
+pub mod routing;
 pub mod server;
-pub mod state;
 pub mod store;
+pub mod sync;
+
+#[cfg(test)]
+mod layering;

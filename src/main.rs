@@ -306,7 +306,7 @@ fn demo(path: &Path) -> anyhow::Result<()> {
         config,
         Extras {
             demo_upstream: Some(upstream),
-            upgrade: false,
+            ..Extras::default()
         },
     )
 }

@@ -8,8 +8,9 @@
 
 use std::path::PathBuf;
 
+use crate::admission::snapshot::{self, Database};
+use crate::admission::{Core, Runtime};
 use crate::config::{self, Config, ConfigError};
-use crate::state::{Runtime, Shared};
 
 /// What a successful reload changed.
 #[derive(Debug, Clone)]
@@ -24,28 +25,25 @@ pub struct Reloaded {
 ///
 /// # Errors
 /// The file's `ConfigError` (`FILE:LINE:COL: message`); the old config keeps serving.
-pub async fn reload(shared: &Shared) -> Result<Reloaded, ConfigError> {
-    let old = shared.runtime();
+pub async fn reload(core: &Core, db: &Database) -> Result<Reloaded, ConfigError> {
+    let old = core.runtime();
     let source = old.config.source.clone();
     let path = PathBuf::from(&source);
     // File IO and upstream name resolution: off the async workers.
     let mut loaded = tokio::task::spawn_blocking(move || config::load(&path))
         .await
         .map_err(|e| ConfigError::file(&source, format!("reload task failed: {e}")))??;
-    if let Some(addr) = shared.upstream_override {
+    if let Some(addr) = core.upstream_override {
         point_routes_at(&mut loaded, addr); // `throttle demo` keeps its in-process upstream
     }
     let needs_restart = fixed_at_start(&old.config, &loaded);
     let runtime = Runtime::from_config(loaded)
         .map_err(|e| ConfigError::file(&source, format!("upstreams: {e}")))?;
-    shared.swap_runtime(runtime);
-    if let Some(pool) = shared.db_pool() {
+    core.swap_runtime(runtime);
+    if let Some(pool) = db.pool() {
         // Database keys resolve their tiers through the config: rebuild them now.
-        match crate::db::snapshot::load(shared, &pool).await {
-            Ok(d) => shared.swap_dynamic(d),
-            Err(e) => {
-                tracing::warn!(error = %e, "snapshot reload after a config reload failed; the next refresh retries")
-            }
+        if let Err(e) = snapshot::refresh(core, &pool).await {
+            tracing::warn!(error = %e, "snapshot reload after a config reload failed; the next refresh retries");
         }
     }
     if !needs_restart.is_empty() {
@@ -65,25 +63,100 @@ pub fn point_routes_at(config: &mut Config, addr: std::net::SocketAddr) {
     }
 }
 
+/// Every setting read once at start, named as in gateway.toml, that differs.
 fn fixed_at_start(old: &Config, new: &Config) -> Vec<&'static str> {
-    let mut out = Vec::new();
-    if old.server.listen != new.server.listen {
-        out.push("server.listen");
+    let (a, b) = (&old.server, &new.server);
+    let (sa, sb) = (&old.store, &new.store);
+    let fields = [
+        ("server.listen", a.listen != b.listen),
+        ("server.admin_listen", a.admin_listen != b.admin_listen),
+        ("server.instance_id", a.instance_id != b.instance_id),
+        ("server.threads", a.threads != b.threads),
+        ("server.grace_period_secs", a.grace_period != b.grace_period),
+        ("server.upgrade_sock", a.upgrade_sock != b.upgrade_sock),
+        (
+            "server.max_connections",
+            a.max_connections != b.max_connections,
+        ),
+        ("store.backend", sa.backend != sb.backend),
+        ("store.url", sa.url != sb.url),
+        ("store.cluster", sa.cluster != sb.cluster),
+        ("store.sentinel", sa.sentinel != sb.sentinel),
+        ("store.timeout_ms", sa.timeout != sb.timeout),
+        ("store.key_prefix", sa.key_prefix != sb.key_prefix),
+        ("store.instances", sa.instances != sb.instances),
+        ("database.url", old.database_url != new.database_url),
+    ];
+    fields
+        .into_iter()
+        .filter_map(|(name, changed)| changed.then_some(name))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every setting fixed at start is reported by its gateway.toml name when it changes,
+    /// and nothing is reported for a change that applies live.
+    #[test]
+    fn lists_every_setting_fixed_at_start() {
+        let route =
+            "[[routes]]\nname = \"r\"\npath_prefix = \"/\"\nupstreams = [\"127.0.0.1:1\"]\n";
+        let base =
+            config::parse("a.toml", &format!("[server]\ninstance_id = \"a\"\n{route}")).unwrap();
+        let changed = config::parse(
+            "b.toml",
+            &format!(
+                r#"[server]
+listen = "127.0.0.1:18080"
+admin_listen = "127.0.0.1:19090"
+instance_id = "b"
+threads = 3
+grace_period_secs = 9
+upgrade_sock = "/tmp/x.sock"
+max_connections = 100
+[store]
+backend = "redis"
+url = "redis://127.0.0.1:1"
+cluster = ["redis://127.0.0.1:2"]
+sentinel = {{ urls = ["redis://127.0.0.1:3"], master = "m" }}
+timeout_ms = 40
+key_prefix = "x"
+instances = 2
+[database]
+url = "postgres://127.0.0.1/x"
+[limits.ip]
+per_second = 5
+{route}"#
+            ),
+        )
+        .unwrap();
+        assert_eq!(
+            fixed_at_start(&base, &changed),
+            [
+                "server.listen",
+                "server.admin_listen",
+                "server.instance_id",
+                "server.threads",
+                "server.grace_period_secs",
+                "server.upgrade_sock",
+                "server.max_connections",
+                "store.backend",
+                "store.url",
+                "store.cluster",
+                "store.sentinel",
+                "store.timeout_ms",
+                "store.key_prefix",
+                "store.instances",
+                "database.url",
+            ]
+        );
+        let live = config::parse(
+            "c.toml",
+            &format!("[server]\ninstance_id = \"a\"\nheader_timeout_secs = 3\n[limits.ip]\nper_second = 5\n{route}"),
+        )
+        .unwrap();
+        assert!(fixed_at_start(&base, &live).is_empty());
     }
-    if old.server.admin_listen != new.server.admin_listen {
-        out.push("server.admin_listen");
-    }
-    if old.server.threads != new.server.threads {
-        out.push("server.threads");
-    }
-    if old.store.backend != new.store.backend
-        || old.store.url != new.store.url
-        || old.store.cluster != new.store.cluster
-    {
-        out.push("store");
-    }
-    if old.database_url != new.database_url {
-        out.push("database.url");
-    }
-    out
 }

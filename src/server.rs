@@ -14,16 +14,17 @@ use pingora::services::listening::Service;
 use pingora::server::{ExecutionPhase, RunArgs};
 
 use crate::admin::Admin;
+use crate::admission::snapshot::Database;
+use crate::admission::{Core, Runtime};
 use crate::config::{Backend, Config};
 use crate::db::events::EventQueue;
-use crate::db::snapshot::Refresher;
 use crate::demo::DemoUpstream;
 use crate::lifecycle::{self, Lifecycle};
 use crate::metrics::Metrics;
 use crate::proxy::listener::Edge;
 use crate::proxy::Gateway;
-use crate::state::{Runtime, Shared};
 use crate::store::{LimitStore, MemoryStore, RedisStore, TieredStore};
+use crate::sync::{EventWriter, Refresher};
 
 /// Why the gateway cannot start.
 #[derive(Debug, thiserror::Error)]
@@ -39,7 +40,7 @@ pub enum StartError {
     Io(#[from] std::io::Error),
 }
 
-/// Extra pieces for `throttle demo` and `throttle run --upgrade`.
+/// Extra pieces for `throttle demo`, `throttle run --upgrade` and in-process tests.
 #[derive(Default)]
 pub struct Extras {
     /// Serve the demo echo upstream on this listener.
@@ -47,14 +48,18 @@ pub struct Extras {
     /// Take over the listening sockets of a running gateway (zero-downtime upgrade): the
     /// old process hands them over on SIGQUIT through `server.upgrade_sock`.
     pub upgrade: bool,
+    /// Decide on this store instead of the configured one (tests).
+    pub store: Option<Arc<dyn LimitStore>>,
 }
 
 /// A built server and the state it shares.
 pub struct Built {
     /// The Pingora server, ready to bootstrap and run.
     pub server: Server,
-    /// Gateway state.
-    pub shared: Arc<Shared>,
+    /// What the admission pipeline reads.
+    pub core: Arc<Core>,
+    /// The database link.
+    pub db: Arc<Database>,
     /// Open connections and shutdown work.
     pub lifecycle: Arc<Lifecycle>,
 }
@@ -102,9 +107,10 @@ pub fn build(mut config: Config, extras: Extras) -> Result<Built, StartError> {
     let metrics = Arc::new(Metrics::new()?);
     let instances = Arc::new(AtomicU32::new(config.store.instances.unwrap_or(1)));
     let mut redis = None;
-    let store: Arc<dyn LimitStore> = match config.store.backend {
-        Backend::Memory => memory.clone(),
-        Backend::Redis => {
+    let store: Arc<dyn LimitStore> = match (extras.store, config.store.backend) {
+        (Some(store), _) => store,
+        (None, Backend::Memory) => memory.clone(),
+        (None, Backend::Redis) => {
             let primary = Arc::new(
                 RedisStore::from_config(&config.store)
                     .map_err(|e| StartError::Unsupported(e.to_string()))?,
@@ -127,27 +133,27 @@ pub fn build(mut config: Config, extras: Extras) -> Result<Built, StartError> {
     });
     let listen = config.server.listen;
     let admin_listen = config.server.admin_listen;
-    let database_url = config.database_url.clone();
-    let mut shared = Shared::new(Runtime::from_config(config)?, store, metrics);
-    shared.upstream_override = demo_addr;
-    if database_url.is_some() {
-        let dropped = shared.metrics.events_dropped_total.clone();
-        shared.events = Some(Arc::new(EventQueue::new(EVENT_QUEUE, dropped)));
+    let db = Arc::new(Database::new(config.database_url.clone()));
+    let mut core = Core::new(Runtime::from_config(config)?, store, metrics);
+    core.upstream_override = demo_addr;
+    if db.configured() {
+        let dropped = core.metrics.events_dropped_total.clone();
+        core.events = Some(Arc::new(EventQueue::new(EVENT_QUEUE, dropped)));
     }
-    let shared = Arc::new(shared);
+    let core = Arc::new(core);
 
     let lifecycle = Arc::new(Lifecycle::default());
     tracing::debug!(max_connections, nofile, "connection cap");
-    let gateway = pingora::proxy::http_proxy(&server.configuration, Gateway::new(shared.clone()));
+    let gateway = pingora::proxy::http_proxy(&server.configuration, Gateway::new(core.clone()));
     let mut proxy = Service::new(
         "throttle proxy".to_string(),
-        Edge::new(gateway, shared.clone(), lifecycle.clone(), max_connections),
+        Edge::new(gateway, core.clone(), lifecycle.clone(), max_connections),
     );
     proxy.add_tcp(&listen.to_string());
     let token = std::env::var("THROTTLE_ADMIN_TOKEN").ok();
     let mut admin = Service::new(
         "throttle admin".to_string(),
-        Admin::new(shared.clone(), token),
+        Admin::new(core.clone(), db.clone(), token),
     );
     admin.add_tcp(&admin_listen.to_string());
     server.add_service(proxy);
@@ -159,25 +165,22 @@ pub fn build(mut config: Config, extras: Extras) -> Result<Built, StartError> {
     server.add_service(background_service(
         "reload on SIGHUP",
         Reloader {
-            shared: shared.clone(),
+            core: core.clone(),
+            db: db.clone(),
         },
     ));
     if let Some(h) = heartbeat {
         server.add_service(background_service("instance heartbeat", h));
     }
-    if let Some(url) = database_url {
+    if let Some(url) = db.url() {
         server.add_service(background_service(
             "database snapshot",
-            Refresher::new(shared.clone(), url.clone()),
+            Refresher::new(core.clone(), db.clone()),
         ));
-        if let Some(queue) = shared.events.clone() {
+        if let Some(queue) = core.events.clone() {
             server.add_service(background_service(
                 "violation log writer",
-                EventWriter {
-                    queue,
-                    url,
-                    lifecycle: lifecycle.clone(),
-                },
+                EventWriter::new(queue, url.to_string(), lifecycle.clone()),
             ));
         }
     }
@@ -189,7 +192,8 @@ pub fn build(mut config: Config, extras: Extras) -> Result<Built, StartError> {
     }
     Ok(Built {
         server,
-        shared,
+        core,
+        db,
         lifecycle,
     })
 }
@@ -278,45 +282,10 @@ fn server_conf(config: &Config) -> ServerConf {
 /// dropped and counted.
 const EVENT_QUEUE: usize = 100_000;
 
-/// Drains the violation log queue into PostgreSQL, reconnecting with backoff.
-struct EventWriter {
-    queue: Arc<EventQueue>,
-    url: String,
-    lifecycle: Arc<Lifecycle>,
-}
-
-#[async_trait]
-impl BackgroundService for EventWriter {
-    async fn start(&self, mut shutdown: ShutdownWatch) {
-        // The process does not exit early while the queue is being flushed.
-        let _finishing = self.lifecycle.finishing();
-        let mut backoff = Duration::from_millis(200);
-        loop {
-            match crate::db::connect(&self.url).await {
-                Ok(pool) => {
-                    let mut stop = shutdown.clone();
-                    self.queue
-                        .clone()
-                        .run_writer(pool, async move {
-                            let _ = stop.changed().await;
-                        })
-                        .await;
-                    return;
-                }
-                Err(e) => tracing::debug!(error = %e, "violation log writer cannot connect yet"),
-            }
-            tokio::select! {
-                _ = shutdown.changed() => return,
-                () = tokio::time::sleep(backoff) => {}
-            }
-            backoff = (backoff * 2).min(Duration::from_secs(5));
-        }
-    }
-}
-
 /// Reloads gateway.toml on SIGHUP (see `reload`).
 struct Reloader {
-    shared: Arc<Shared>,
+    core: Arc<Core>,
+    db: Arc<Database>,
 }
 
 #[async_trait]
@@ -333,7 +302,7 @@ impl BackgroundService for Reloader {
             tokio::select! {
                 _ = shutdown.changed() => return,
                 _ = hup.recv() => {
-                    if let Err(e) = crate::reload::reload(&self.shared).await {
+                    if let Err(e) = crate::reload::reload(&self.core, &self.db).await {
                         tracing::warn!("config reload rejected: {e}");
                     }
                 }

@@ -1,13 +1,13 @@
 //! PostgreSQL: tenants, hashed API keys, overrides, blocks and the violation log.
 //!
 //! Nothing on the request path waits on this module: keys, overrides and blocks are read
-//! into an in-memory snapshot (`snapshot`) refreshed in the background, and violation
-//! events go through a bounded queue to a batched writer (`events`).
+//! as plain `Records` into an in-memory snapshot (`admission::snapshot`) refreshed in the
+//! background (`sync`), and violation events go through a bounded queue to a batched
+//! writer (`events`). This module knows nothing above `config` and `limiter`.
 
 pub mod blocks;
 pub mod events;
 pub mod keys;
-pub mod snapshot;
 
 use std::time::Duration;
 
@@ -35,6 +35,29 @@ pub enum DbError {
     /// A request the data does not allow.
     #[error("{0}")]
     Invalid(String),
+}
+
+/// What the gateway's snapshot is built from, as the database holds it.
+#[derive(Debug, Default)]
+pub struct Records {
+    /// Tenant id -> tier name.
+    pub tenants: Vec<(String, String)>,
+    /// Live keys with their overrides.
+    pub keys: Vec<keys::ActiveKey>,
+    /// Blocks not yet expired.
+    pub blocks: Vec<blocks::BlockRow>,
+}
+
+/// Reads every record of the snapshot.
+///
+/// # Errors
+/// When the database fails.
+pub async fn records(pool: &PgPool) -> Result<Records, DbError> {
+    Ok(Records {
+        tenants: keys::tenants(pool).await?,
+        keys: keys::active(pool).await?,
+        blocks: blocks::active(pool).await?,
+    })
 }
 
 /// A small pool with short timeouts: the gateway never lets a slow database hold it up.

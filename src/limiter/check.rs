@@ -32,8 +32,9 @@ pub struct ScopeCheck<'a> {
 /// Everything a store needs to decide one request. Holds at most one entry per scope.
 #[derive(Debug, Clone, Default)]
 pub struct Check<'a> {
-    /// The scopes, in evaluation order (ip, key, tenant, global).
-    pub scopes: ArrayVec<ScopeCheck<'a>, 4>,
+    /// The scopes, in evaluation order (ip, key, tenant, global; or auth alone). Sized
+    /// from the type: one entry per scope at most.
+    pub scopes: ArrayVec<ScopeCheck<'a>, { Scope::COUNT }>,
     /// Units the request spends in every window (route `cost`); at least 1.
     pub cost: u32,
     /// Decide without charging anything (a look at the state).
@@ -88,12 +89,13 @@ impl<'a> Check<'a> {
         }
     }
 
-    /// Adds a scope; ignored when the scope has no windows or is already present.
+    /// Adds a scope; ignored when the scope has no windows or is already present (so
+    /// there is always room: at most one entry per scope).
     pub fn push(&mut self, scope: Scope, ident: Ident, limits: &'a ScopeLimits) {
         if limits.windows.is_empty() || self.scopes.iter().any(|s| s.scope == scope) {
             return;
         }
-        let _ = self.scopes.try_push(ScopeCheck {
+        self.scopes.push(ScopeCheck {
             scope,
             ident,
             limits,

@@ -45,8 +45,11 @@ pub struct Verdict {
     pub governing: Option<WindowDecision>,
     /// Bit `1 << scope as u8` for each scope that was checked.
     pub scopes_checked: u8,
-    /// True when decided by the local fallback instead of the shared store.
+    /// True when the shared store could not decide and each scope's `on_failure` did.
     pub fallback: bool,
+    /// With `fallback`: bit `1 << scope as u8` for each scope skipped (`on_failure =
+    /// "open"`); the other checked scopes were decided by the local fallback store.
+    pub failed_open: u8,
 }
 
 // === impl Verdict ===
@@ -58,6 +61,7 @@ impl Verdict {
         governing: None,
         scopes_checked: 0,
         fallback: false,
+        failed_open: 0,
     };
 
     /// Folds per-window decisions into the layered verdict (see `Verdict::governing`).
@@ -85,6 +89,7 @@ impl Verdict {
             governing: if allowed { pass } else { reject },
             scopes_checked,
             fallback: false,
+            failed_open: 0,
         }
     }
 

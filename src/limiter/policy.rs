@@ -92,6 +92,9 @@ pub struct ScopeLimits {
 // === impl Scope ===
 
 impl Scope {
+    /// How many scopes there are: a check holds at most one of each.
+    pub const COUNT: usize = Scope::ALL.len();
+
     /// Every scope: the four request scopes in evaluation order, then `Auth`.
     pub const ALL: [Scope; 5] = [
         Scope::Ip,
@@ -122,6 +125,9 @@ impl fmt::Display for Scope {
 // === impl Window ===
 
 impl Window {
+    /// How many windows there are: a scope has at most one of each.
+    pub const COUNT: usize = Window::ALL.len();
+
     /// Every window, shortest first.
     pub const ALL: [Window; 5] = [
         Window::Second,

@@ -34,13 +34,13 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::time::{Instant, Sleep};
 
 use super::Gateway;
+use crate::admission::Core;
 use crate::lifecycle::{ConnSlot, Lifecycle, Refused};
-use crate::state::Shared;
 
 /// The proxy listener's app: connection caps and deadlines around Pingora's HTTP proxy.
 pub struct Edge {
     proxy: Arc<HttpProxy<Gateway>>,
-    shared: Arc<Shared>,
+    core: Arc<Core>,
     lifecycle: Arc<Lifecycle>,
     max_connections: usize,
 }
@@ -52,13 +52,13 @@ impl Edge {
     /// per-address cap follow config reloads.
     pub fn new(
         proxy: HttpProxy<Gateway>,
-        shared: Arc<Shared>,
+        core: Arc<Core>,
         lifecycle: Arc<Lifecycle>,
         max_connections: usize,
     ) -> Self {
         Self {
             proxy: Arc::new(proxy),
-            shared,
+            core,
             lifecycle,
             max_connections,
         }
@@ -92,7 +92,7 @@ impl ServerApp for Edge {
         mut stream: Stream,
         shutdown: &ShutdownWatch,
     ) -> Option<Stream> {
-        let rt = self.shared.runtime();
+        let rt = self.core.runtime();
         let server = &rt.config.server;
         let peer = peer_ip(&stream);
         let slot =

@@ -1,41 +1,42 @@
-//! The Pingora `ProxyHttp` glue. Each phase calls one or two tested functions:
-//! `admit` decides, `respond` writes our own responses, `headers` formats rate headers.
+//! The Pingora `ProxyHttp` adapter over the admission pipeline. Each phase calls one or
+//! two tested functions: `target` turns the request line into the routed path and host,
+//! `admission::admit` decides, `reply` renders the gateway's own answers.
 
-pub mod admit;
-pub mod headers;
 pub mod listener;
 pub mod path;
-pub mod respond;
-pub mod router;
 pub mod target;
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use http::HeaderValue;
+use http::{HeaderValue, Uri};
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::HttpPeer;
 use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use pingora::{Error, ErrorSource, ErrorType};
 
-use self::admit::Admitted;
-use self::headers::RateHeaders;
-use self::respond::error_reply;
+use crate::admission::{self, Admission, AdmitRequest, Core};
+use crate::config::PathParameters;
+use crate::identity::api_key_from;
 use crate::metrics::status_label;
-use crate::state::Shared;
+use crate::reply::headers::RateHeaders;
+use crate::reply::{self, error_reply, Reply};
+use crate::store::Ending;
 
 /// The gateway: one per process, shared by every request.
 pub struct Gateway {
-    shared: Arc<Shared>,
+    core: Arc<Core>,
 }
 
 /// Per-request state carried between phases.
 #[derive(Default)]
 pub struct RequestCtx {
-    admitted: Option<Admitted>,
-    /// The limiter clock reading the rate headers are rendered against.
-    now_ms: u64,
+    admission: Option<Admission>,
+    /// The `Host` to forward, when it differs from the client's (see `target`).
+    host_header: Option<HeaderValue>,
+    /// The origin-form URI to forward, when it differs from the client's.
+    uri: Option<Uri>,
     /// Route label for metrics (`none` when no route matched).
     route: Option<Arc<str>>,
     connect_tries: usize,
@@ -45,9 +46,49 @@ pub struct RequestCtx {
 // === impl Gateway ===
 
 impl Gateway {
-    /// A gateway over `shared`.
-    pub fn new(shared: Arc<Shared>) -> Self {
-        Self { shared }
+    /// A gateway over `core`.
+    pub fn new(core: Arc<Core>) -> Self {
+        Self { core }
+    }
+
+    /// Runs the pipeline for a proxied request.
+    async fn admit(
+        &self,
+        req: &RequestHeader,
+        peer: IpAddr,
+        ctx: &mut RequestCtx,
+    ) -> Result<Admission, admission::Refusal> {
+        let rt = self.core.runtime();
+        let xff = req
+            .headers
+            .get_all("x-forwarded-for")
+            .iter()
+            .map(|v| v.as_bytes());
+        let client_ip = rt.resolver.resolve(peer, xff);
+        let allow_params = rt.config.server.path_parameters == PathParameters::Allow;
+        drop(rt);
+        let t = match target::target(req, allow_params) {
+            Ok(t) => t,
+            // An IP block still answers 403 before a malformed target's 400.
+            Err(rejection) => {
+                return Err(admission::ip_blocked(&self.core, client_ip)
+                    .unwrap_or_else(|| rejection.into()))
+            }
+        };
+        let request = AdmitRequest {
+            client_ip,
+            target: admission::Target::Match {
+                host: t.host.as_deref(),
+                path: &t.path.route,
+            },
+            key: api_key_from(&req.headers),
+            cost: None,
+            also_charge: None,
+        };
+        let a = admission::admit(&self.core, &request).await?;
+        ctx.host_header = t.host_header;
+        ctx.uri = t.uri;
+        Ok(a)
     }
 }
 
@@ -64,18 +105,17 @@ impl ProxyHttp for Gateway {
         session: &mut Session,
         ctx: &mut RequestCtx,
     ) -> pingora::Result<bool> {
-        let rt = self.shared.runtime();
         let peer = peer_ip(session);
-        ctx.now_ms = self.shared.clock.now_ms();
-        match admit::admit(&self.shared, &rt, session.req_header(), peer, ctx.now_ms).await {
+        match self.admit(session.req_header(), peer, ctx).await {
             Ok(a) => {
-                ctx.route = Some(a.route.route.name.clone());
-                ctx.admitted = Some(a);
+                ctx.route = a.route_name().cloned();
+                ctx.admission = Some(a);
                 Ok(false)
             }
             Err(refusal) => {
                 ctx.route = refusal.route;
-                respond::write(session, &refusal.rejection.render(ctx.now_ms)).await?;
+                let now_ms = self.core.clock.now_ms();
+                write(session, &reply::render(&refusal.rejection, now_ms)).await?;
                 Ok(true)
             }
         }
@@ -86,14 +126,13 @@ impl ProxyHttp for Gateway {
         _session: &mut Session,
         ctx: &mut RequestCtx,
     ) -> pingora::Result<Box<HttpPeer>> {
-        let Some(a) = &ctx.admitted else {
+        let Some(route) = ctx.admission.as_ref().and_then(|a| a.route.as_ref()) else {
             return Err(Error::explain(
                 ErrorType::InternalError,
                 "no admitted route",
             ));
         };
-        let Some(addr) = a
-            .route
+        let Some(addr) = route
             .upstreams
             .select(b"", 256)
             .and_then(|b| b.addr.as_inet().copied())
@@ -103,11 +142,12 @@ impl ProxyHttp for Gateway {
                 "no upstream available",
             ));
         };
+        let r = &route.route;
         let mut peer = HttpPeer::new(addr, false, String::new());
-        peer.options.connection_timeout = Some(a.route.route.connect_timeout);
-        peer.options.total_connection_timeout = Some(a.route.route.connect_timeout);
-        peer.options.read_timeout = Some(a.route.route.read_timeout);
-        peer.options.write_timeout = Some(a.route.route.read_timeout);
+        peer.options.connection_timeout = Some(r.connect_timeout);
+        peer.options.total_connection_timeout = Some(r.connect_timeout);
+        peer.options.read_timeout = Some(r.read_timeout);
+        peer.options.write_timeout = Some(r.read_timeout);
         peer.options.idle_timeout = Some(std::time::Duration::from_secs(60));
         ctx.upstream_started
             .get_or_insert_with(tokio::time::Instant::now);
@@ -123,9 +163,10 @@ impl ProxyHttp for Gateway {
     ) -> Box<Error> {
         // Try each upstream of the route once before giving up.
         let upstreams = ctx
-            .admitted
+            .admission
             .as_ref()
-            .map_or(1, |a| a.route.route.upstreams.len());
+            .and_then(|a| a.route.as_ref())
+            .map_or(1, |r| r.route.upstreams.len());
         ctx.connect_tries += 1;
         if ctx.connect_tries < upstreams {
             e.set_retry(true);
@@ -139,17 +180,17 @@ impl ProxyHttp for Gateway {
         upstream: &mut RequestHeader,
         ctx: &mut RequestCtx,
     ) -> pingora::Result<()> {
-        let Some(a) = &ctx.admitted else {
+        let Some(a) = &ctx.admission else {
             return Ok(());
         };
         let peer = peer_ip(session);
-        let rt = self.shared.runtime();
+        let rt = &a.runtime; // the config the request was admitted on
         let trusted = rt.resolver.is_trusted(peer);
         scrub_headers(upstream, trusted, rt.config.server.underscores_in_headers);
-        if let Some(uri) = &a.uri {
+        if let Some(uri) = &ctx.uri {
             upstream.set_uri(uri.clone());
         }
-        if let Some(host) = &a.host_header {
+        if let Some(host) = &ctx.host_header {
             upstream.insert_header(http::header::HOST, host.clone())?;
         }
         let xff = forwarded_for(session.req_header(), peer, trusted);
@@ -170,11 +211,11 @@ impl ProxyHttp for Gateway {
         resp: &mut ResponseHeader,
         ctx: &mut RequestCtx,
     ) -> pingora::Result<()> {
-        let Some(a) = &ctx.admitted else {
+        let Some(a) = &ctx.admission else {
             return Ok(());
         };
         if let Some(wd) = &a.rate {
-            let mut h = RateHeaders::new(wd, ctx.now_ms, a.shadow_rejected);
+            let mut h = RateHeaders::new(wd, a.now_ms, a.shadow_rejected);
             h.retry_after = None; // a forwarded response was not rejected
             for (name, value) in h.pairs() {
                 resp.insert_header(name, value)?;
@@ -204,7 +245,7 @@ impl ProxyHttp for Gateway {
             _ => (502, "bad_gateway"),
         };
         if code > 0 && session.response_written().is_none() {
-            if let Err(err) = respond::write(session, &error_reply(code, body)).await {
+            if let Err(err) = write(session, &error_reply(code, body)).await {
                 tracing::debug!(error = %err, "cannot write error response");
             }
         }
@@ -214,22 +255,55 @@ impl ProxyHttp for Gateway {
         }
     }
 
-    async fn logging(&self, session: &mut Session, _e: Option<&Error>, ctx: &mut RequestCtx) {
+    async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut RequestCtx) {
         let status = session.response_written().map_or(0, |r| r.status.as_u16());
+        if let Some(a) = ctx.admission.take() {
+            a.finish(ending(e, status));
+        }
         let route = ctx.route.as_deref().unwrap_or("none");
-        self.shared
+        self.core
             .metrics
             .requests_total
             .with_label_values(&[route, status_label(status)])
             .inc();
         if let Some(started) = ctx.upstream_started {
-            self.shared
+            self.core
                 .metrics
                 .upstream_seconds
                 .with_label_values(&[route])
                 .observe(started.elapsed().as_secs_f64());
         }
     }
+}
+
+/// How a request that reached `logging` ended.
+fn ending(e: Option<&Error>, status: u16) -> Ending {
+    match e {
+        None => Ending::Completed { status },
+        Some(e) if e.esource() == &ErrorSource::Downstream => Ending::ClientGone,
+        Some(_) if status == 0 => Ending::ClientGone,
+        Some(_) => Ending::UpstreamFailed,
+    }
+}
+
+/// Writes `reply` to the client, keeping the connection reusable (never
+/// `respond_error`, which closes it), so keep-alive survives a 429 storm.
+///
+/// # Errors
+/// When the client connection fails.
+pub async fn write(session: &mut Session, reply: &Reply) -> pingora::Result<()> {
+    let mut resp = ResponseHeader::build(reply.status, Some(4 + reply.headers.len()))?;
+    resp.insert_header("content-type", "application/json")?;
+    resp.insert_header("content-length", reply.body.len())?;
+    resp.insert_header("cache-control", "no-store")?;
+    for (name, value) in &reply.headers {
+        resp.insert_header(*name, value.clone())?;
+    }
+    session.write_response_header(Box::new(resp), false).await?;
+    session
+        .write_response_body(Some(reply.body.clone()), true)
+        .await?;
+    Ok(())
 }
 
 fn peer_ip(session: &Session) -> IpAddr {

@@ -301,8 +301,8 @@ fn encoded(c: u8) -> [u8; 3] {
 
 #[cfg(test)]
 mod tests {
-    use super::super::router::prefix_matches;
     use super::*;
+    use crate::routing::prefix_matches;
     use proptest::prelude::*;
 
     type Want = Result<(&'static str, &'static str), PathError>;

@@ -16,7 +16,7 @@ use pingora::http::RequestHeader;
 use pingora::protocols::http::authority::{raw_target_authority, RawTargetAuthority};
 
 use super::path::{self, Normalized};
-use super::respond::Rejection;
+use crate::admission::Rejection;
 
 /// Longest accepted host (RFC 1035 names are at most 253 characters).
 const MAX_HOST: usize = 253;

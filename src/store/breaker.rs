@@ -23,9 +23,17 @@ pub enum BreakerState {
 
 #[derive(Debug)]
 enum Inner {
-    Closed { failures: u32 },
-    Open { until: Instant },
-    HalfOpen,
+    Closed {
+        failures: u32,
+    },
+    Open {
+        until: Instant,
+    },
+    /// A probe left at `since`; if it never reports (its future was dropped), another
+    /// probe may go after a cooldown, so the breaker cannot stay half-open for good.
+    HalfOpen {
+        since: Instant,
+    },
 }
 
 /// See the module docs.
@@ -54,10 +62,18 @@ impl CircuitBreaker {
         match *inner {
             Inner::Closed { .. } => true,
             Inner::Open { until } if Instant::now() >= until => {
-                *inner = Inner::HalfOpen;
+                *inner = Inner::HalfOpen {
+                    since: Instant::now(),
+                };
                 true
             }
-            Inner::Open { .. } | Inner::HalfOpen => false,
+            Inner::HalfOpen { since } if Instant::now() >= since + self.cooldown => {
+                *inner = Inner::HalfOpen {
+                    since: Instant::now(),
+                };
+                true
+            }
+            Inner::Open { .. } | Inner::HalfOpen { .. } => false,
         }
     }
 
@@ -86,7 +102,7 @@ impl CircuitBreaker {
             Inner::Closed { failures } => Inner::Closed {
                 failures: failures + 1,
             },
-            Inner::HalfOpen | Inner::Open { .. } => open,
+            Inner::HalfOpen { .. } | Inner::Open { .. } => open,
         };
     }
 
@@ -95,7 +111,7 @@ impl CircuitBreaker {
         match *self.inner.lock().unwrap_or_else(PoisonError::into_inner) {
             Inner::Closed { .. } => BreakerState::Closed,
             Inner::Open { .. } => BreakerState::Open,
-            Inner::HalfOpen => BreakerState::HalfOpen,
+            Inner::HalfOpen { .. } => BreakerState::HalfOpen,
         }
     }
 }
@@ -131,5 +147,23 @@ mod tests {
         b.success();
         assert_eq!(b.state(), BreakerState::Closed);
         assert!(b.allow());
+    }
+
+    /// A probe that never reports (its future was dropped mid-call) does not leave the
+    /// breaker half-open for good: another probe goes after a cooldown.
+    #[tokio::test(start_paused = true)]
+    async fn a_lost_probe_is_replaced() {
+        let b = CircuitBreaker::new(1, Duration::from_millis(500));
+        b.failure();
+        tokio::time::advance(Duration::from_millis(500)).await;
+        assert!(b.allow(), "the probe");
+        // ... whose future is dropped: neither success nor failure is reported.
+        assert!(!b.allow());
+        tokio::time::advance(Duration::from_millis(499)).await;
+        assert!(!b.allow(), "still waiting on the first probe");
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert!(b.allow(), "a second probe after the cooldown");
+        b.success();
+        assert_eq!(b.state(), BreakerState::Closed);
     }
 }

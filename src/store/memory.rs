@@ -32,7 +32,7 @@ const SHARDS: usize = 64;
 /// A shard below this size is never swept inline.
 const INLINE_SWEEP_MIN: usize = 4_096;
 /// Upper bound of windows in one check: 4 scopes x 5 windows.
-const MAX_WINDOWS: usize = 20;
+const MAX_WINDOWS: usize = Scope::COUNT * Window::COUNT;
 
 /// The embedded limit store.
 pub struct MemoryStore<C: Clock = SystemClock> {
@@ -107,14 +107,15 @@ impl<C: Clock> MemoryStore<C> {
         if check.is_empty() {
             return Verdict::UNLIMITED;
         }
-        let mut shard_of = [0usize; 4];
+        let mut shard_of = [0usize; Scope::COUNT];
         for (i, s) in check.scopes.iter().enumerate() {
             shard_of[i] = self.hasher.hash_one((s.scope, &s.ident)) as usize % SHARDS;
         }
-        let mut order: ArrayVec<usize, 4> =
+        let mut order: ArrayVec<usize, { Scope::COUNT }> =
             shard_of[..check.scopes.len()].iter().copied().collect();
         order.sort_unstable();
-        let mut guards: ArrayVec<(usize, MutexGuard<'_, Shard>), 4> = ArrayVec::new();
+        let mut guards: ArrayVec<(usize, MutexGuard<'_, Shard>), { Scope::COUNT }> =
+            ArrayVec::new();
         for idx in order {
             if guards.last().is_none_or(|(last, _)| *last != idx) {
                 let g = self.shards[idx]
@@ -198,7 +199,7 @@ impl<C: Clock> MemoryStore<C> {
 }
 
 fn shard_mut<'g, 'a>(
-    guards: &'g mut ArrayVec<(usize, MutexGuard<'a, Shard>), 4>,
+    guards: &'g mut ArrayVec<(usize, MutexGuard<'a, Shard>), { Scope::COUNT }>,
     idx: usize,
 ) -> &'g mut Shard {
     // Every index in `shard_of` was locked above, so the search always succeeds; the
@@ -257,12 +258,12 @@ impl Shard {
                     )
                 }
             };
-            let _ = out.try_push(WindowDecision {
+            out.push(WindowDecision {
                 scope: s.scope,
                 window: limit.window,
                 decision,
             });
-            let _ = nexts.try_push(next);
+            nexts.push(next);
         }
     }
 
@@ -328,7 +329,7 @@ impl Shard {
         s: &ScopeCheck<'_>,
         now_ms: u64,
         cost: u32,
-    ) -> ArrayVec<WindowDecision, 5> {
+    ) -> ArrayVec<WindowDecision, { Window::COUNT }> {
         self.with_slot(s, now_ms, |slot| {
             let mut out = ArrayVec::new();
             for limit in &s.limits.windows {
@@ -337,7 +338,7 @@ impl Shard {
                 slot.idle_at = slot
                     .idle_at
                     .max(now_ms.saturating_add(decision.reset_after_ms));
-                let _ = out.try_push(WindowDecision {
+                out.push(WindowDecision {
                     scope: s.scope,
                     window: limit.window,
                     decision,

@@ -1,7 +1,7 @@
 //! Where limiter state lives.
 //!
-//! One trait, `LimitStore`, with the embedded `MemoryStore` today and Redis behind the
-//! same interface later. A store owns atomicity: the layered check of one request is
+//! One trait, `LimitStore`: the embedded `MemoryStore`, `RedisStore`, and `TieredStore`
+//! (Redis with its failure policy). A store owns atomicity: the layered check of one request is
 //! all-or-nothing even when many threads (or gateways) check the same identities at once.
 //! "Over limit" is a `Verdict`, never an error: `StoreError` means the store failed.
 
@@ -32,6 +32,31 @@ pub enum StoreError {
     CircuitOpen,
 }
 
+/// What an admitted request holds in the store until it ends: today the cost it
+/// reserved; concurrency slots and costs to settle will live here.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Held {
+    /// Units the request spent in every window it was charged.
+    pub cost: u32,
+}
+
+/// How an admitted request ended (see `admission::Admission::finish`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ending {
+    /// A response was sent to the client (the upstream's, or an answer of the gateway).
+    Completed {
+        /// The status sent.
+        status: u16,
+    },
+    /// The upstream failed (connect, timeout, broken response); the gateway answered 5xx.
+    UpstreamFailed,
+    /// The client went away before the response was complete.
+    ClientGone,
+    /// The request state was dropped without an ending (a bug, or a task cancelled);
+    /// what it held is given back all the same.
+    Dropped,
+}
+
 /// A shared home for limiter state.
 #[async_trait]
 pub trait LimitStore: Send + Sync + 'static {
@@ -53,5 +78,11 @@ pub trait LimitStore: Send + Sync + 'static {
     /// The fleet size the local fallback divides limits by. Default: none (no fallback).
     fn instances(&self) -> Option<u32> {
         None
+    }
+
+    /// Called exactly once for every admitted request when it ends, with what it holds.
+    /// Must not block: work that needs a round trip is spawned. Default: nothing to do.
+    fn finish(&self, held: Held, ending: Ending) {
+        let _ = (held, ending);
     }
 }

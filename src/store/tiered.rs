@@ -8,6 +8,10 @@
 //!   admits about the limit in total, not N times it (Kong Enterprise's fallback counts
 //!   the full limit per node).
 //!
+//! This store decides; it does not count decisions (the admission pipeline counts each
+//! scope once from the verdict). It counts `throttle_store_errors_total` once per call
+//! that reached the store and failed; calls an open breaker skips are not errors.
+//!
 //! The local state is separate and never written back: when Redis answers again,
 //! decisions are shared again from the next request on (the breaker probes every
 //! `PROBE_EVERY`), and Redis never sees what was counted locally.
@@ -21,8 +25,8 @@ use async_trait::async_trait;
 
 use super::breaker::{BreakerState, CircuitBreaker};
 use super::{LimitStore, MemoryStore, StoreError};
-use crate::limiter::{Check, OnFailure, ScopeLimits, Verdict, WindowLimit};
-use crate::metrics::{Metrics, Outcome};
+use crate::limiter::{Check, OnFailure, Scope, ScopeLimits, Verdict, WindowLimit};
+use crate::metrics::Metrics;
 
 /// Consecutive failures that open the breaker.
 pub const FAILURES_TO_OPEN: u32 = 3;
@@ -80,7 +84,7 @@ impl TieredStore {
             return Err(error.unwrap_or(StoreError::CircuitOpen));
         }
         let n = self.instances.load(Ordering::Relaxed).max(1);
-        let divided: ArrayVec<(usize, ScopeLimits), 4> = check
+        let divided: ArrayVec<(usize, ScopeLimits), { Scope::COUNT }> = check
             .scopes
             .iter()
             .enumerate()
@@ -93,16 +97,15 @@ impl TieredStore {
             let s = &check.scopes[*i];
             local.push(s.scope, s.ident.clone(), limits);
         }
-        for s in &check.scopes {
-            let outcome = if s.limits.on_failure == OnFailure::Local {
-                Outcome::LocalFallback
-            } else {
-                Outcome::FailedOpen
-            };
-            self.metrics.decision(s.scope, outcome);
-        }
+        let failed_open = check
+            .scopes
+            .iter()
+            .filter(|s| s.limits.on_failure == OnFailure::Open)
+            .fold(0u8, |bits, s| bits | 1 << s.scope as u8);
         let mut verdict = self.fallback.decide(&local);
         verdict.fallback = true;
+        verdict.failed_open = failed_open;
+        verdict.scopes_checked |= failed_open;
         Ok(verdict)
     }
 }
@@ -162,6 +165,10 @@ impl LimitStore for TieredStore {
 
     fn instances(&self) -> Option<u32> {
         Some(self.instances.load(Ordering::Relaxed).max(1))
+    }
+
+    fn finish(&self, held: super::Held, ending: super::Ending) {
+        self.primary.finish(held, ending);
     }
 }
 

@@ -1,41 +1,16 @@
-//! Every response the gateway writes itself: one `Rejection` type, one renderer, one
-//! writer. Responses are written as explicit header + body (never `respond_error`, which
-//! closes the connection), so keep-alive survives a 429 storm.
+//! Every answer the gateway writes itself, as HTTP: one renderer of a `Rejection`, the
+//! JSON bodies of the contract and the rate-limit headers (`headers`). Used by the proxy
+//! and the admin listener alike; writing it to a connection is the transport's business.
+
+pub mod headers;
 
 use bytes::Bytes;
 use http::HeaderValue;
-use pingora::http::ResponseHeader;
-use pingora::proxy::Session;
 use serde::Serialize;
 
-use super::headers::{retry_after_secs, RateHeaders};
-use crate::limiter::{Scope, WindowDecision};
-
-/// Why the gateway answered instead of the upstream.
-#[derive(Debug, Clone)]
-pub enum Rejection {
-    /// 429: a limit was hit.
-    RateLimited {
-        /// The rejecting window.
-        governing: WindowDecision,
-        /// The scope's message template.
-        message: Option<String>,
-    },
-    /// 403: a block matched.
-    Blocked(&'static str),
-    /// 401: a key is required and none was sent.
-    MissingKey,
-    /// 401: the key is unknown or malformed.
-    InvalidKey,
-    /// 404: no route matched (after the ip and global limits passed).
-    NoRoute(Option<WindowDecision>),
-    /// 400: an ambiguous path (dot segments, encoded separators, ...; see `path`).
-    InvalidPath,
-    /// 400: no, several or a malformed `Host` (see `target`).
-    InvalidHost,
-    /// 503: a fail-closed scope could not reach its store.
-    Unavailable,
-}
+use self::headers::{retry_after_secs, RateHeaders};
+use crate::admission::Rejection;
+use crate::limiter::WindowDecision;
 
 /// A rendered response.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,41 +37,37 @@ struct RateLimitedBody<'a> {
 const DEFAULT_MESSAGE: &str =
     "Rate limit exceeded: {limit} requests per {window} for this {scope}. Retry in {retry_after}s.";
 
-// === impl Rejection ===
-
-impl Rejection {
-    /// Renders the response at `now_ms`.
-    pub fn render(&self, now_ms: u64) -> Reply {
-        match self {
-            Rejection::RateLimited { governing, message } => {
-                rate_limited(governing, message.as_deref(), now_ms)
-            }
-            Rejection::Blocked(scope) => json(
-                403,
-                format!(r#"{{"error":"blocked","scope":"{scope}"}}"#),
-                Vec::new(),
-            ),
-            Rejection::MissingKey => json(401, r#"{"error":"missing_api_key"}"#.into(), Vec::new()),
-            Rejection::InvalidKey => json(401, r#"{"error":"invalid_api_key"}"#.into(), Vec::new()),
-            Rejection::NoRoute(rate) => {
-                let headers = rate
-                    .map(|wd| RateHeaders::new(&wd, now_ms, false).pairs().collect())
-                    .unwrap_or_default();
-                json(404, r#"{"error":"no_route"}"#.into(), headers)
-            }
-            Rejection::InvalidPath => json(400, r#"{"error":"invalid_path"}"#.into(), Vec::new()),
-            Rejection::InvalidHost => json(400, r#"{"error":"invalid_host"}"#.into(), Vec::new()),
-            Rejection::Unavailable => json(
-                503,
-                r#"{"error":"rate_limiter_unavailable"}"#.into(),
-                vec![("retry-after", HeaderValue::from_static("1"))],
-            ),
+/// Renders the answer to `rejection` at `now_ms`.
+pub fn render(rejection: &Rejection, now_ms: u64) -> Reply {
+    match rejection {
+        Rejection::RateLimited { governing, message } => {
+            rate_limited(governing, message.as_deref(), now_ms)
         }
-    }
-
-    /// The `scope` a 403 names, from a block scope.
-    pub fn blocked(scope: Scope) -> Self {
-        Rejection::Blocked(scope.as_str())
+        Rejection::Blocked(scope) => json(
+            403,
+            format!(r#"{{"error":"blocked","scope":"{}"}}"#, scope.as_str()),
+            Vec::new(),
+        ),
+        Rejection::MissingKey => json(401, r#"{"error":"missing_api_key"}"#.into(), Vec::new()),
+        Rejection::InvalidKey => json(401, r#"{"error":"invalid_api_key"}"#.into(), Vec::new()),
+        Rejection::NoRoute(rate) => {
+            let headers = rate
+                .map(|wd| RateHeaders::new(&wd, now_ms, false).pairs().collect())
+                .unwrap_or_default();
+            json(404, r#"{"error":"no_route"}"#.into(), headers)
+        }
+        Rejection::UnknownRoute(name) => json(
+            404,
+            serde_json::json!({"error": "no_route", "route": name}).to_string(),
+            Vec::new(),
+        ),
+        Rejection::InvalidPath => json(400, r#"{"error":"invalid_path"}"#.into(), Vec::new()),
+        Rejection::InvalidHost => json(400, r#"{"error":"invalid_host"}"#.into(), Vec::new()),
+        Rejection::Unavailable => json(
+            503,
+            r#"{"error":"rate_limiter_unavailable"}"#.into(),
+            vec![("retry-after", HeaderValue::from_static("1"))],
+        ),
     }
 }
 
@@ -146,29 +117,10 @@ pub fn error_reply(status: u16, code: &str) -> Reply {
     json(status, format!(r#"{{"error":"{code}"}}"#), Vec::new())
 }
 
-/// Writes `reply` to the client, keeping the connection reusable.
-///
-/// # Errors
-/// When the client connection fails.
-pub async fn write(session: &mut Session, reply: &Reply) -> pingora::Result<()> {
-    let mut resp = ResponseHeader::build(reply.status, Some(4 + reply.headers.len()))?;
-    resp.insert_header("content-type", "application/json")?;
-    resp.insert_header("content-length", reply.body.len())?;
-    resp.insert_header("cache-control", "no-store")?;
-    for (name, value) in &reply.headers {
-        resp.insert_header(*name, value.clone())?;
-    }
-    session.write_response_header(Box::new(resp), false).await?;
-    session
-        .write_response_body(Some(reply.body.clone()), true)
-        .await?;
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limiter::{Decision, Window};
+    use crate::limiter::{Decision, Scope, Window};
 
     /// The 429 body has the contract's fields and the rendered message.
     #[test]
@@ -185,13 +137,16 @@ mod tests {
                 retry_after_ms: 200,
             },
         };
-        let r = Rejection::RateLimited {
-            governing,
-            message: Some(
-                "Your plan allows {limit} requests per {window}. Retry in {retry_after}s.".into(),
-            ),
-        }
-        .render(1_764_000_000_000);
+        let r = render(
+            &Rejection::RateLimited {
+                governing,
+                message: Some(
+                    "Your plan allows {limit} requests per {window}. Retry in {retry_after}s."
+                        .into(),
+                ),
+            },
+            1_764_000_000_000,
+        );
         assert_eq!(r.status, 429);
         let body: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
         assert_eq!(
@@ -222,7 +177,7 @@ mod tests {
     fn renders_error_bodies() {
         let cases = [
             (
-                Rejection::blocked(Scope::Ip),
+                Rejection::Blocked(Scope::Ip),
                 403,
                 r#"{"error":"blocked","scope":"ip"}"#,
             ),
@@ -236,9 +191,12 @@ mod tests {
             ),
         ];
         for (rej, status, body) in cases {
-            let r = rej.render(0);
+            let r = render(&rej, 0);
             assert_eq!((r.status, &r.body[..]), (status, body.as_bytes()));
         }
-        assert_eq!(Rejection::Unavailable.render(0).headers[0].0, "retry-after");
+        assert_eq!(
+            render(&Rejection::Unavailable, 0).headers[0].0,
+            "retry-after"
+        );
     }
 }

@@ -1,17 +1,18 @@
-//! Gateway state: what every request reads.
+//! What the admission pipeline reads.
 //!
-//! `Runtime` is everything derived from one `gateway.toml` (routes, resolver, keys, blocks,
-//! limits); it is immutable and swapped whole (`ArcSwap`), so a request sees one
-//! consistent config from its first phase to its last. `Shared` is what outlives config
-//! changes: the store, the metrics, the clock.
+//! `Runtime` is everything derived from one `gateway.toml` (routes, resolver, keys,
+//! blocks, limits); it is immutable and swapped whole (`ArcSwap`), and every admitted
+//! request keeps the `Arc` it started with, so one request never mixes two configs.
+//! `Dynamic` is what changes without a deploy (database keys and blocks, or blocks posted
+//! to the admin API), swapped whole too. `Core` is what outlives both: the store, the
+//! metrics, the clock, the failed-lookup memory and the violation log queue.
 
 use std::collections::HashMap;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use arc_swap::{ArcSwap, ArcSwapOption};
-use sqlx::postgres::PgPool;
+use arc_swap::ArcSwap;
 
 use crate::blocklist::BlockList;
 use crate::client_ip::ClientIpResolver;
@@ -21,7 +22,7 @@ use crate::db::blocks::BlockRow;
 use crate::db::events::EventQueue;
 use crate::identity::KeyTable;
 use crate::metrics::Metrics;
-use crate::proxy::router::Router;
+use crate::routing::Router;
 use crate::store::LimitStore;
 
 /// One config's worth of request-path state.
@@ -32,9 +33,9 @@ pub struct Runtime {
     pub resolver: ClientIpResolver,
     /// Route matching and upstream selection.
     pub router: Router,
-    /// Known API keys.
+    /// The keys of `[[keys]]`.
     pub keys: KeyTable,
-    /// Active blocks.
+    /// The blocks of `[[blocks]]`.
     pub blocks: BlockList,
 }
 
@@ -42,7 +43,7 @@ pub struct Runtime {
 /// blocks posted to the admin API). Immutable, swapped whole.
 #[derive(Default)]
 pub struct Dynamic {
-    /// Keys from the database.
+    /// Keys from the database (with their policies and overrides applied).
     pub keys: KeyTable,
     /// Blocks from the database or the admin API.
     pub blocks: BlockList,
@@ -50,23 +51,17 @@ pub struct Dynamic {
     pub block_rows: Vec<BlockRow>,
 }
 
-/// State shared by the proxy, the admin listener and background tasks.
-pub struct Shared {
+/// State the pipeline shares across requests, config reloads and snapshots.
+pub struct Core {
     runtime: ArcSwap<Runtime>,
     dynamic: ArcSwap<Dynamic>,
-    db_pool: ArcSwapOption<PgPool>,
-    db_healthy: AtomicBool,
-    memory_blocks: Mutex<(i64, Vec<BlockRow>)>,
-    suspects: Mutex<HashMap<IpAddr, u64>>,
-    /// Whether `suspects` may hold anything: lets the common case skip the lock.
-    any_suspects: AtomicBool,
+    suspects: Suspects,
     /// The violation log queue, when a database is configured.
     pub events: Option<Arc<EventQueue>>,
     /// Every route's upstream, whatever the config file says (`throttle demo`'s
     /// in-process upstream, kept across reloads).
-    pub upstream_override: Option<std::net::SocketAddr>,
-    /// `throttle_store_call_seconds{store=<this store>}`, resolved once (no per-request
-    /// label lookup).
+    pub upstream_override: Option<SocketAddr>,
+    /// `throttle_store_call_seconds{store=<this store>}`, resolved once.
     pub store_call: prometheus::Histogram,
     /// The limit store.
     pub store: Arc<dyn LimitStore>,
@@ -75,6 +70,18 @@ pub struct Shared {
     /// Limiter time.
     pub clock: Arc<dyn Clock>,
 }
+
+/// Addresses that recently presented a bad key, so only they pay the extra
+/// `[limits.auth]` look before a key is checked. Bounded.
+#[derive(Default)]
+struct Suspects {
+    map: Mutex<HashMap<IpAddr, u64>>,
+    /// Whether `map` may hold anything: lets the common case skip the lock.
+    any: AtomicBool,
+}
+
+/// Most addresses remembered as suspects; expired ones are pruned first.
+const MAX_SUSPECTS: usize = 100_000;
 
 // === impl Runtime ===
 
@@ -94,15 +101,29 @@ impl Runtime {
     }
 }
 
-// === impl Shared ===
+// === impl Dynamic ===
 
-impl Shared {
-    /// Shared state over `runtime` and `store`, on the system clock (no database).
+impl Dynamic {
+    /// A snapshot of `keys` and the blocks of `rows` (rows that do not parse are skipped).
+    pub fn new(keys: KeyTable, rows: Vec<BlockRow>) -> Self {
+        let entries = rows.iter().filter_map(block_entry);
+        Self {
+            keys,
+            blocks: BlockList::new(entries),
+            block_rows: rows,
+        }
+    }
+}
+
+// === impl Core ===
+
+impl Core {
+    /// State over `runtime` and `store`, on the system clock.
     pub fn new(runtime: Runtime, store: Arc<dyn LimitStore>, metrics: Arc<Metrics>) -> Self {
         Self::with_clock(runtime, store, metrics, Arc::new(SystemClock))
     }
 
-    /// Shared state with an explicit clock.
+    /// State with an explicit clock.
     pub fn with_clock(
         runtime: Runtime,
         store: Arc<dyn LimitStore>,
@@ -112,11 +133,7 @@ impl Shared {
         Self {
             runtime: ArcSwap::from_pointee(runtime),
             dynamic: ArcSwap::from_pointee(Dynamic::default()),
-            db_pool: ArcSwapOption::empty(),
-            db_healthy: AtomicBool::new(false),
-            memory_blocks: Mutex::new((1, Vec::new())),
-            suspects: Mutex::new(HashMap::new()),
-            any_suspects: AtomicBool::new(false),
+            suspects: Suspects::default(),
             events: None,
             upstream_override: None,
             store_call: metrics
@@ -138,96 +155,37 @@ impl Shared {
         self.runtime.store(Arc::new(runtime));
     }
 
-    /// The current database snapshot.
+    /// The current snapshot of database keys and blocks.
     pub fn dynamic(&self) -> Arc<Dynamic> {
         self.dynamic.load_full()
     }
 
-    /// Publishes a new database snapshot.
+    /// Publishes a new snapshot.
     pub fn swap_dynamic(&self, d: Dynamic) {
         self.dynamic.store(Arc::new(d));
     }
 
-    /// Records database health; true when it changed (log once per transition).
-    pub fn set_db_healthy(&self, healthy: bool) -> bool {
-        self.db_healthy.swap(healthy, Ordering::Relaxed) != healthy
-    }
-
-    /// Whether the database answered its last use.
-    pub fn db_healthy(&self) -> bool {
-        self.db_healthy.load(Ordering::Relaxed)
-    }
-
-    /// The database pool once connected.
-    pub fn db_pool(&self) -> Option<Arc<PgPool>> {
-        self.db_pool.load_full()
-    }
-
-    /// Publishes the connected pool.
-    pub fn set_db_pool(&self, pool: PgPool) {
-        self.db_pool.store(Some(Arc::new(pool)));
-    }
-
-    /// Adds an in-memory block (no database configured) and publishes it.
-    pub fn add_memory_block(&self, mut row: BlockRow) -> BlockRow {
-        let mut m = self
-            .memory_blocks
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        row.id = m.0;
-        m.0 += 1;
-        m.1.retain(|b| !(b.scope == row.scope && b.value == row.value));
-        m.1.push(row.clone());
-        self.swap_dynamic(Dynamic::new(KeyTable::default(), m.1.clone()));
-        row
-    }
-
-    /// Removes in-memory block `id`; false when there was none.
-    pub fn remove_memory_block(&self, id: i64) -> bool {
-        let mut m = self
-            .memory_blocks
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let before = m.1.len();
-        m.1.retain(|b| b.id != id);
-        let removed = m.1.len() != before;
-        self.swap_dynamic(Dynamic::new(KeyTable::default(), m.1.clone()));
-        removed
-    }
-
     /// Remembers that `ip` presented a bad key, until `until_ms`.
     pub fn suspect(&self, ip: IpAddr, until_ms: u64, now_ms: u64) {
-        let mut s = self.suspects.lock().unwrap_or_else(PoisonError::into_inner);
-        if s.len() >= 100_000 {
-            s.retain(|_, t| *t > now_ms);
+        let s = &self.suspects;
+        let mut m = s.map.lock().unwrap_or_else(PoisonError::into_inner);
+        if m.len() >= MAX_SUSPECTS {
+            m.retain(|_, t| *t > now_ms);
         }
-        if s.len() < 100_000 {
-            s.insert(ip, until_ms);
-            self.any_suspects.store(true, Ordering::Relaxed);
+        if m.len() < MAX_SUSPECTS {
+            m.insert(ip, until_ms);
+            s.any.store(true, Ordering::Relaxed);
         }
     }
 
     /// Whether `ip` presented a bad key recently.
     pub fn is_suspect(&self, ip: IpAddr, now_ms: u64) -> bool {
-        if !self.any_suspects.load(Ordering::Relaxed) {
+        let s = &self.suspects;
+        if !s.any.load(Ordering::Relaxed) {
             return false; // nobody has failed a lookup: no lock on the request path
         }
-        let s = self.suspects.lock().unwrap_or_else(PoisonError::into_inner);
-        s.get(&ip).is_some_and(|t| *t > now_ms)
-    }
-}
-
-// === impl Dynamic ===
-
-impl Dynamic {
-    /// A snapshot of `keys` and the blocks of `rows` (rows that do not parse are skipped).
-    pub fn new(keys: KeyTable, rows: Vec<BlockRow>) -> Self {
-        let entries = rows.iter().filter_map(block_entry);
-        Self {
-            keys,
-            blocks: BlockList::new(entries),
-            block_rows: rows,
-        }
+        let m = s.map.lock().unwrap_or_else(PoisonError::into_inner);
+        m.get(&ip).is_some_and(|t| *t > now_ms)
     }
 }
 

@@ -1,0 +1,104 @@
+//! `POST /v1/check`: the sidecar decision API, a thin adapter over the admission pipeline.
+//! It decides for the `ip` it is given (never the caller's), charging failed key lookups
+//! to that `ip` and to the caller, and answers 200 or 429 with the decision as JSON plus
+//! the proxy's `X-RateLimit-*` headers.
+
+use std::net::IpAddr;
+
+use pingora::protocols::http::ServerSession;
+use serde::{Deserialize, Serialize};
+
+use super::{invalid, json_reply, read_body};
+use crate::admission::{self, AdmitRequest, Core, Rejection, Target};
+use crate::identity::{validate_key, Presented};
+use crate::limiter::WindowDecision;
+use crate::reply::headers::RateHeaders;
+use crate::reply::{self, Reply};
+use crate::store::Ending;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CheckRequest {
+    ip: IpAddr,
+    api_key: Option<String>,
+    route: Option<String>,
+    cost: Option<u32>,
+}
+
+#[derive(Serialize)]
+struct CheckResponse {
+    allowed: bool,
+    scope: Option<&'static str>,
+    limit: Option<u32>,
+    remaining: Option<u32>,
+    reset: Option<u64>,
+    retry_after: Option<f64>,
+    window: Option<&'static str>,
+}
+
+/// Decides the request in the body.
+pub(super) async fn check(core: &Core, session: &mut ServerSession) -> Reply {
+    let body = match read_body(session).await {
+        Ok(b) => b,
+        Err(reply) => return reply,
+    };
+    let req: CheckRequest = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => return invalid(&e.to_string()),
+    };
+    let caller = session
+        .client_addr()
+        .and_then(|a| a.as_inet())
+        .map(|a| a.ip().to_canonical());
+    let request = AdmitRequest {
+        client_ip: req.ip.to_canonical(),
+        target: req.route.as_deref().map_or(Target::Any, Target::Named),
+        key: req
+            .api_key
+            .as_deref()
+            .map_or(Presented::Missing, |k| validate_key(k.as_bytes())),
+        cost: req.cost,
+        also_charge: caller,
+    };
+    match admission::admit(core, &request).await {
+        Ok(a) => {
+            let reply = decision(a.rate.as_ref(), a.now_ms, true, a.shadow_rejected);
+            a.finish(Ending::Completed { status: 200 });
+            reply
+        }
+        // A rate-limit answer (`[limits.auth]`'s too) is the documented decision body.
+        Err(refusal) => match refusal.rejection {
+            Rejection::RateLimited { governing, .. } => {
+                decision(Some(&governing), core.clock.now_ms(), false, false)
+            }
+            other => reply::render(&other, core.clock.now_ms()),
+        },
+    }
+}
+
+fn decision(wd: Option<&WindowDecision>, now_ms: u64, allowed: bool, shadow: bool) -> Reply {
+    let headers = wd.map(|wd| RateHeaders::new(wd, now_ms, !allowed || shadow));
+    let body = CheckResponse {
+        allowed,
+        scope: wd.map(|w| w.scope.as_str()),
+        limit: headers.map(|h| h.limit),
+        remaining: headers.map(|h| h.remaining),
+        reset: headers.map(|h| h.reset),
+        retry_after: wd.map(|w| {
+            if allowed {
+                0.0
+            } else {
+                w.decision.retry_after_ms as f64 / 1000.0
+            }
+        }),
+        window: wd.map(|w| w.window.label()),
+    };
+    let mut reply = json_reply(if allowed { 200 } else { 429 }, &body);
+    if let Some(mut h) = headers {
+        if allowed {
+            h.retry_after = None;
+        }
+        reply.headers = h.pairs().collect();
+    }
+    reply
+}

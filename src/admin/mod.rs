@@ -1,0 +1,172 @@
+//! The admin listener: routing and the admin token. The endpoints live in their own
+//! files: `health` (`/healthz`, `/readyz`, `/metrics`), `check` (`POST /v1/check`, the
+//! sidecar decision API over the admission pipeline), `blocks` (`/v1/blocks`, one store
+//! for the memory and PostgreSQL cases) and `POST /v1/reload` here.
+
+mod blocks;
+mod check;
+mod health;
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use http::{Method, Response, StatusCode};
+use pingora::apps::http_app::ServeHttp;
+use pingora::protocols::http::ServerSession;
+use serde::Serialize;
+
+use self::blocks::BlockStore;
+use crate::admission::snapshot::Database;
+use crate::admission::Core;
+use crate::reply::{error_reply, Reply};
+
+/// Largest request body accepted.
+const MAX_BODY: usize = 64 * 1024;
+
+/// The admin HTTP app.
+pub struct Admin {
+    core: Arc<Core>,
+    db: Arc<Database>,
+    blocks: BlockStore,
+    token: Option<String>,
+}
+
+// === impl Admin ===
+
+impl Admin {
+    /// The admin app over `core` and `db`; the block and reload endpoints need
+    /// `Authorization: Bearer <token>` (`$THROTTLE_ADMIN_TOKEN`) and answer 401 without it.
+    pub fn new(core: Arc<Core>, db: Arc<Database>, token: Option<String>) -> Self {
+        Self {
+            blocks: BlockStore::new(&db),
+            core,
+            db,
+            token: token.filter(|t| !t.is_empty()),
+        }
+    }
+
+    fn authorized(&self, session: &ServerSession) -> bool {
+        let Some(token) = &self.token else {
+            return false;
+        };
+        let presented = session
+            .req_header()
+            .headers
+            .get(http::header::AUTHORIZATION)
+            .map(|v| v.as_bytes());
+        let expected = format!("Bearer {token}");
+        presented.is_some_and(|p| constant_time_eq(p, expected.as_bytes()))
+    }
+
+    async fn reload_config(&self) -> Reply {
+        // The reload runs detached from this connection: a client that hangs up
+        // mid-reload cannot leave a half-applied config.
+        let (core, db) = (self.core.clone(), self.db.clone());
+        let outcome = tokio::spawn(async move { crate::reload::reload(&core, &db).await }).await;
+        match outcome
+            .unwrap_or_else(|e| Err(crate::config::ConfigError::file("reload", e.to_string())))
+        {
+            Ok(r) => json_reply(
+                200,
+                &serde_json::json!({"reloaded": true, "source": r.source, "needs_restart": r.needs_restart}),
+            ),
+            Err(e) => {
+                tracing::warn!("config reload rejected: {e}");
+                json_reply(
+                    400,
+                    &serde_json::json!({"error": "invalid_config", "detail": e.to_string()}),
+                )
+            }
+        }
+    }
+}
+
+fn unauthorized() -> Reply {
+    json_reply(
+        401,
+        &serde_json::json!({"error": "unauthorized", "detail": "Authorization: Bearer $THROTTLE_ADMIN_TOKEN required"}),
+    )
+}
+
+/// The request body, at most `MAX_BODY` bytes.
+async fn read_body(session: &mut ServerSession) -> Result<Vec<u8>, Reply> {
+    let mut body = Vec::new();
+    loop {
+        match session.read_request_body().await {
+            Ok(Some(chunk)) => {
+                if body.len() + chunk.len() > MAX_BODY {
+                    return Err(error_reply(413, "body_too_large"));
+                }
+                body.extend_from_slice(&chunk);
+            }
+            Ok(None) => return Ok(body),
+            Err(_) => return Err(error_reply(400, "invalid_request")),
+        }
+    }
+}
+
+/// 400 `invalid_request` with a detail.
+fn invalid(detail: &str) -> Reply {
+    json_reply(
+        400,
+        &serde_json::json!({"error": "invalid_request", "detail": detail}),
+    )
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn json_reply<T: Serialize>(status: u16, body: &T) -> Reply {
+    let body = serde_json::to_vec(body).unwrap_or_default();
+    Reply {
+        status,
+        headers: Vec::new(),
+        body: body.into(),
+    }
+}
+
+fn to_response(reply: Reply, content_type: &'static str) -> Response<Vec<u8>> {
+    let mut builder = Response::builder()
+        .status(StatusCode::from_u16(reply.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR))
+        .header("content-type", content_type)
+        .header("content-length", reply.body.len())
+        .header("cache-control", "no-store");
+    for (name, value) in reply.headers {
+        builder = builder.header(name, value);
+    }
+    builder
+        .body(reply.body.to_vec())
+        .unwrap_or_else(|_| Response::new(Vec::new()))
+}
+
+#[async_trait]
+impl ServeHttp for Admin {
+    async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
+        const JSON: &str = "application/json";
+        let method = session.req_header().method.clone();
+        let path = session.req_header().uri.path().to_string();
+        let is_blocks = path == "/v1/blocks" || path.starts_with("/v1/blocks/");
+        let reply = match (&method, path.as_str()) {
+            (&Method::GET, "/healthz") => health::healthz(),
+            (&Method::GET, "/readyz") => health::readyz(&self.core, &self.db),
+            (&Method::GET, "/metrics") => {
+                return to_response(health::metrics(&self.core), "text/plain; version=0.0.4")
+            }
+            (&Method::POST, "/v1/check") => check::check(&self.core, session).await,
+            (&Method::POST, "/v1/reload") if self.authorized(session) => self.reload_config().await,
+            (&Method::POST, "/v1/reload") => unauthorized(),
+            (_, _) if is_blocks && !self.authorized(session) => unauthorized(),
+            (_, _) if is_blocks => {
+                self.blocks
+                    .handle(&self.core, &self.db, session, &method, &path)
+                    .await
+            }
+            (_, "/healthz" | "/readyz" | "/metrics" | "/v1/check") => {
+                error_reply(405, "method_not_allowed")
+            }
+            _ => error_reply(404, "not_found"),
+        };
+        to_response(reply, JSON)
+    }
+}

@@ -1,0 +1,179 @@
+//! The layered limits of one request, and the one place decisions are counted.
+//!
+//! `throttle_decisions_total{scope,decision}` counts, per request:
+//! - decided by the shared store (or the memory store): on a pass every checked scope
+//!   `allowed`; on a rejection the rejecting scope `rejected` (`shadow_rejected` in
+//!   shadow mode) and nothing else;
+//! - the store could not decide (error, deadline, open breaker): each scope by its
+//!   `on_failure`: `failed_open` for open scopes; for local scopes `local_fallback` when
+//!   the local decision admits, else the rejecting scope `rejected`; with a closed scope
+//!   the request is refused (503) and each closed scope counts `failed_closed`.
+//!
+//! `throttle_store_errors_total` is counted by the store that failed (`TieredStore`),
+//! once per call that reached it.
+
+use std::net::IpAddr;
+
+use super::core::{Core, Runtime};
+use super::Rejection;
+use crate::config::Mode;
+use crate::db::events::Event;
+use crate::identity::KeyInfo;
+use crate::limiter::{Check, Ident, OnFailure, Scope, ScopeCheck, Verdict, WindowDecision};
+use crate::metrics::Outcome;
+
+/// The outcome of the limits for one caller.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct LimitOutcome {
+    /// The layered verdict (`allowed` may be false only in shadow mode).
+    pub(super) verdict: Verdict,
+    /// True when the verdict rejected but the mode is shadow.
+    pub(super) shadow_rejected: bool,
+}
+
+/// Enforces ip -> key -> tenant -> global for one request of `cost`.
+///
+/// # Errors
+/// 429 with the rejecting window (enforce mode), or 503 when a fail-closed scope's store
+/// is unreachable.
+pub(super) async fn limit(
+    core: &Core,
+    rt: &Runtime,
+    client_ip: IpAddr,
+    key: Option<&KeyInfo>,
+    cost: u32,
+    mode: Mode,
+) -> Result<LimitOutcome, Rejection> {
+    let check = build_check(rt, client_ip, key, cost);
+    if check.is_empty() {
+        return Ok(LimitOutcome {
+            verdict: Verdict::UNLIMITED,
+            shadow_rejected: false,
+        });
+    }
+    let started = tokio::time::Instant::now();
+    let result = core.store.check(&check).await;
+    core.store_call.observe(started.elapsed().as_secs_f64());
+    let verdict = match result {
+        Ok(v) => v,
+        Err(e) => {
+            tracing::debug!(error = %e, "limit store failed");
+            return store_failed(core, &check);
+        }
+    };
+    count(core, &check, &verdict, mode);
+    let governing = match verdict.governing {
+        Some(g) if !verdict.allowed => g,
+        _ => {
+            return Ok(LimitOutcome {
+                verdict,
+                shadow_rejected: false,
+            })
+        }
+    };
+    if mode == Mode::Shadow {
+        return Ok(LimitOutcome {
+            verdict,
+            shadow_rejected: true,
+        });
+    }
+    record(core, client_ip, key, &governing);
+    let message = check
+        .scopes
+        .iter()
+        .find(|s| s.scope == governing.scope)
+        .and_then(|s| s.limits.message.clone());
+    Err(Rejection::RateLimited { governing, message })
+}
+
+/// The store could not decide (the tiered store answers so only for a fail-closed
+/// scope; a bare store fails open).
+fn store_failed(core: &Core, check: &Check<'_>) -> Result<LimitOutcome, Rejection> {
+    let closed = |s: &&ScopeCheck<'_>| s.limits.on_failure == OnFailure::Closed;
+    if check.scopes.iter().any(|s| closed(&s)) {
+        for s in check.scopes.iter().filter(closed) {
+            core.metrics.decision(s.scope, Outcome::FailedClosed);
+        }
+        return Err(Rejection::Unavailable);
+    }
+    for s in check.scopes.iter() {
+        core.metrics.decision(s.scope, Outcome::FailedOpen);
+    }
+    Ok(LimitOutcome {
+        verdict: Verdict::UNLIMITED,
+        shadow_rejected: false,
+    })
+}
+
+/// Counts one request's decisions (see the module docs).
+fn count(core: &Core, check: &Check<'_>, verdict: &Verdict, mode: Mode) {
+    let m = &core.metrics;
+    if !verdict.allowed {
+        if let Some(g) = verdict.governing {
+            let outcome = match mode {
+                Mode::Shadow => Outcome::ShadowRejected,
+                Mode::Enforce => Outcome::Rejected,
+            };
+            m.decision(g.scope, outcome);
+        }
+        for s in check.scopes.iter() {
+            if verdict.failed_open & (1 << s.scope as u8) != 0 {
+                m.decision(s.scope, Outcome::FailedOpen);
+            }
+        }
+        return;
+    }
+    for s in check.scopes.iter() {
+        let outcome = if !verdict.fallback {
+            Outcome::Allowed
+        } else if verdict.failed_open & (1 << s.scope as u8) != 0 {
+            Outcome::FailedOpen
+        } else {
+            Outcome::LocalFallback
+        };
+        m.decision(s.scope, outcome);
+    }
+}
+
+/// Queues a violation event for the database log (when one is configured). Never blocks.
+pub(super) fn record(core: &Core, client_ip: IpAddr, key: Option<&KeyInfo>, g: &WindowDecision) {
+    let Some(queue) = &core.events else { return };
+    let ident = match g.scope {
+        Scope::Ip | Scope::Auth => client_ip.to_string(),
+        Scope::Key => key.map_or_else(String::new, |k| k.key_id.to_string()),
+        Scope::Tenant => key.map_or_else(String::new, |k| k.tenant.to_string()),
+        Scope::Global => "all".to_string(),
+    };
+    queue.push(Event {
+        tenant_id: key.map(|k| k.tenant.clone()),
+        api_key_id: key.map(|k| k.key_id.clone()),
+        ip: client_ip,
+        scope: g.scope.as_str(),
+        limit_key: format!("{}:{ident}", g.scope.as_str()),
+        limit_value: u64::from(g.decision.limit),
+        count: g.decision.current,
+        window: g.window,
+        at_ms: core.clock.now_ms(),
+    });
+}
+
+/// The scopes that apply to a caller, in order.
+pub fn build_check<'a>(
+    rt: &'a Runtime,
+    client_ip: IpAddr,
+    key: Option<&'a KeyInfo>,
+    cost: u32,
+) -> Check<'a> {
+    let mut check = Check::new(cost);
+    if let Some(l) = &rt.config.ip_limits {
+        check.push(Scope::Ip, Ident::Ip(client_ip), l);
+    }
+    if let Some(k) = key {
+        check.push(Scope::Key, k.key_ident.clone(), &k.tier.key);
+        check.push(Scope::Tenant, k.tenant_ident.clone(), &k.tenant_tier.tenant);
+    }
+    if let Some(l) = &rt.config.global_limits {
+        check.push(Scope::Global, Ident::Global, l);
+    }
+    check
+}

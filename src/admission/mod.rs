@@ -1,0 +1,282 @@
+//! The admission pipeline: one transport-neutral step that every entry point (the proxy,
+//! `POST /v1/check`, later the Envoy gRPC service) runs to decide a request.
+//!
+//! `admit(&core, &AdmitRequest)` takes plain data (client address, host and path or a
+//! route name, the presented key, a cost) and answers with an `Admission` or a `Refusal`.
+//! Order matters and is part of the contract:
+//! 1. an IP block answers 403 before anything else is looked at;
+//! 2. the route: matched by host and path (no match: the ip and global limits still
+//!    apply, then 404, so probing for routes is rate limited too), or named;
+//! 3. the key, under the route's `auth` (401 before any limit, so an unauthenticated
+//!    caller spends no key or tenant budget); failed lookups count against the client
+//!    address in `[limits.auth]`, and past that limit no key is looked at (429 `auth`);
+//! 4. key and tenant blocks (403);
+//! 5. the layered limits ip -> key -> tenant -> global, all-or-nothing (429 or 503).
+//!
+//! An `Admission` is the request's lifetime: it keeps the `Arc` of the runtime config it
+//! was decided on (a reload between phases cannot mix two configs) and is finished exactly
+//! once when the request ends (`finish`, or its drop), handing the store back what the
+//! request holds.
+
+mod auth;
+pub mod core;
+mod limits;
+pub mod snapshot;
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+pub use self::auth::lookup_key;
+pub use self::core::{block_entry, parse_net, Core, Dynamic, Runtime};
+pub use self::limits::build_check;
+use crate::config::{Auth, Mode};
+use crate::identity::{KeyInfo, Presented};
+use crate::limiter::{Scope, WindowDecision};
+use crate::routing::RouteEntry;
+use crate::store::{Ending, Held, LimitStore};
+
+/// A request as every entry point describes it: plain data, no transport types.
+#[derive(Debug, Clone, Copy)]
+pub struct AdmitRequest<'a> {
+    /// The resolved client address (the one the `ip` scope counts).
+    pub client_ip: IpAddr,
+    /// Where the request goes.
+    pub target: Target<'a>,
+    /// The API key as presented.
+    pub key: Presented<'a>,
+    /// Units to spend instead of the route's `cost`.
+    pub cost: Option<u32>,
+    /// Another address charged for failed key lookups: the address that really sent a
+    /// `/v1/check`, whose `ip` field is the caller's choice.
+    pub also_charge: Option<IpAddr>,
+}
+
+/// Which route a request is for.
+#[derive(Debug, Clone, Copy)]
+pub enum Target<'a> {
+    /// Match a route by normalized host and path (the proxy).
+    Match {
+        /// Lower-case host without port and trailing dot.
+        host: Option<&'a str>,
+        /// The normalized path routes are matched on.
+        path: &'a str,
+    },
+    /// The route of this name (`/v1/check`'s `route`).
+    Named(&'a str),
+    /// No route: `auth = "optional"`, cost 1, enforce.
+    Any,
+}
+
+/// Why a request is not admitted.
+#[derive(Debug, Clone)]
+pub enum Rejection {
+    /// 429: a limit was hit.
+    RateLimited {
+        /// The rejecting window.
+        governing: WindowDecision,
+        /// The scope's message template.
+        message: Option<String>,
+    },
+    /// 403: a block matched.
+    Blocked(Scope),
+    /// 401: a key is required and none was sent.
+    MissingKey,
+    /// 401: the key is unknown or malformed.
+    InvalidKey,
+    /// 404: no route matched (after the ip and global limits passed).
+    NoRoute(Option<WindowDecision>),
+    /// 404: `Target::Named` names no route.
+    UnknownRoute(String),
+    /// 400: an ambiguous path (the proxy's target parsing).
+    InvalidPath,
+    /// 400: no, several or a malformed `Host` (the proxy's target parsing).
+    InvalidHost,
+    /// 503: a fail-closed scope could not reach its store.
+    Unavailable,
+}
+
+/// A refused request: the answer, and the route it matched (for metrics).
+#[derive(Debug, Clone)]
+pub struct Refusal {
+    /// What to answer.
+    pub rejection: Rejection,
+    /// The matched route's name, if any.
+    pub route: Option<Arc<str>>,
+}
+
+/// An admitted request, alive until it is finished.
+pub struct Admission {
+    /// The runtime config the request was decided on.
+    pub runtime: Arc<Runtime>,
+    /// The resolved client address.
+    pub client_ip: IpAddr,
+    /// The route (None for `Target::Any`).
+    pub route: Option<Arc<RouteEntry>>,
+    /// The caller's key, when one was presented and is valid.
+    pub key: Option<Arc<KeyInfo>>,
+    /// The window the response headers describe.
+    pub rate: Option<WindowDecision>,
+    /// True when `rate` is a shadow-mode would-be rejection.
+    pub shadow_rejected: bool,
+    /// The limiter clock reading the decision was made at.
+    pub now_ms: u64,
+    lifetime: Option<Lifetime>,
+}
+
+/// What `finish` hands back.
+struct Lifetime {
+    store: Arc<dyn LimitStore>,
+    held: Held,
+}
+
+// === impl Rejection ===
+
+impl From<Rejection> for Refusal {
+    fn from(rejection: Rejection) -> Self {
+        Refusal {
+            rejection,
+            route: None,
+        }
+    }
+}
+
+// === impl Admission ===
+
+impl Admission {
+    /// The route's name for metrics (`none` without a route).
+    pub fn route_name(&self) -> Option<&Arc<str>> {
+        self.route.as_ref().map(|r| &r.route.name)
+    }
+
+    /// Ends the request: what it holds goes back to the store, once.
+    pub fn finish(mut self, ending: Ending) {
+        self.end(ending);
+    }
+
+    fn end(&mut self, ending: Ending) {
+        if let Some(l) = self.lifetime.take() {
+            l.store.finish(l.held, ending);
+        }
+    }
+}
+
+impl Drop for Admission {
+    fn drop(&mut self) {
+        self.end(Ending::Dropped);
+    }
+}
+
+impl std::fmt::Debug for Admission {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Admission")
+            .field("client_ip", &self.client_ip)
+            .field("route", &self.route_name())
+            .field("key", &self.key.as_ref().map(|k| &k.key_id))
+            .field("rate", &self.rate)
+            .field("finished", &self.lifetime.is_none())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Decides `req` (see the module docs for the order of checks).
+///
+/// # Errors
+/// The `Refusal` to answer with.
+pub async fn admit(core: &Core, req: &AdmitRequest<'_>) -> Result<Admission, Refusal> {
+    let runtime = core.runtime();
+    let rt = &*runtime;
+    let dynamic = core.dynamic(); // one snapshot for the whole request
+    let now_ms = core.clock.now_ms();
+    let ip = req.client_ip;
+    if blocked_ip(rt, &dynamic, ip, now_ms) {
+        return Err(Rejection::Blocked(Scope::Ip).into());
+    }
+    let route = match req.target {
+        Target::Match { host, path } => match rt.router.find(host, path) {
+            Some(r) => Some(r.clone()),
+            None => {
+                let out = limits::limit(core, rt, ip, None, 1, Mode::Enforce).await?;
+                return Err(Rejection::NoRoute(out.verdict.governing).into());
+            }
+        },
+        Target::Named(name) => match rt.router.find_by_name(name) {
+            Some(r) => Some(r.clone()),
+            None => return Err(Rejection::UnknownRoute(name.to_string()).into()),
+        },
+        Target::Any => None,
+    };
+    let refused = |rejection| Refusal {
+        rejection,
+        route: route.as_ref().map(|r| r.route.name.clone()),
+    };
+    let auth = route.as_ref().map_or(Auth::Optional, |r| r.route.auth);
+    let presented = match auth {
+        Auth::None => Presented::Missing,
+        _ => req.key,
+    };
+    let charged = auth::Charged {
+        client_ip: ip,
+        also: req.also_charge,
+    };
+    let key = auth::identify(core, rt, &dynamic, presented, auth, charged, now_ms)
+        .await
+        .map_err(refused)?;
+    if let Some(k) = &key {
+        blocked_key(rt, &dynamic, k, now_ms).map_err(refused)?;
+    }
+    let r = route.as_ref().map(|r| &r.route);
+    let cost = req.cost.or(r.map(|r| r.cost)).unwrap_or(1).max(1);
+    let mode = r.map_or(Mode::Enforce, |r| r.mode);
+    let out = limits::limit(core, rt, ip, key.as_deref(), cost, mode)
+        .await
+        .map_err(refused)?;
+    Ok(Admission {
+        client_ip: ip,
+        route,
+        key,
+        rate: out.verdict.governing,
+        shadow_rejected: out.shadow_rejected,
+        now_ms,
+        lifetime: Some(Lifetime {
+            store: core.store.clone(),
+            held: Held { cost },
+        }),
+        runtime,
+    })
+}
+
+/// The 403 an IP block answers, if any: the first check of the pipeline, for adapters
+/// that refuse a request before `admit` (a malformed request target).
+pub fn ip_blocked(core: &Core, ip: IpAddr) -> Option<Refusal> {
+    let now_ms = core.clock.now_ms();
+    blocked_ip(&core.runtime(), &core.dynamic(), ip, now_ms)
+        .then(|| Rejection::Blocked(Scope::Ip).into())
+}
+
+/// Whether `ip` is blocked by the config or the database / admin API.
+pub fn blocked_ip(rt: &Runtime, dynamic: &Dynamic, ip: IpAddr, now_ms: u64) -> bool {
+    rt.blocks.ip(ip, now_ms).is_some() || dynamic.blocks.ip(ip, now_ms).is_some()
+}
+
+/// 403 when the key or its tenant is blocked.
+fn blocked_key(
+    rt: &Runtime,
+    dynamic: &Dynamic,
+    key: &KeyInfo,
+    now_ms: u64,
+) -> Result<(), Rejection> {
+    if rt.blocks.key(&key.key_id, now_ms).is_some()
+        || dynamic.blocks.key(&key.key_id, now_ms).is_some()
+    {
+        return Err(Rejection::Blocked(Scope::Key));
+    }
+    if rt.blocks.tenant(&key.tenant, now_ms).is_some()
+        || dynamic.blocks.tenant(&key.tenant, now_ms).is_some()
+    {
+        return Err(Rejection::Blocked(Scope::Tenant));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

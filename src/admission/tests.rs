@@ -1,0 +1,427 @@
+//! The pipeline itself, without a gateway process: a memory store on a manual clock, a
+//! store that fails, and a store that counts how requests end.
+
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+
+use super::*;
+use crate::clock::ManualClock;
+use crate::limiter::{Check, Verdict};
+use crate::metrics::Metrics;
+use crate::store::{LimitStore, MemoryStore, StoreError, TieredStore};
+
+const NOW: u64 = 1_764_000_000_000;
+
+const CONFIG: &str = r#"
+[limits.ip]
+per_minute = 5
+
+[limits.auth]
+per_minute = 3
+
+[tiers.free]
+key = { per_minute = 2 }
+tenant = { per_hour = 100 }
+
+[[keys]]
+id = "k1"
+key = "good-key"
+tenant = "acme"
+tier = "free"
+
+[[keys]]
+id = "k_blocked"
+key = "blocked-key"
+tenant = "acme"
+tier = "free"
+
+[[keys]]
+id = "k_evil"
+key = "evil-key"
+tenant = "evil"
+tier = "free"
+
+[[blocks]]
+scope = "ip"
+value = "203.0.113.0/24"
+
+[[blocks]]
+scope = "key"
+value = "k_blocked"
+
+[[blocks]]
+scope = "tenant"
+value = "evil"
+
+[[routes]]
+name = "api"
+path_prefix = "/v1"
+upstreams = ["127.0.0.1:1"]
+auth = "required"
+
+[[routes]]
+name = "opt"
+path_prefix = "/opt"
+upstreams = ["127.0.0.1:1"]
+auth = "optional"
+
+[[routes]]
+name = "public"
+path_prefix = "/public"
+upstreams = ["127.0.0.1:1"]
+auth = "none"
+
+[[routes]]
+name = "shadow"
+path_prefix = "/shadow"
+upstreams = ["127.0.0.1:1"]
+auth = "required"
+mode = "shadow"
+"#;
+
+/// A memory store that counts how admitted requests end.
+#[derive(Default)]
+struct Counting {
+    inner: MemoryStore,
+    endings: Mutex<Vec<Ending>>,
+}
+
+#[async_trait]
+impl LimitStore for Counting {
+    async fn check(&self, check: &Check<'_>) -> Result<Verdict, StoreError> {
+        Ok(self.inner.decide(check))
+    }
+    fn name(&self) -> &'static str {
+        "memory"
+    }
+    fn finish(&self, _held: Held, ending: Ending) {
+        self.endings.lock().unwrap().push(ending);
+    }
+}
+
+/// A store that fails on demand (a stateful fake, not a mock).
+struct Flaky {
+    up: AtomicBool,
+    calls: AtomicUsize,
+    inner: MemoryStore,
+}
+
+#[async_trait]
+impl LimitStore for Flaky {
+    async fn check(&self, check: &Check<'_>) -> Result<Verdict, StoreError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        if self.up.load(Ordering::SeqCst) {
+            Ok(self.inner.decide(check))
+        } else {
+            Err(StoreError::Unavailable("down".into()))
+        }
+    }
+    fn name(&self) -> &'static str {
+        "redis"
+    }
+}
+
+fn core_with(config: &str, store: Arc<dyn LimitStore>, metrics: Arc<Metrics>) -> Core {
+    let c = crate::config::parse("t.toml", config).unwrap();
+    let clock = Arc::new(ManualClock::at(NOW));
+    Core::with_clock(Runtime::from_config(c).unwrap(), store, metrics, clock)
+}
+
+fn memory_core() -> (Core, Arc<Counting>) {
+    let store = Arc::new(Counting::default());
+    let core = core_with(CONFIG, store.clone(), Arc::new(Metrics::new().unwrap()));
+    (core, store)
+}
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+fn req<'a>(client: &str, path: &'a str, key: Option<&'a str>) -> AdmitRequest<'a> {
+    AdmitRequest {
+        client_ip: ip(client),
+        target: Target::Match { host: None, path },
+        key: key.map_or(Presented::Missing, |k| {
+            crate::identity::validate_key(k.as_bytes())
+        }),
+        cost: None,
+        also_charge: None,
+    }
+}
+
+/// The rejection's short name, for tables.
+fn kind(r: &Result<Admission, Refusal>) -> String {
+    match r {
+        Ok(a) if a.shadow_rejected => "shadow".into(),
+        Ok(_) => "ok".into(),
+        Err(f) => match &f.rejection {
+            Rejection::RateLimited { governing, .. } => format!("429 {}", governing.scope.as_str()),
+            Rejection::Blocked(s) => format!("403 {}", s.as_str()),
+            Rejection::MissingKey => "401 missing".into(),
+            Rejection::InvalidKey => "401 invalid".into(),
+            Rejection::NoRoute(_) => "404".into(),
+            Rejection::UnknownRoute(_) => "404 unknown".into(),
+            Rejection::InvalidPath => "400 path".into(),
+            Rejection::InvalidHost => "400 host".into(),
+            Rejection::Unavailable => "503".into(),
+        },
+    }
+}
+
+/// Every refusal kind, each from a fresh pipeline, in the contract's order: an IP block
+/// before anything, auth before limits, blocks after auth.
+#[tokio::test]
+async fn every_refusal_kind_in_order() {
+    let cases: [(&str, &str, Option<&str>, &str); 11] = [
+        ("203.0.113.9", "/v1/x", None, "403 ip"),
+        ("203.0.113.9", "/nowhere", Some("bad"), "403 ip"),
+        ("198.51.100.1", "/nowhere", None, "404"),
+        ("198.51.100.1", "/v1/x", None, "401 missing"),
+        ("198.51.100.1", "/v1/x", Some("bad"), "401 invalid"),
+        ("198.51.100.1", "/opt/x", Some("bad"), "401 invalid"),
+        ("198.51.100.1", "/opt/x", None, "ok"),
+        ("198.51.100.1", "/public/x", Some("bad"), "ok"),
+        ("198.51.100.1", "/v1/x", Some("blocked-key"), "403 key"),
+        ("198.51.100.1", "/v1/x", Some("evil-key"), "403 tenant"),
+        ("198.51.100.1", "/v1/x", Some("good-key"), "ok"),
+    ];
+    for (i, (client, path, key, want)) in cases.into_iter().enumerate() {
+        let (core, _) = memory_core();
+        let got = kind(&admit(&core, &req(client, path, key)).await);
+        assert_eq!(got, want, "case {i}: {client} {path} {key:?}");
+    }
+}
+
+/// Limits: the key's window rejects after 2; the ip limit applies even without a route
+/// (404 until the ip budget is gone, then 429); a shadow route admits what it would reject.
+#[tokio::test]
+async fn limits_apply_in_layers() {
+    let (core, _) = memory_core();
+    let key = |p| req("198.51.100.1", p, Some("good-key"));
+    assert_eq!(kind(&admit(&core, &key("/v1/a")).await), "ok");
+    assert_eq!(kind(&admit(&core, &key("/v1/a")).await), "ok");
+    assert_eq!(kind(&admit(&core, &key("/v1/a")).await), "429 key");
+
+    let (core, _) = memory_core();
+    for _ in 0..5 {
+        assert_eq!(
+            kind(&admit(&core, &req("198.51.100.2", "/none", None)).await),
+            "404"
+        );
+    }
+    assert_eq!(
+        kind(&admit(&core, &req("198.51.100.2", "/none", None)).await),
+        "429 ip"
+    );
+
+    let (core, _) = memory_core();
+    let shadow = req("198.51.100.3", "/shadow", Some("good-key"));
+    for want in ["ok", "ok", "shadow", "shadow"] {
+        assert_eq!(kind(&admit(&core, &shadow).await), want);
+    }
+}
+
+/// Failed key lookups count against the client address and `also_charge`; past
+/// `[limits.auth]` even a valid key is refused with 429 `auth`.
+#[tokio::test]
+async fn failed_lookups_are_charged_to_both_addresses() {
+    let (core, _) = memory_core();
+    let mut r = req("198.51.100.7", "/v1/x", Some("bad"));
+    r.also_charge = Some(ip("10.9.9.9"));
+    for _ in 0..3 {
+        assert_eq!(kind(&admit(&core, &r).await), "401 invalid");
+    }
+    assert_eq!(kind(&admit(&core, &r).await), "429 auth");
+    // Another client address from the same caller: the caller's budget is gone.
+    let mut other = req("198.51.100.8", "/v1/x", Some("good-key"));
+    other.also_charge = Some(ip("10.9.9.9"));
+    assert_eq!(kind(&admit(&core, &other).await), "429 auth");
+    // Without the caller, that address is fine.
+    assert_eq!(
+        kind(&admit(&core, &req("198.51.100.8", "/v1/x", Some("good-key"))).await),
+        "ok"
+    );
+}
+
+/// Named routes (the check API) and `Target::Any`.
+#[tokio::test]
+async fn named_and_routeless_targets() {
+    let (core, _) = memory_core();
+    let named = |name| AdmitRequest {
+        target: Target::Named(name),
+        ..req("198.51.100.1", "", Some("good-key"))
+    };
+    assert_eq!(kind(&admit(&core, &named("api")).await), "ok");
+    assert_eq!(kind(&admit(&core, &named("nope")).await), "404 unknown");
+    let any = AdmitRequest {
+        target: Target::Any,
+        ..req("198.51.100.1", "", Some("bad"))
+    };
+    assert_eq!(
+        kind(&admit(&core, &any).await),
+        "401 invalid",
+        "Any is auth=optional"
+    );
+    let a = admit(
+        &core,
+        &AdmitRequest {
+            key: Presented::Missing,
+            ..any
+        },
+    )
+    .await
+    .unwrap();
+    assert!(a.route.is_none() && a.key.is_none());
+}
+
+/// An admission keeps the runtime it was decided on across a reload.
+#[tokio::test]
+async fn admission_keeps_its_config() {
+    let (core, _) = memory_core();
+    let a = admit(&core, &req("198.51.100.1", "/public/x", None))
+        .await
+        .unwrap();
+    let reloaded = CONFIG.replace("name = \"public\"", "name = \"public2\"");
+    let c = crate::config::parse("t.toml", &reloaded).unwrap();
+    core.swap_runtime(Runtime::from_config(c).unwrap());
+    assert_eq!(a.route_name().map(|n| &**n), Some("public"));
+    assert!(a.runtime.router.find_by_name("public").is_some());
+    assert!(core.runtime().router.find_by_name("public").is_none());
+}
+
+/// Every admitted request is finished exactly once, however it ends; a refused one holds
+/// nothing and is not.
+#[tokio::test]
+async fn every_admission_is_finished_exactly_once() {
+    let (core, store) = memory_core();
+    let ok = || req("198.51.100.1", "/public/x", None);
+    admit(&core, &ok())
+        .await
+        .unwrap()
+        .finish(Ending::Completed { status: 200 });
+    admit(&core, &ok())
+        .await
+        .unwrap()
+        .finish(Ending::UpstreamFailed);
+    admit(&core, &ok())
+        .await
+        .unwrap()
+        .finish(Ending::ClientGone);
+    drop(admit(&core, &ok()).await.unwrap()); // a cancelled request
+    assert!(admit(&core, &req("198.51.100.1", "/v1/x", None))
+        .await
+        .is_err());
+    assert_eq!(
+        *store.endings.lock().unwrap(),
+        [
+            Ending::Completed { status: 200 },
+            Ending::UpstreamFailed,
+            Ending::ClientGone,
+            Ending::Dropped
+        ]
+    );
+}
+
+/// `throttle_decisions_total{scope,decision}` as rendered.
+fn decisions(m: &Metrics, scope: &str, decision: &str) -> u64 {
+    metric(
+        m,
+        &format!("throttle_decisions_total{{decision=\"{decision}\",scope=\"{scope}\"}}"),
+    )
+}
+
+fn metric(m: &Metrics, series: &str) -> u64 {
+    let text = String::from_utf8(m.render()).unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(series).map(|v| v.trim().parse().unwrap()))
+        .unwrap_or(0)
+}
+
+/// The store failed: each scope's `on_failure` decides, and each decision is counted once
+/// (a local-fallback admission is `local_fallback`, not also `allowed`); store errors are
+/// counted once per failed call, never for calls the open breaker skipped.
+#[tokio::test]
+async fn failure_policy_counts_each_decision_once() {
+    let config = |on_failure: &str| {
+        format!("[limits.global]\nper_minute = 100\non_failure = \"{on_failure}\"\n{CONFIG}")
+            .replace(
+                "[limits.ip]\nper_minute = 5",
+                "[limits.ip]\nper_minute = 5\non_failure = \"local\"",
+            )
+    };
+    let metrics = Arc::new(Metrics::new().unwrap());
+    let flaky = Arc::new(Flaky {
+        up: AtomicBool::new(true),
+        calls: AtomicUsize::new(0),
+        inner: MemoryStore::new(),
+    });
+    let tiered = Arc::new(TieredStore::new(
+        flaky.clone(),
+        Arc::new(MemoryStore::new()),
+        Arc::new(AtomicU32::new(1)),
+        metrics.clone(),
+    ));
+    let core = core_with(&config("open"), tiered.clone(), metrics.clone());
+    let r = req("198.51.100.1", "/public/x", None);
+
+    assert_eq!(kind(&admit(&core, &r).await), "ok");
+    assert_eq!(decisions(&metrics, "ip", "allowed"), 1);
+    assert_eq!(decisions(&metrics, "global", "allowed"), 1);
+
+    flaky.up.store(false, Ordering::SeqCst);
+    for _ in 0..5 {
+        assert_eq!(kind(&admit(&core, &r).await), "ok");
+    }
+    // ip (local, limit 5/min, one spent on Redis only): the local store admits 5 more.
+    assert_eq!(kind(&admit(&core, &r).await), "429 ip");
+    assert_eq!(decisions(&metrics, "ip", "local_fallback"), 5);
+    assert_eq!(decisions(&metrics, "ip", "allowed"), 1, "not also allowed");
+    assert_eq!(decisions(&metrics, "ip", "rejected"), 1);
+    assert_eq!(decisions(&metrics, "global", "failed_open"), 6);
+    assert_eq!(decisions(&metrics, "global", "allowed"), 1);
+    // 3 calls failed and opened the breaker; later calls were skipped, not errors.
+    let calls = flaky.calls.load(Ordering::SeqCst);
+    assert_eq!(calls, 1 + 3);
+    assert_eq!(
+        metric(&metrics, "throttle_store_errors_total{store=\"redis\"}"),
+        3
+    );
+
+    // A closed scope: 503, counted failed_closed once for that scope.
+    let metrics = Arc::new(Metrics::new().unwrap());
+    let tiered = Arc::new(TieredStore::new(
+        flaky.clone(),
+        Arc::new(MemoryStore::new()),
+        Arc::new(AtomicU32::new(1)),
+        metrics.clone(),
+    ));
+    let core = core_with(&config("closed"), tiered, metrics.clone());
+    assert_eq!(kind(&admit(&core, &r).await), "503");
+    assert_eq!(decisions(&metrics, "global", "failed_closed"), 1);
+    assert_eq!(decisions(&metrics, "ip", "failed_closed"), 0);
+    assert_eq!(decisions(&metrics, "ip", "local_fallback"), 0);
+}
+
+/// A bare store that fails (no tiering) fails open; brute-force counting fails open too.
+#[tokio::test]
+async fn a_failing_bare_store_fails_open() {
+    let metrics = Arc::new(Metrics::new().unwrap());
+    let flaky = Arc::new(Flaky {
+        up: AtomicBool::new(false),
+        calls: AtomicUsize::new(0),
+        inner: MemoryStore::new(),
+    });
+    let core = core_with(CONFIG, flaky, metrics.clone());
+    assert_eq!(
+        kind(&admit(&core, &req("198.51.100.1", "/v1/x", Some("good-key"))).await),
+        "ok"
+    );
+    assert_eq!(decisions(&metrics, "key", "failed_open"), 1);
+    assert_eq!(
+        kind(&admit(&core, &req("198.51.100.1", "/v1/x", Some("bad"))).await),
+        "401 invalid"
+    );
+}
