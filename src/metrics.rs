@@ -39,8 +39,13 @@ pub struct Metrics {
     pub store_errors_total: IntCounterVec,
     /// `throttle_fallback_active`.
     pub fallback_active: IntGauge,
-    /// `throttle_events_dropped_total`.
-    pub events_dropped_total: IntCounter,
+    /// `throttle_events_dropped_total{reason}`: `queue_full` (oldest dropped while the
+    /// database was slow or down) or `rejected` (rows the database can never store).
+    pub events_dropped_total: IntCounterVec,
+    /// `throttle_invalid_limits_total{source}`: database limits refused (`override`: a
+    /// key's `custom_override`; `policy`: a `rate_limit_policies` row); the key keeps its
+    /// tier's limits.
+    pub invalid_limits_total: IntCounterVec,
     /// `throttle_upstream_seconds{route}`.
     pub upstream_seconds: HistogramVec,
 }
@@ -110,9 +115,19 @@ impl Metrics {
             "throttle_fallback_active",
             "1 while decisions come from the local fallback.",
         )?;
-        let events_dropped_total = IntCounter::new(
-            "throttle_events_dropped_total",
-            "Violation events dropped because the queue was full.",
+        let events_dropped_total = IntCounterVec::new(
+            Opts::new(
+                "throttle_events_dropped_total",
+                "Violation events dropped, by reason (queue_full, rejected).",
+            ),
+            &["reason"],
+        )?;
+        let invalid_limits_total = IntCounterVec::new(
+            Opts::new(
+                "throttle_invalid_limits_total",
+                "Database limits refused (a key's custom_override, a policy row), by source.",
+            ),
+            &["source"],
         )?;
         let upstream_seconds = HistogramVec::new(
             HistogramOpts::new(
@@ -127,6 +142,13 @@ impl Metrics {
         registry.register(Box::new(store_errors_total.clone()))?;
         registry.register(Box::new(fallback_active.clone()))?;
         registry.register(Box::new(events_dropped_total.clone()))?;
+        registry.register(Box::new(invalid_limits_total.clone()))?;
+        for reason in ["queue_full", "rejected"] {
+            events_dropped_total.with_label_values(&[reason]);
+        }
+        for source in ["override", "policy"] {
+            invalid_limits_total.with_label_values(&[source]);
+        }
         registry.register(Box::new(upstream_seconds.clone()))?;
         let decisions = Scope::ALL.map(|s| {
             Outcome::ALL.map(|o| decisions_total.with_label_values(&[s.as_str(), o.as_str()]))
@@ -139,6 +161,7 @@ impl Metrics {
             store_errors_total,
             fallback_active,
             events_dropped_total,
+            invalid_limits_total,
             upstream_seconds,
         })
     }

@@ -501,7 +501,10 @@ async fn no_event_is_lost_across_a_postgres_restart() {
     )
     .await;
     let m = gw.metrics().await;
-    assert!(m.contains("throttle_events_dropped_total 0"), "{m}");
+    assert!(
+        m.contains("throttle_events_dropped_total{reason=\"queue_full\"} 0"),
+        "{m}"
+    );
 }
 
 /// PostgreSQL down at start: the gateway serves the TOML keys and says degraded.
