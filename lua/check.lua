@@ -1,4 +1,5 @@
 -- check.lua: the entry point of Throttle's one script (prelude + algorithms + this file).
+-- The wire format below mirrors src/store/redis/wire.rs (a test there checks it).
 --
 -- KEYS[i]   the state key of window i, e.g. thr:{ip:203.0.113.7}:1m. On Redis Cluster the
 --           caller passes the windows of one scope per call; they share a hash tag, so a

@@ -26,12 +26,13 @@ use redis::cluster_async::ClusterConnection;
 use redis::sentinel::{SentinelClient, SentinelServerType};
 use redis::{RedisResult, Script, ScriptInvocation};
 
+pub mod wire;
+
+use self::wire::{Mode, Reply};
 use super::{LimitStore, StoreError};
 use crate::clock::Clock;
 use crate::config::Store as StoreConfig;
-use crate::limiter::{
-    Algorithm, Check, Decision, Ident, Scope, ScopeCheck, Verdict, Window, WindowDecision,
-};
+use crate::limiter::{Check, Ident, Scope, ScopeCheck, Verdict, Window};
 
 macro_rules! lua {
     ($f:literal) => {
@@ -126,12 +127,7 @@ impl RedisStore {
 
     /// The Redis key of one window of one identity: `<prefix>:{<scope>:<id>}:<window>`.
     pub fn key(&self, scope: Scope, ident: &Ident, window: Window) -> String {
-        let (p, w) = (&self.prefix, window.label());
-        match ident {
-            Ident::Global => format!("{p}:{{global}}:{w}"),
-            Ident::Ip(ip) => format!("{p}:{{{}:{ip}}}:{w}", scope.as_str()),
-            Ident::Name(n) => format!("{p}:{{{}:{n}}}:{w}", scope.as_str()),
-        }
+        wire::key(&self.prefix, scope, ident, window)
     }
 
     /// Records this instance as alive for `ttl_ms` and returns how many instances are alive
@@ -232,25 +228,6 @@ impl RedisStore {
             .unwrap_or_default()
     }
 
-    /// Adds `scope`'s windows (keys + 7 args each) to `inv`.
-    fn push_scope(
-        &self,
-        inv: &mut ScriptInvocation<'_>,
-        s: &ScopeCheck<'_>,
-        currents: Option<&[u64]>,
-    ) {
-        for (i, w) in s.limits.windows.iter().enumerate() {
-            inv.key(self.key(s.scope, &s.ident, w.window));
-            inv.arg(algorithm_code(w.algorithm))
-                .arg(window_code(w.window))
-                .arg(w.limit)
-                .arg(w.capacity)
-                .arg(w.window.period_ms())
-                .arg(s.ident.offset_ms(w))
-                .arg(currents.and_then(|c| c.get(i)).copied().unwrap_or(0));
-        }
-    }
-
     /// One script call for `scopes` within the deadline.
     async fn call(
         &self,
@@ -261,17 +238,16 @@ impl RedisStore {
         now: &str,
     ) -> Result<Reply, StoreError> {
         let mut inv = self.script.prepare_invoke();
-        inv.arg(now)
-            .arg(cost)
-            .arg(if peek { "peek" } else { "check" });
+        let mode = if peek { Mode::Peek } else { Mode::Check };
+        wire::push_header(&mut inv, now, cost, mode);
         for s in scopes {
-            self.push_scope(&mut inv, s, None);
+            wire::push_scope(&mut inv, &self.prefix, s, None);
         }
         let raw = tokio::time::timeout(self.timeout, eval(conn, &inv))
             .await
             .map_err(|_| StoreError::Timeout(self.timeout.as_millis() as u64))?
             .map_err(unavailable)?;
-        Reply::parse(&raw, scopes)
+        wire::parse_reply(&raw, scopes)
     }
 
     async fn check_inner(&self, check: &Check<'_>) -> Result<Verdict, StoreError> {
@@ -336,17 +312,14 @@ impl RedisStore {
                     .iter()
                     .map(|w| self.key(s.scope, &s.ident, w.window))
                     .collect();
-                let mut args = vec![now.to_string(), cost.to_string(), "refund".to_string()];
+                let mut args = vec![
+                    now.to_string(),
+                    cost.to_string(),
+                    Mode::Refund.as_str().to_string(),
+                ];
                 for (i, w) in s.limits.windows.iter().enumerate() {
-                    args.extend([
-                        algorithm_code(w.algorithm).to_string(),
-                        window_code(w.window).to_string(),
-                        w.limit.to_string(),
-                        w.capacity.to_string(),
-                        w.window.period_ms().to_string(),
-                        s.ident.offset_ms(w).to_string(),
-                        currents.get(i).copied().unwrap_or(0).to_string(),
-                    ]);
+                    let current = currents.get(i).copied().unwrap_or(0);
+                    args.extend(wire::window_args(w, &s.ident, current).map(|v| v.to_string()));
                 }
                 (keys, args)
             })
@@ -406,73 +379,6 @@ impl LimitStore for RedisStore {
     }
 }
 
-/// A decoded script reply.
-struct Reply {
-    now: u64,
-    all_allowed: bool,
-    decisions: Vec<WindowDecision>,
-}
-
-impl Reply {
-    fn parse(raw: &[i64], scopes: &[ScopeCheck<'_>]) -> Result<Reply, StoreError> {
-        let windows: usize = scopes.iter().map(|s| s.limits.windows.len()).sum();
-        if raw.len() != 2 + 5 * windows {
-            return Err(StoreError::Unavailable(format!(
-                "unexpected script reply of {} values for {windows} windows",
-                raw.len()
-            )));
-        }
-        let u = |v: i64| u64::try_from(v).unwrap_or(0);
-        let mut decisions = Vec::with_capacity(windows);
-        let mut at = 2;
-        for s in scopes {
-            for w in &s.limits.windows {
-                let f = &raw[at..at + 5];
-                decisions.push(WindowDecision {
-                    scope: s.scope,
-                    window: w.window,
-                    decision: Decision {
-                        allowed: f[0] == 1,
-                        limit: w.limit,
-                        remaining: u32::try_from(f[1]).unwrap_or(0),
-                        current: u(f[2]),
-                        reset_after_ms: u(f[3]),
-                        retry_after_ms: u(f[4]),
-                    },
-                });
-                at += 5;
-            }
-        }
-        Ok(Reply {
-            now: u(raw[0]),
-            all_allowed: raw[1] == 1,
-            decisions,
-        })
-    }
-}
-
 fn unavailable(e: redis::RedisError) -> StoreError {
     StoreError::Unavailable(e.to_string())
-}
-
-/// The script's algorithm codes.
-pub fn algorithm_code(a: Algorithm) -> u8 {
-    match a {
-        Algorithm::TokenBucket => 1,
-        Algorithm::SlidingWindow => 2,
-        Algorithm::FixedWindow => 3,
-        Algorithm::SlidingLog => 4,
-        Algorithm::LeakyBucket => 5,
-    }
-}
-
-/// The script's window codes.
-pub fn window_code(w: Window) -> u8 {
-    match w {
-        Window::Second => 1,
-        Window::Minute => 2,
-        Window::Hour => 3,
-        Window::Day => 4,
-        Window::Month => 5,
-    }
 }

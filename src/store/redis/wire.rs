@@ -1,0 +1,218 @@
+//! The Redis wire format of Throttle's one script, in one place: key names, the ARGV
+//! layout, the algorithm and window codes, and the reply. `lua/check.lua` mirrors it
+//! (its header comment states the same layout; a test below checks the numbers).
+
+use redis::ScriptInvocation;
+
+use crate::limiter::{
+    Algorithm, Decision, Ident, Scope, ScopeCheck, Window, WindowDecision, WindowLimit,
+};
+use crate::store::StoreError;
+
+/// ARGV values before the windows: now (or ''), cost, mode.
+pub const HEADER_ARGS: usize = 3;
+/// ARGV values per window: algorithm, window, limit, capacity, period_ms, offset_ms,
+/// current (refunds only).
+pub const ARGS_PER_WINDOW: usize = 7;
+/// Reply values before the windows: now, all_allowed.
+pub const REPLY_HEADER: usize = 2;
+/// Reply values per window: allowed, remaining, current, reset_after_ms, retry_after_ms.
+pub const REPLY_PER_WINDOW: usize = 5;
+
+/// ARGV[3]: what the script does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Decide every window; charge all of them only if all allow.
+    Check,
+    /// Decide every window, charge nothing.
+    Peek,
+    /// Give back a charge (Cluster: another scope rejected the request).
+    Refund,
+}
+
+/// A decoded script reply.
+#[derive(Debug)]
+pub struct Reply {
+    /// The script's clock reading (Unix ms).
+    pub now: u64,
+    /// Whether every window allowed (and so, in `Check` mode, was charged).
+    pub all_allowed: bool,
+    /// One decision per window, in the order the windows were sent.
+    pub decisions: Vec<WindowDecision>,
+}
+
+// === impl Mode ===
+
+impl Mode {
+    /// The ARGV[3] string.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Check => "check",
+            Mode::Peek => "peek",
+            Mode::Refund => "refund",
+        }
+    }
+}
+
+/// The Redis key of one window of one identity: `<prefix>:{<scope>:<id>}:<window>`. The
+/// hash tag holds the scope and identity, so one scope's windows share a Cluster slot.
+pub fn key(prefix: &str, scope: Scope, ident: &Ident, window: Window) -> String {
+    let w = window.label();
+    match ident {
+        Ident::Global => format!("{prefix}:{{global}}:{w}"),
+        Ident::Ip(ip) => format!("{prefix}:{{{}:{ip}}}:{w}", scope.as_str()),
+        Ident::Name(n) => format!("{prefix}:{{{}:{n}}}:{w}", scope.as_str()),
+    }
+}
+
+/// The header values: now ('' for the server clock), cost, mode.
+pub fn push_header(inv: &mut ScriptInvocation<'_>, now: &str, cost: u32, mode: Mode) {
+    inv.arg(now).arg(cost).arg(mode.as_str());
+}
+
+/// One window's values, in ARGV order.
+pub fn window_args(w: &WindowLimit, ident: &Ident, current: u64) -> [u64; ARGS_PER_WINDOW] {
+    [
+        u64::from(algorithm_code(w.algorithm)),
+        u64::from(window_code(w.window)),
+        u64::from(w.limit),
+        u64::from(w.capacity),
+        w.window.period_ms(),
+        ident.offset_ms(w),
+        current,
+    ]
+}
+
+/// Adds `s`'s windows (a key and `ARGS_PER_WINDOW` values each) to `inv`; `currents`
+/// are the charges to give back (refunds), else 0.
+pub fn push_scope(
+    inv: &mut ScriptInvocation<'_>,
+    prefix: &str,
+    s: &ScopeCheck<'_>,
+    currents: Option<&[u64]>,
+) {
+    for (i, w) in s.limits.windows.iter().enumerate() {
+        inv.key(key(prefix, s.scope, &s.ident, w.window));
+        let current = currents.and_then(|c| c.get(i)).copied().unwrap_or(0);
+        for v in window_args(w, &s.ident, current) {
+            inv.arg(v);
+        }
+    }
+}
+
+/// Decodes a reply for `scopes`' windows.
+///
+/// # Errors
+/// `StoreError::Unavailable` when the reply does not have the expected shape.
+pub fn parse_reply(raw: &[i64], scopes: &[ScopeCheck<'_>]) -> Result<Reply, StoreError> {
+    let windows: usize = scopes.iter().map(|s| s.limits.windows.len()).sum();
+    if raw.len() != REPLY_HEADER + REPLY_PER_WINDOW * windows {
+        return Err(StoreError::Unavailable(format!(
+            "unexpected script reply of {} values for {windows} windows",
+            raw.len()
+        )));
+    }
+    let u = |v: i64| u64::try_from(v).unwrap_or(0);
+    let mut decisions = Vec::with_capacity(windows);
+    let mut fields = raw[REPLY_HEADER..].chunks_exact(REPLY_PER_WINDOW);
+    for s in scopes {
+        for w in &s.limits.windows {
+            let Some(f) = fields.next() else { break };
+            decisions.push(WindowDecision {
+                scope: s.scope,
+                window: w.window,
+                decision: Decision {
+                    allowed: f[0] == 1,
+                    limit: w.limit,
+                    remaining: u32::try_from(f[1]).unwrap_or(0),
+                    current: u(f[2]),
+                    reset_after_ms: u(f[3]),
+                    retry_after_ms: u(f[4]),
+                },
+            });
+        }
+    }
+    Ok(Reply {
+        now: u(raw[0]),
+        all_allowed: raw[1] == 1,
+        decisions,
+    })
+}
+
+/// The script's algorithm codes.
+pub fn algorithm_code(a: Algorithm) -> u8 {
+    match a {
+        Algorithm::TokenBucket => 1,
+        Algorithm::SlidingWindow => 2,
+        Algorithm::FixedWindow => 3,
+        Algorithm::SlidingLog => 4,
+        Algorithm::LeakyBucket => 5,
+    }
+}
+
+/// The script's window codes.
+pub fn window_code(w: Window) -> u8 {
+    match w {
+        Window::Second => 1,
+        Window::Minute => 2,
+        Window::Hour => 3,
+        Window::Day => 4,
+        Window::Month => 5,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// check.lua reads the layout this file writes, and documents the same codes.
+    #[test]
+    fn lua_mirrors_the_layout() {
+        let lua = super::super::CHECK_LUA;
+        let argv = format!(
+            "local b = {} + (i - 1) * {}",
+            HEADER_ARGS + 1,
+            ARGS_PER_WINDOW
+        );
+        assert!(lua.contains(&argv), "check.lua does not read `{argv}`");
+        for m in [Mode::Check, Mode::Peek, Mode::Refund] {
+            assert!(lua.contains(&format!("'{}'", m.as_str())), "{m:?}");
+        }
+        for (a, name) in [
+            (Algorithm::TokenBucket, "token_bucket"),
+            (Algorithm::SlidingWindow, "sliding_window"),
+            (Algorithm::FixedWindow, "fixed_window"),
+            (Algorithm::SlidingLog, "sliding_log"),
+            (Algorithm::LeakyBucket, "leaky_bucket"),
+        ] {
+            let doc = format!("{} {name}", algorithm_code(a));
+            assert!(lua.contains(&doc), "check.lua lacks `{doc}`");
+            assert!(
+                lua.contains(&format!("ALG[{}] = {{", algorithm_code(a))),
+                "no ALG[{}]",
+                algorithm_code(a)
+            );
+        }
+        let reply = lua.matches("reply[#reply + 1] = d.").count();
+        assert_eq!(reply, REPLY_PER_WINDOW);
+    }
+
+    /// Keys carry the scope and identity in clear, the hash tag around them.
+    #[test]
+    fn key_names() {
+        let ip = Ident::Ip("203.0.113.7".parse().unwrap());
+        assert_eq!(
+            key("thr", Scope::Ip, &ip, Window::Minute),
+            "thr:{ip:203.0.113.7}:1m"
+        );
+        let k = Ident::Name("key_demo".into());
+        assert_eq!(
+            key("thr", Scope::Key, &k, Window::Hour),
+            "thr:{key:key_demo}:1h"
+        );
+        assert_eq!(
+            key("x", Scope::Global, &Ident::Global, Window::Second),
+            "x:{global}:1s"
+        );
+    }
+}
