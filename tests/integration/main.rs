@@ -16,5 +16,6 @@ mod client_ip_e2e;
 mod db;
 mod edge;
 mod hardening;
+mod lifetime;
 mod proxy_e2e;
 mod reload;
