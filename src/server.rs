@@ -137,10 +137,7 @@ pub fn build(mut config: Config, extras: Extras) -> Result<Built, StartError> {
     let mut core = Core::new(Runtime::from_config(config)?, store, metrics);
     core.upstream_override = demo_addr;
     if db.configured() {
-        let dropped = core
-            .metrics
-            .events_dropped_total
-            .with_label_values(&["queue_full"]);
+        let dropped = core.metrics.events_dropped_total.clone();
         core.events = Some(Arc::new(EventQueue::new(EVENT_QUEUE, dropped)));
     }
     let core = Arc::new(core);

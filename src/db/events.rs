@@ -2,16 +2,27 @@
 //!
 //! The request path only pushes into a bounded in-memory queue (a mutex held for a
 //! `VecDeque` push, never across an await). A background writer drains it in batches
-//! (one multi-row INSERT) and creates this month's and next month's partitions. While
-//! PostgreSQL is down the writer keeps the events and retries with backoff; when the queue
-//! is full the oldest event is dropped and counted in `throttle_events_dropped_total`.
+//! (one multi-row INSERT), first creating the monthly partition of every month a batch
+//! holds (old months too; the months known to exist are cached).
+//!
+//! Failures are sorted by [`classify`]:
+//! - transient (the connection, the pool, a serialization failure or deadlock, a server
+//!   short of resources or shutting down): the writer keeps the batch and retries with
+//!   backoff;
+//! - permanent (everything else: bad data, a constraint, a missing partition that could
+//!   not be created, ...): the writer isolates the rows at fault by bisecting the batch,
+//!   writes the others, and drops each row that can never be written, counted in
+//!   `throttle_events_dropped_total{reason="rejected"}`. Newer events never wait behind
+//!   such a row.
+//!
+//! When the queue is full the oldest event is dropped and counted as `reason="queue_full"`.
 
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use prometheus::IntCounter;
+use prometheus::{IntCounter, IntCounterVec};
 use sqlx::postgres::PgPool;
 use sqlx::QueryBuilder;
 use tokio::sync::Notify;
@@ -21,6 +32,9 @@ use crate::limiter::Window;
 
 /// Most rows per INSERT.
 const BATCH: usize = 500;
+
+/// Most months remembered as having a partition (then the cache starts over).
+const KNOWN_MONTHS: usize = 1024;
 
 /// One rejection.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,24 +59,92 @@ pub struct Event {
     pub at_ms: u64,
 }
 
+/// What a failed write means for the rows it carried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// The database or the way to it is unwell: keep the rows and retry later.
+    Transient,
+    /// The statement or the rows themselves are refused: retrying the same rows fails again.
+    Permanent,
+}
+
+/// Sorts a sqlx error: connection, I/O, TLS, protocol and pool failures are transient; a
+/// database error by its SQLSTATE ([`classify_sqlstate`]); anything else (encoding a
+/// value, ...) is permanent.
+pub fn classify(error: &sqlx::Error) -> Failure {
+    match error {
+        sqlx::Error::Database(e) => match e.code() {
+            Some(code) => classify_sqlstate(&code),
+            None => Failure::Permanent,
+        },
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::Configuration(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed
+        | sqlx::Error::BeginFailed => Failure::Transient,
+        _ => Failure::Permanent,
+    }
+}
+
+/// Sorts a PostgreSQL SQLSTATE. Transient: class 08 (connection exception), 40
+/// (transaction rollback: serialization failure, deadlock), 53 (insufficient resources),
+/// 57014 (query canceled), 57P01..57P05 (shutdown, cannot connect now, idle session
+/// timeout), 58000/58030 (system and I/O errors), 25006 (read-only transaction: a standby
+/// after a failover) and 55P03 (lock not available). Everything else (22 data exception,
+/// 23 integrity constraint violation, 23514 included, which is also "no partition of
+/// relation found for row", 42 syntax or access rule, ...) is permanent.
+pub fn classify_sqlstate(code: &str) -> Failure {
+    let transient = matches!(code.get(..2), Some("08" | "40" | "53"))
+        || matches!(
+            code,
+            "57014" | "57P01" | "57P02" | "57P03" | "57P05" | "58000" | "58030" | "25006" | "55P03"
+        );
+    if transient {
+        Failure::Transient
+    } else {
+        Failure::Permanent
+    }
+}
+
+/// A permanent error that no row of the statement can escape (class 42: syntax, an
+/// undefined object, a missing privilege): bisecting the batch would only fail again.
+fn statement_level(code: Option<&str>) -> bool {
+    code.and_then(|c| c.get(..2)) == Some("42")
+}
+
+fn sqlstate(error: &sqlx::Error) -> Option<String> {
+    match error {
+        sqlx::Error::Database(e) => e.code().map(|c| c.into_owned()),
+        _ => None,
+    }
+}
+
 /// The bounded queue between the request path and the writer.
 pub struct EventQueue {
     events: Mutex<VecDeque<Event>>,
     capacity: usize,
     wake: Notify,
-    dropped: IntCounter,
+    /// `reason="queue_full"`.
+    overflowed: IntCounter,
+    /// `reason="rejected"`.
+    rejected: IntCounter,
 }
 
 // === impl EventQueue ===
 
 impl EventQueue {
-    /// A queue holding at most `capacity` events.
-    pub fn new(capacity: usize, dropped: IntCounter) -> Self {
+    /// A queue holding at most `capacity` events; drops are counted in `dropped`
+    /// (`throttle_events_dropped_total`, label `reason`: `queue_full`, `rejected`).
+    pub fn new(capacity: usize, dropped: IntCounterVec) -> Self {
         Self {
             events: Mutex::new(VecDeque::with_capacity(capacity.min(4096))),
             capacity: capacity.max(1),
             wake: Notify::new(),
-            dropped,
+            overflowed: dropped.with_label_values(&["queue_full"]),
+            rejected: dropped.with_label_values(&["rejected"]),
         }
     }
 
@@ -71,7 +153,7 @@ impl EventQueue {
         let mut q = self.events.lock().unwrap_or_else(PoisonError::into_inner);
         if q.len() >= self.capacity {
             q.pop_front();
-            self.dropped.inc();
+            self.overflowed.inc();
         }
         q.push_back(event);
         drop(q);
@@ -103,47 +185,52 @@ impl EventQueue {
         let mut q = self.events.lock().unwrap_or_else(PoisonError::into_inner);
         for e in batch.into_iter().rev() {
             if q.len() >= self.capacity {
-                self.dropped.inc();
+                self.overflowed.inc();
                 continue;
             }
             q.push_front(e);
         }
     }
 
-    /// Writes batches until the queue is empty, then waits for more; retries with backoff
-    /// while the database fails. Returns when `stop` resolves.
+    /// Writes batches until the queue is empty, then waits for more. A transient failure
+    /// puts the unwritten rows back and retries with backoff; rows refused for good are
+    /// dropped and counted (see the module doc). Once `stop` resolves it writes what is
+    /// queued and returns (at once while the database fails).
     pub async fn run_writer(
         self: Arc<Self>,
         pool: PgPool,
         stop: impl std::future::Future<Output = ()>,
     ) {
         tokio::pin!(stop);
+        let mut writer = Writer {
+            pool,
+            known: HashSet::new(),
+            rejected: self.rejected.clone(),
+        };
         let mut backoff = Duration::from_millis(100);
-        let mut partitions_ok_for: Option<u64> = None;
+        // Once `stop` has resolved it is not polled again; what is queued still gets written.
+        let mut stopping = false;
         loop {
             let batch = self.take(BATCH);
             if batch.is_empty() {
+                if stopping {
+                    return;
+                }
                 tokio::select! {
-                    () = &mut stop => return,
-                    () = self.wake.notified() => continue,
-                    () = tokio::time::sleep(Duration::from_secs(1)) => continue,
+                    () = &mut stop => stopping = true,
+                    () = self.wake.notified() => {}
+                    () = tokio::time::sleep(Duration::from_secs(1)) => {}
                 }
+                continue;
             }
-            let month = batch.first().map(|e| e.at_ms / (86_400_000 * 28));
-            let result = async {
-                if partitions_ok_for != month {
-                    ensure_partitions(&pool).await?;
-                    partitions_ok_for = month;
-                }
-                insert(&pool, &batch).await
-            }
-            .await;
-            match result {
+            match writer.write(batch).await {
                 Ok(()) => backoff = Duration::from_millis(100),
-                Err(e) => {
-                    tracing::warn!(error = %e, events = batch.len(), "violation log write failed; retrying");
-                    self.put_back(batch);
-                    partitions_ok_for = None;
+                Err(Retry { rest, error }) => {
+                    tracing::warn!(error = %error, events = rest.len(), "violation log write failed; retrying");
+                    self.put_back(rest);
+                    if stopping {
+                        return;
+                    }
                     tokio::select! {
                         () = &mut stop => return,
                         () = tokio::time::sleep(backoff) => {}
@@ -153,6 +240,199 @@ impl EventQueue {
             }
         }
     }
+}
+
+/// A transient failure: `rest` (the rows not written, in order) goes back to the queue.
+struct Retry {
+    rest: Vec<Event>,
+    error: sqlx::Error,
+}
+
+/// What `run_writer` keeps between batches.
+struct Writer {
+    pool: PgPool,
+    /// UTC months (`year * 12 + month - 1`) whose partitions are known to exist.
+    known: HashSet<i64>,
+    rejected: IntCounter,
+}
+
+impl Writer {
+    /// Writes `batch`: every row is written or dropped (and counted), unless a transient
+    /// failure hands the unwritten ones back.
+    async fn write(&mut self, batch: Vec<Event>) -> Result<(), Retry> {
+        if let Err(error) = self.ensure_months(&batch).await {
+            return Err(Retry { rest: batch, error });
+        }
+        let error = match insert(&self.pool, &batch).await {
+            Ok(()) => return Ok(()),
+            Err(e) => e,
+        };
+        if classify(&error) == Failure::Transient {
+            return Err(Retry { rest: batch, error });
+        }
+        // A partition may have gone since it was cached (retention): look again.
+        for e in &batch {
+            self.known.remove(&utc_month(e.at_ms));
+        }
+        if let Err(error) = self.ensure_months(&batch).await {
+            return Err(Retry { rest: batch, error });
+        }
+        self.isolate(batch, error).await
+    }
+
+    /// Creates the partitions of the months of `batch` not known to exist. A permanent
+    /// failure is logged and left to the INSERT (whose rows for that month are then
+    /// dropped); a transient one is returned.
+    async fn ensure_months(&mut self, batch: &[Event]) -> Result<(), sqlx::Error> {
+        let mut months: Vec<i64> = batch.iter().map(|e| utc_month(e.at_ms)).collect();
+        months.sort_unstable();
+        months.dedup();
+        for month in months {
+            if self.known.contains(&month) {
+                continue;
+            }
+            match ensure_month(&self.pool, month).await {
+                Ok(()) => {
+                    if self.known.len() >= KNOWN_MONTHS {
+                        self.known.clear();
+                    }
+                    self.known.insert(month);
+                }
+                Err(e) if classify(&e) == Failure::Transient => return Err(e),
+                Err(e) => tracing::warn!(
+                    error = %e,
+                    sqlstate = sqlstate(&e).as_deref().unwrap_or(""),
+                    month = %format_month(month),
+                    "violation log: cannot create the partition of a month"
+                ),
+            }
+        }
+        Ok(())
+    }
+
+    /// `batch` failed permanently with `first`: writes it by halves, down to single rows,
+    /// dropping (and counting) each row refused for good; logs once what was dropped.
+    async fn isolate(&mut self, batch: Vec<Event>, first: sqlx::Error) -> Result<(), Retry> {
+        let mut dropped = 0_u64;
+        let mut codes: Vec<String> = Vec::new();
+        let mut last_error: Option<sqlx::Error> = None;
+        let mut note = |e: &sqlx::Error, rows: usize, dropped: &mut u64| {
+            if let Some(code) = sqlstate(e) {
+                if !codes.contains(&code) {
+                    codes.push(code);
+                }
+            }
+            *dropped += rows as u64;
+        };
+        let mut outcome = Ok(());
+        if statement_level(sqlstate(&first).as_deref()) {
+            // No row can pass this statement: no use trying them one by one.
+            note(&first, batch.len(), &mut dropped);
+            last_error = Some(first);
+        } else {
+            // Ranges still to write, the next on top; the whole batch failed already.
+            let mid = batch.len() / 2;
+            let mut todo = vec![(mid, batch.len()), (0, mid)];
+            if batch.len() == 1 {
+                note(&first, 1, &mut dropped);
+                last_error = Some(first);
+                todo.clear();
+            }
+            while let Some((from, to)) = todo.pop() {
+                if from == to {
+                    continue;
+                }
+                let error = match insert(&self.pool, &batch[from..to]).await {
+                    Ok(()) => continue,
+                    Err(e) => e,
+                };
+                if classify(&error) == Failure::Transient {
+                    // Everything before `from` is written or dropped; the rest waits.
+                    outcome = Err(Retry {
+                        rest: batch[from..].to_vec(),
+                        error,
+                    });
+                    break;
+                }
+                if to - from == 1 {
+                    note(&error, 1, &mut dropped);
+                    last_error = Some(error);
+                } else {
+                    let mid = from + (to - from) / 2;
+                    todo.push((mid, to));
+                    todo.push((from, mid));
+                }
+            }
+        }
+        if dropped > 0 {
+            self.rejected.inc_by(dropped);
+            tracing::warn!(
+                dropped,
+                events = batch.len(),
+                sqlstate = codes.join(","),
+                error = %last_error.map(|e| e.to_string()).unwrap_or_default(),
+                "violation log: dropped events the database refuses for good"
+            );
+        }
+        outcome
+    }
+}
+
+/// The UTC month of `at_ms`, as `year * 12 + month - 1`.
+fn utc_month(at_ms: u64) -> i64 {
+    // Days since 1970-01-01 to a civil date (H. Hinnant's `civil_from_days`).
+    let z = i64::try_from(at_ms / 86_400_000).unwrap_or(i64::MAX / 2) + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    year * 12 + month - 1
+}
+
+/// Days since 1970-01-01 of the first day of `month` (`year * 12 + month - 1`).
+fn month_start_days(month: i64) -> i64 {
+    // H. Hinnant's `days_from_civil` for day 1.
+    let (year, m) = (month.div_euclid(12), month.rem_euclid(12) + 1);
+    let y = if m <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = if m > 2 { m - 3 } else { m + 9 };
+    let doy = (153 * mp + 2) / 5;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+fn format_month(month: i64) -> String {
+    format!("{}-{:02}", month.div_euclid(12), month.rem_euclid(12) + 1)
+}
+
+/// Creates the partitions holding the UTC month `month` (`year * 12 + month - 1`).
+///
+/// Partition bounds follow the session's time zone (as `throttle_ensure_event_partition`
+/// does), so the local months of the UTC month's first and last instants are ensured:
+/// one partition under UTC, at most two elsewhere. Existing ones are left alone.
+async fn ensure_month(pool: &PgPool, month: i64) -> Result<(), sqlx::Error> {
+    #[allow(clippy::cast_precision_loss)] // days stay far below 2^53
+    let secs = |days: i64| days as f64 * 86_400.0;
+    let first = secs(month_start_days(month));
+    let last = secs(month_start_days(month + 1)) - 0.001;
+    sqlx::query(
+        "SELECT throttle_ensure_event_partition(m.d)
+         FROM (SELECT DISTINCT date_trunc('month', to_timestamp(t))::date AS d
+               FROM unnest(ARRAY[$1, $2]::float8[]) AS t) AS m
+         WHERE NOT EXISTS (
+             SELECT 1 FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+             WHERE i.inhparent = 'rate_limit_events'::regclass
+               AND c.relname = 'rate_limit_events_' || to_char(m.d, 'YYYY_MM'))",
+    )
+    .bind(first)
+    .bind(last)
+    .execute(pool)
+    .await?;
+    Ok(())
 }
 
 /// Creates this month's and next month's partitions (idempotent).
@@ -169,7 +449,7 @@ pub async fn ensure_partitions(pool: &PgPool) -> Result<(), DbError> {
     Ok(())
 }
 
-async fn insert(pool: &PgPool, batch: &[Event]) -> Result<(), DbError> {
+async fn insert(pool: &PgPool, batch: &[Event]) -> Result<(), sqlx::Error> {
     let mut q = QueryBuilder::new(
         "INSERT INTO rate_limit_events (tenant_id, api_key_id, ip, scope, limit_key, limit_value, count, \"window\", created_at) ",
     );
@@ -199,5 +479,158 @@ fn interval(w: Window) -> &'static str {
         Window::Hour => "1 hour",
         Window::Day => "1 day",
         Window::Month => "1 month",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::borrow::Cow;
+
+    use super::*;
+
+    #[test]
+    fn sqlstates_are_sorted_into_transient_and_permanent() {
+        for code in [
+            "08000", "08003", "08006", "08001", "08004", "08P01", "40001", "40P01", "40000",
+            "53000", "53100", "53200", "53300", "57P01", "57P02", "57P03", "57P05", "57014",
+            "58000", "58030", "25006", "55P03",
+        ] {
+            assert_eq!(classify_sqlstate(code), Failure::Transient, "{code}");
+        }
+        for code in [
+            "22001", "22003", "22007", "22008", "22P02", "23502", "23503", "23505", "23514",
+            "23P01", "42501", "42P01", "42703", "42P17", "0A000", "XX000", "P0001", "57P04", "",
+            "4", "?",
+        ] {
+            assert_eq!(classify_sqlstate(code), Failure::Permanent, "{code}");
+        }
+    }
+
+    #[derive(Debug)]
+    struct PgError(Option<&'static str>);
+
+    impl std::fmt::Display for PgError {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "pg error {:?}", self.0)
+        }
+    }
+
+    impl std::error::Error for PgError {}
+
+    impl sqlx::error::DatabaseError for PgError {
+        fn message(&self) -> &str {
+            "pg error"
+        }
+        fn code(&self) -> Option<Cow<'_, str>> {
+            self.0.map(Cow::Borrowed)
+        }
+        fn as_error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+            self
+        }
+        fn as_error_mut(&mut self) -> &mut (dyn std::error::Error + Send + Sync + 'static) {
+            self
+        }
+        fn into_error(self: Box<Self>) -> Box<dyn std::error::Error + Send + Sync + 'static> {
+            self
+        }
+        fn kind(&self) -> sqlx::error::ErrorKind {
+            sqlx::error::ErrorKind::Other
+        }
+    }
+
+    #[test]
+    fn sqlx_errors_are_sorted_by_kind_then_sqlstate() {
+        let transient = [
+            sqlx::Error::Io(std::io::Error::from(std::io::ErrorKind::ConnectionRefused)),
+            sqlx::Error::Io(std::io::Error::from(std::io::ErrorKind::UnexpectedEof)),
+            sqlx::Error::PoolTimedOut,
+            sqlx::Error::PoolClosed,
+            sqlx::Error::WorkerCrashed,
+            sqlx::Error::Protocol("unexpected message".into()),
+            sqlx::Error::Tls("handshake".into()),
+            sqlx::Error::from(PgError(Some("57P01"))),
+            sqlx::Error::from(PgError(Some("40P01"))),
+            sqlx::Error::from(PgError(Some("08006"))),
+        ];
+        for e in &transient {
+            assert_eq!(classify(e), Failure::Transient, "{e}");
+        }
+        let permanent = [
+            sqlx::Error::from(PgError(Some("23514"))),
+            sqlx::Error::from(PgError(Some("22008"))),
+            sqlx::Error::from(PgError(Some("42501"))),
+            sqlx::Error::from(PgError(None)),
+            sqlx::Error::Encode("bad value".into()),
+            sqlx::Error::InvalidArgument("bad".into()),
+            sqlx::Error::RowNotFound,
+        ];
+        for e in &permanent {
+            assert_eq!(classify(e), Failure::Permanent, "{e}");
+        }
+    }
+
+    #[test]
+    fn only_class_42_fails_every_row_alike() {
+        assert!(statement_level(Some("42501")));
+        assert!(statement_level(Some("42P01")));
+        assert!(!statement_level(Some("23514")));
+        assert!(!statement_level(Some("22008")));
+        assert!(!statement_level(None));
+    }
+
+    #[test]
+    fn utc_months_and_their_first_days() {
+        let day = 86_400_000_u64;
+        assert_eq!(format_month(utc_month(0)), "1970-01");
+        assert_eq!(format_month(utc_month(31 * day - 1)), "1970-01");
+        assert_eq!(format_month(utc_month(31 * day)), "1970-02");
+        // 2024-02-10T12:00:00Z, 2024-02-29 (leap day), 2024-03-01T00:00:00Z.
+        assert_eq!(format_month(utc_month(1_707_566_400_000)), "2024-02");
+        assert_eq!(format_month(utc_month(1_709_251_199_999)), "2024-02");
+        assert_eq!(format_month(utc_month(1_709_251_200_000)), "2024-03");
+        assert_eq!(format_month(utc_month(1_767_225_599_999)), "2025-12");
+        assert_eq!(format_month(utc_month(1_767_225_600_000)), "2026-01");
+        assert_eq!(month_start_days(utc_month(1_709_251_200_000)), 19_783);
+        assert_eq!(month_start_days(utc_month(1_707_566_400_000)), 19_754);
+        // Every month start maps back to its own month, over four centuries.
+        for month in (1970 * 12 + 1)..(2370 * 12) {
+            let start = u64::try_from(month_start_days(month)).unwrap() * day;
+            assert_eq!(utc_month(start), month);
+            assert_eq!(utc_month(start - 1), month - 1);
+        }
+        // Nonsense times do not panic (their partition then fails to be created).
+        let _ = utc_month(u64::MAX);
+    }
+
+    fn event(at_ms: u64) -> Event {
+        Event {
+            tenant_id: None,
+            api_key_id: None,
+            ip: IpAddr::from([127, 0, 0, 1]),
+            scope: "ip",
+            limit_key: "ip:127.0.0.1".into(),
+            limit_value: 1,
+            count: 2,
+            window: Window::Minute,
+            at_ms,
+        }
+    }
+
+    #[test]
+    fn queue_counts_overflow_as_queue_full() {
+        let dropped = IntCounterVec::new(prometheus::Opts::new("d", "d"), &["reason"]).unwrap();
+        let q = EventQueue::new(2, dropped.clone());
+        for t in 0..3 {
+            q.push(event(t));
+        }
+        assert_eq!(q.len(), 2);
+        assert_eq!(dropped.with_label_values(&["queue_full"]).get(), 1);
+        assert_eq!(dropped.with_label_values(&["rejected"]).get(), 0);
+        q.put_back(vec![event(9)]);
+        assert_eq!(dropped.with_label_values(&["queue_full"]).get(), 2);
+        assert_eq!(
+            q.take(10).iter().map(|e| e.at_ms).collect::<Vec<_>>(),
+            [1, 2]
+        );
     }
 }

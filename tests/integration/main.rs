@@ -15,6 +15,7 @@ mod cli;
 mod client_ip_e2e;
 mod db;
 mod edge;
+mod events;
 mod hardening;
 mod lifetime;
 mod proxy_e2e;
