@@ -4,14 +4,14 @@
 //! presented key is hashed once and looked up. Lookups of a preimage-resistant digest leak
 //! nothing useful through timing, so no constant-time compare is needed.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use http::HeaderMap;
 use sha2::{Digest, Sha256};
 
-use crate::config::{Config, Tier};
-use crate::limiter::Ident;
+use crate::config::{check_cost, Config, LimitError, Tier};
+use crate::limiter::{Ident, Window};
 
 /// Longest key accepted; longer ones are invalid without being hashed.
 pub const MAX_KEY_LEN: usize = 256;
@@ -48,6 +48,9 @@ pub struct KeyInfo {
 #[derive(Debug, Default)]
 pub struct KeyTable {
     by_digest: HashMap<[u8; 32], Arc<KeyInfo>>,
+    /// The database limits refused while building this table (one string per refusal,
+    /// naming what was refused and why), so that the next build reports only new ones.
+    refused: HashSet<String>,
 }
 
 // === impl KeyInfo ===
@@ -73,22 +76,42 @@ impl KeyInfo {
 impl KeyTable {
     /// The keys of `[[keys]]` (unknown tiers were rejected by validation).
     pub fn from_config(config: &Config) -> Self {
+        Self::from_config_tiers(config, &config.tiers)
+    }
+
+    /// The keys of `[[keys]]`, their tiers (and their tenants' `[[tenants]]` tiers) looked
+    /// up in `tiers` (the config's, with the database's policies applied); keys naming a
+    /// tier missing from `tiers` are left out.
+    pub fn from_config_tiers(config: &Config, tiers: &HashMap<String, Arc<Tier>>) -> Self {
         let mut by_digest = HashMap::with_capacity(config.keys.len());
         for k in &config.keys {
-            let Some(tier) = config.tiers.get(&k.tier) else {
+            let Some(tier) = tiers.get(&k.tier) else {
                 continue;
             };
             let tenant_tier = config
                 .tenants
                 .get(&k.tenant)
-                .and_then(|t| config.tiers.get(t))
+                .and_then(|t| tiers.get(t))
                 .unwrap_or(tier);
             by_digest.insert(
                 k.sha256,
                 KeyInfo::new(&k.id, &k.tenant, tier.clone(), tenant_tier.clone()),
             );
         }
-        Self { by_digest }
+        Self {
+            by_digest,
+            refused: HashSet::new(),
+        }
+    }
+
+    /// The database limits refused while building this table.
+    pub fn refused(&self) -> &HashSet<String> {
+        &self.refused
+    }
+
+    /// Records the database limits refused while building this table.
+    pub fn set_refused(&mut self, refused: HashSet<String>) {
+        self.refused = refused;
     }
 
     /// Every key, by digest.
@@ -119,45 +142,45 @@ impl KeyTable {
 }
 
 /// `tier` with its key windows overridden field by field by `o`, a JSON object of
-/// `per_second` .. `per_month`: a number sets that window's limit (keeping the window's
-/// algorithm, or its default), `null` removes the window, absent fields stay as they are.
+/// `per_second` .. `per_month`: a number sets that window's limit (built with the tier's
+/// key settings: its algorithm for that window, its burst and jitter), `null` removes the
+/// window, absent fields stay as they are. Every window set passes
+/// `config::window_limit`, and no window of the result may be below `max_cost` (the
+/// config's highest route cost), as in `gateway.toml`.
 ///
 /// # Errors
-/// A message naming the field that is not a limit.
-pub fn apply_override(tier: &Tier, o: &serde_json::Value) -> Result<Tier, String> {
-    use crate::limiter::{Window, WindowLimit};
-    let obj = o
-        .as_object()
-        .ok_or("custom_override must be a JSON object")?;
+/// `LimitError` naming the field refused.
+pub fn apply_override(
+    tier: &Tier,
+    o: &serde_json::Value,
+    max_cost: u32,
+) -> Result<Tier, LimitError> {
+    let obj = o.as_object().ok_or_else(|| LimitError::NotAnObject {
+        field: "custom_override".into(),
+    })?;
     let mut key = (*tier.key).clone();
     for (field, v) in obj {
         let window = Window::ALL
             .into_iter()
             .find(|w| w.config_key() == field)
-            .ok_or_else(|| format!("unknown field {field:?}"))?;
+            .ok_or_else(|| LimitError::UnknownField {
+                field: field.clone(),
+            })?;
         key.windows.retain(|w| w.window != window);
         if v.is_null() {
             continue;
         }
-        let limit = v
-            .as_u64()
-            .filter(|n| (1..=1_000_000_000).contains(n))
-            .ok_or_else(|| format!("{field} must be a limit from 1 to 1e9"))?;
-        let old = tier.key.windows.iter().find(|w| w.window == window);
-        let algorithm = old.map_or(window.default_algorithm(), |w| w.algorithm);
-        let burst = old.map_or(1.0, |w| f64::from(w.capacity) / f64::from(w.limit));
-        let jitter = old.map_or(0, |w| w.jitter_ms);
-        key.windows.push(
-            WindowLimit::with_algorithm(window, limit as u32, algorithm)
-                .with_burst(burst)
-                .with_jitter_ms(jitter),
-        );
+        let limit = v.as_u64().ok_or_else(|| LimitError::NotALimit {
+            field: field.clone(),
+            value: v.to_string(),
+        })?;
+        key.windows.push(tier.key_settings.window(window, limit)?);
     }
     key.windows.sort_by_key(|w| w.window);
+    check_cost(&key, max_cost)?;
     Ok(Tier {
-        name: tier.name.clone(),
         key: Arc::new(key),
-        tenant: tier.tenant.clone(),
+        ..tier.clone()
     })
 }
 
@@ -239,11 +262,10 @@ mod tests {
     /// custom_override replaces, adds and removes windows field by field.
     #[test]
     fn override_merges_field_by_field() {
-        use crate::limiter::Window;
         let c = crate::config::parse("gateway.toml", crate::config::SHIPPED).unwrap();
         let free = &c.tiers["free"];
         let o = serde_json::json!({"per_minute": 1000, "per_day": null, "per_second": 7});
-        let t = apply_override(free, &o).unwrap();
+        let t = apply_override(free, &o, c.max_cost()).unwrap();
         let get = |w: Window| {
             t.key
                 .windows
@@ -256,9 +278,78 @@ mod tests {
         assert_eq!(get(Window::Hour), Some(2000), "untouched window kept");
         assert_eq!(get(Window::Day), None, "null removes the window");
         assert_eq!(get(Window::Month), Some(500_000));
-        assert!(apply_override(free, &serde_json::json!({"per_week": 3})).is_err());
-        assert!(apply_override(free, &serde_json::json!({"per_minute": 0})).is_err());
         assert_eq!(t.tenant, free.tenant);
+        assert_eq!(t.key.message, free.key.message);
+    }
+
+    /// An override gets the checks a `gateway.toml` window gets, and names the field.
+    #[test]
+    fn override_is_validated_like_the_config() {
+        let src = r#"
+[tiers.free]
+burst_multiplier = 1.5
+key = { per_second = 10, per_day = 1000 }
+[tiers.log]
+key = { per_hour = 100, algorithm = "sliding_log" }
+[[routes]]
+name = "search"
+path_prefix = "/"
+upstreams = ["127.0.0.1:9000"]
+cost = 5
+"#;
+        let c = crate::config::parse("t.toml", src).unwrap();
+        let (free, log, cost) = (&c.tiers["free"], &c.tiers["log"], c.max_cost());
+        assert_eq!(cost, 5);
+        let refused = |tier, o: serde_json::Value| apply_override(tier, &o, cost).unwrap_err();
+        // Too big for the algorithm: a day counted by a sliding window beyond 2^52.
+        let e = refused(free, serde_json::json!({"per_day": 1_000_000_000u64}));
+        assert!(matches!(e, LimitError::Inexact { .. }), "{e}");
+        assert_eq!(e.field(), "per_day");
+        assert!(
+            e.to_string().contains("too large for sliding_window"),
+            "{e}"
+        );
+        // The tier's sliding log keeps its bound.
+        let e = refused(log, serde_json::json!({"per_hour": 200_000}));
+        assert!(matches!(e, LimitError::SlidingLog { .. }), "{e}");
+        let ok = apply_override(log, &serde_json::json!({"per_hour": 50_000}), cost).unwrap();
+        assert_eq!(
+            ok.key.windows[0].algorithm,
+            crate::limiter::Algorithm::SlidingLog
+        );
+        // Below the costliest route (5): 3 x 1.5 = 4 tokens could never pay for it.
+        let e = refused(free, serde_json::json!({"per_second": 3}));
+        assert_eq!(
+            e,
+            LimitError::BelowCost {
+                field: "per_second".into(),
+                capacity: 4,
+                cost: 5
+            }
+        );
+        let ok = apply_override(free, &serde_json::json!({"per_second": 4}), cost).unwrap();
+        assert_eq!(ok.key.windows[0].capacity, 6, "the tier's burst applies");
+        // Fields and values that are not limits.
+        let e = refused(free, serde_json::json!({"per_week": 3}));
+        assert_eq!(e.to_string().split(' ').nth(2), Some("\"per_week\""));
+        assert!(matches!(e, LimitError::UnknownField { .. }));
+        for bad in [
+            serde_json::json!({"per_minute": 0}),
+            serde_json::json!({"per_minute": -1}),
+            serde_json::json!({"per_minute": 1.5}),
+            serde_json::json!({"per_minute": "10"}),
+            serde_json::json!({"per_minute": 2_000_000_000u64}),
+        ] {
+            assert_eq!(refused(free, bad).field(), "per_minute");
+        }
+        assert!(matches!(
+            refused(free, serde_json::json!([1])),
+            LimitError::NotAnObject { .. }
+        ));
+        // null removes a window (and removing is never below a cost).
+        let t = apply_override(free, &serde_json::json!({"per_second": null}), cost).unwrap();
+        assert_eq!(t.key.windows.len(), 1);
+        assert_eq!(t.key.windows[0].window, Window::Day);
     }
 
     /// Keys are found by SHA-256 (`key` and `key_sha256` alike); the tenant tier applies.

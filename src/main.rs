@@ -230,12 +230,18 @@ fn keys(command: KeysCommand, args: &DbArgs) -> anyhow::Result<()> {
         db::check_schema(&pool).await?;
         match command {
             KeysCommand::Create { tenant, tier } => {
+                // A tier is a [tiers.NAME] of the config or a rate_limit_policies row.
+                let rows = db::policies::all(&pool).await?;
                 match &config {
-                    Some(c) if !c.tiers.contains_key(&tier) => {
-                        let mut known: Vec<&String> = c.tiers.keys().collect();
-                        known.sort();
+                    Some(c)
+                        if !c.tiers.contains_key(&tier) && !rows.iter().any(|r| r.id == tier) =>
+                    {
+                        let mut known: Vec<&str> = c.tiers.keys().map(String::as_str).collect();
+                        known.extend(rows.iter().map(|r| r.id.as_str()));
+                        known.sort_unstable();
+                        known.dedup();
                         anyhow::bail!(
-                            "unknown tier {tier:?} (known tiers in {}: {known:?})",
+                            "unknown tier {tier:?} (tiers of {} and rate_limit_policies: {known:?})",
                             c.source
                         );
                     }

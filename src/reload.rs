@@ -41,7 +41,11 @@ pub async fn reload(core: &Core, db: &Database) -> Result<Reloaded, ConfigError>
         .map_err(|e| ConfigError::file(&source, format!("upstreams: {e}")))?;
     core.swap_runtime(runtime);
     if let Some(pool) = db.pool() {
-        // Database keys resolve their tiers through the config: rebuild them now.
+        // A tier new in the file gets its rate_limit_policies row (existing rows stay the
+        // truth); database keys resolve their tiers through the config: rebuild them now.
+        if let Err(e) = crate::db::sync_policies(&pool, &core.runtime().config).await {
+            tracing::warn!(error = %e, "policy rows for new tiers not written; the next start retries");
+        }
         if let Err(e) = snapshot::refresh(core, &pool).await {
             tracing::warn!(error = %e, "snapshot reload after a config reload failed; the next refresh retries");
         }

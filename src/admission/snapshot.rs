@@ -1,11 +1,16 @@
 //! The database side of admission: the connection state, and the one function that
-//! reloads the snapshot of keys, tenants, overrides and blocks and swaps it in
+//! reloads the snapshot of keys, tenants, policies, overrides and blocks and swaps it in
 //! (`refresh`), used by the background refresher, the admin API and config reloads.
 //!
 //! The database returns plain records (`db::Records`); turning them into the key table
-//! (tiers from the config, overrides applied) happens here.
+//! happens here: the effective tiers (the config's, with `rate_limit_policies` rows
+//! replacing their key windows, plus the tiers only the database defines), then each key
+//! with its tier and its `custom_override`. Database limits pass the checks config
+//! limits pass (`config::window_limit`, `config::check_cost`); a refused one is logged
+//! once, counted in `throttle_invalid_limits_total{source}`, and the key keeps its tier's
+//! limits.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -13,9 +18,14 @@ use arc_swap::ArcSwapOption;
 use sqlx::postgres::PgPool;
 
 use super::core::{Core, Dynamic};
-use crate::config::Config;
+use crate::config::{
+    burst_multiplier, check_cost, parse_algorithm, Config, LimitError, Tier, WindowSettings,
+};
+use crate::db::policies::{self, PolicyRow};
 use crate::db::{self, DbError, Records};
 use crate::identity::{apply_override, KeyInfo, KeyTable};
+use crate::limiter::{ScopeLimits, Window};
+use crate::metrics::Metrics;
 
 /// The configured database: its pool once connected, and whether it answered last.
 #[derive(Debug, Default)]
@@ -73,45 +83,404 @@ impl Database {
 /// When the database fails; the old snapshot keeps serving.
 pub async fn refresh(core: &Core, pool: &PgPool) -> Result<(), DbError> {
     let records = db::records(pool).await?;
-    let dynamic = build(&core.runtime().config, records);
+    let previous = core.dynamic();
+    let dynamic = build(
+        &core.runtime().config,
+        records,
+        &core.metrics,
+        previous.keys.refused(),
+    );
     core.swap_dynamic(dynamic);
     Ok(())
 }
 
-/// The snapshot of `records` under `config`: the config's keys, and each live database
-/// key (a key in both is the config's) with its tier (from the
-/// config; keys naming an unknown tier are skipped and logged), its `custom_override`
-/// applied over the tier's key windows, and its tenant's tier (the tenants table, else
-/// `[[tenants]]`, else the key's tier).
-pub fn build(config: &Config, records: Records) -> Dynamic {
+/// The snapshot of `records` under `config`:
+///
+/// - the effective tiers (`effective_tiers`);
+/// - each live database key (a key in both is the config's) with the tier of its
+///   `policy_id`, else of its `tier` (keys naming no effective tier are skipped and
+///   logged), its `custom_override` applied over that tier's key windows, and its
+///   tenant's tier (the tenants table, else `[[tenants]]`, else the key's tier);
+/// - the config's own keys, with the effective tiers of their tier names.
+///
+/// Refused limits are logged and counted unless `reported` (the previous snapshot's
+/// refusals) holds them already: each is reported once while it stays.
+pub fn build(
+    config: &Config,
+    records: Records,
+    metrics: &Metrics,
+    reported: &HashSet<String>,
+) -> Dynamic {
+    let mut refusals = Refusals {
+        metrics,
+        reported,
+        seen: HashSet::new(),
+    };
+    let max_cost = config.max_cost();
+    let tiers = effective_tiers(config, &records.policies, &mut refusals);
     let tenants: HashMap<String, String> = records.tenants.into_iter().collect();
     let mut keys = KeyTable::default();
     for k in &records.keys {
-        let Some(tier) = config.tiers.get(&k.tier) else {
-            tracing::warn!(key_id = %k.id, tier = %k.tier, "key names a tier gateway.toml does not define; ignored");
+        let policy = k.policy_id.as_deref().and_then(|p| tiers.get(p));
+        let Some(base) = policy.or_else(|| tiers.get(&k.tier)) else {
+            let named = k.policy_id.as_deref().unwrap_or(&k.tier);
+            tracing::warn!(key_id = %k.id, tier = %named, "key names a tier neither gateway.toml nor rate_limit_policies defines; ignored");
             continue;
         };
         let tier = match &k.custom_override {
-            Some(o) => match apply_override(tier, o) {
+            Some(o) => match apply_override(base, o, max_cost) {
                 Ok(t) => Arc::new(t),
                 Err(e) => {
-                    tracing::warn!(key_id = %k.id, error = %e, "invalid custom_override; using the tier's limits");
-                    tier.clone()
+                    refusals.refuse(Source::Override, &k.id, &o.to_string(), &e);
+                    base.clone()
                 }
             },
-            None => tier.clone(),
+            None => base.clone(),
         };
         let tenant_tier = tenants
             .get(&k.tenant)
             .or_else(|| config.tenants.get(&k.tenant))
-            .and_then(|t| config.tiers.get(t))
-            .cloned()
-            .unwrap_or_else(|| tier.clone());
+            .and_then(|t| tiers.get(t))
+            .unwrap_or(base)
+            .clone();
         keys.insert(k.sha256, KeyInfo::new(&k.id, &k.tenant, tier, tenant_tier));
     }
     // The config's own keys, last: a key in both is the config's.
-    for (sha256, info) in KeyTable::from_config(config).iter() {
+    for (sha256, info) in KeyTable::from_config_tiers(config, &tiers).iter() {
         keys.insert(*sha256, info.clone());
     }
+    keys.set_refused(refusals.seen);
     Dynamic::new(keys, records.blocks)
+}
+
+/// The tiers keys resolve against: every tier of `config`, with the key windows, burst
+/// and algorithm of its `rate_limit_policies` row when that row is valid (the message,
+/// failure policy, reset jitter and tenant windows stay the config's), and a tier for
+/// every valid row the config does not name. A refused row leaves a config tier as the
+/// config has it, and defines no tier otherwise.
+fn effective_tiers(
+    config: &Config,
+    rows: &[PolicyRow],
+    refusals: &mut Refusals<'_>,
+) -> HashMap<String, Arc<Tier>> {
+    let mut tiers = config.tiers.clone();
+    let max_cost = config.max_cost();
+    for row in rows {
+        let base = config.tiers.get(&row.id).map(|t| &**t);
+        match policy_tier(config, row, base, max_cost) {
+            Ok(t) if base == Some(&t) => {} // the row says what the config says
+            Ok(t) => {
+                tiers.insert(row.id.clone(), Arc::new(t));
+            }
+            Err(e) => refusals.refuse(Source::Policy, &row.id, &format!("{row:?}"), &e),
+        }
+    }
+    tiers
+}
+
+/// The tier `row` defines over `base` (the config's tier of that name, if any), its
+/// windows validated as the config's are: a zero or NULL window is no window, NULL
+/// `burst_multiplier` is 1.0, NULL `algorithm` each window's default.
+///
+/// # Errors
+/// `LimitError` naming the column refused.
+pub fn policy_tier(
+    config: &Config,
+    row: &PolicyRow,
+    base: Option<&Tier>,
+    max_cost: u32,
+) -> Result<Tier, LimitError> {
+    let settings = WindowSettings {
+        burst_multiplier: burst_multiplier(row.burst_multiplier.unwrap_or(1.0))?,
+        algorithm: match row.algorithm.as_deref() {
+            Some(a) => Some(parse_algorithm("algorithm", a)?),
+            None => None,
+        },
+        jitter_ms: base.map_or(0, |t| t.key_settings.jitter_ms),
+    };
+    let mut windows = Vec::new();
+    for (window, limit) in Window::ALL.into_iter().zip(row.limits) {
+        let column = policies::column(window);
+        let limit = match limit {
+            None | Some(0) => continue,
+            Some(n) => u64::try_from(n).map_err(|_| LimitError::NotALimit {
+                field: column.into(),
+                value: n.to_string(),
+            })?,
+        };
+        windows.push(
+            settings
+                .window(window, limit)
+                .map_err(|e| e.for_field(column))?,
+        );
+    }
+    let key = ScopeLimits {
+        windows,
+        on_failure: base.map_or(config.store.on_failure, |t| t.key.on_failure),
+        message: base.and_then(|t| t.key.message.clone()),
+    };
+    check_cost(&key, max_cost).map_err(|e| {
+        let column = Window::ALL
+            .into_iter()
+            .find(|w| w.config_key() == e.field())
+            .map_or("", policies::column);
+        e.for_field(column)
+    })?;
+    let tenant = match base {
+        Some(t) => t.tenant.clone(),
+        None => Arc::new(ScopeLimits {
+            windows: Vec::new(),
+            on_failure: config.store.on_failure,
+            message: None,
+        }),
+    };
+    Ok(Tier {
+        name: row.id.clone(),
+        key: Arc::new(key),
+        key_settings: settings,
+        tenant,
+    })
+}
+
+/// Where a refused limit came from (the `source` label).
+#[derive(Debug, Clone, Copy)]
+enum Source {
+    /// A key's `custom_override`.
+    Override,
+    /// A `rate_limit_policies` row.
+    Policy,
+}
+
+/// The refusals of one build, reported once each.
+struct Refusals<'a> {
+    metrics: &'a Metrics,
+    /// Those the previous snapshot reported already.
+    reported: &'a HashSet<String>,
+    /// Those of this build.
+    seen: HashSet<String>,
+}
+
+// === impl Refusals ===
+
+impl Refusals<'_> {
+    /// Records that `id`'s limits (`raw`) were refused with `e`: a log line and a count,
+    /// unless the previous snapshot refused the same already.
+    fn refuse(&mut self, source: Source, id: &str, raw: &str, e: &LimitError) {
+        let label = match source {
+            Source::Override => "override",
+            Source::Policy => "policy",
+        };
+        let what = format!("{label}\u{0}{id}\u{0}{raw}\u{0}{e}");
+        if !self.reported.contains(&what) && !self.seen.contains(&what) {
+            self.metrics
+                .invalid_limits_total
+                .with_label_values(&[label])
+                .inc();
+            match source {
+                Source::Override => {
+                    tracing::warn!(key_id = %id, field = %e.field(), error = %e, "custom_override refused; the key keeps its tier's limits")
+                }
+                Source::Policy => {
+                    tracing::warn!(policy_id = %id, field = %e.field(), error = %e, "rate_limit_policies row refused; its keys keep the limits of their tier in gateway.toml (or of api_keys.tier)")
+                }
+            }
+        }
+        self.seen.insert(what);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use sha2::{Digest, Sha256};
+
+    use super::*;
+    use crate::db::keys::ActiveKey;
+    use crate::limiter::Algorithm;
+
+    const CONFIG: &str = r#"
+[tiers.free]
+message = "free plan"
+burst_multiplier = 2.0
+key = { per_minute = 100, per_day = 1000, reset_jitter_secs = 60 }
+tenant = { per_hour = 5000 }
+[[routes]]
+name = "search"
+path_prefix = "/"
+upstreams = ["127.0.0.1:9000"]
+cost = 5
+[[keys]]
+id = "toml_key"
+key = "toml-secret"
+tenant = "acme"
+tier = "free"
+"#;
+
+    fn row(id: &str, limits: [Option<i64>; 5]) -> PolicyRow {
+        PolicyRow {
+            id: id.into(),
+            name: id.into(),
+            limits,
+            burst_multiplier: None,
+            algorithm: None,
+        }
+    }
+
+    fn key(id: &str, tier: &str, policy: Option<&str>, o: Option<serde_json::Value>) -> ActiveKey {
+        ActiveKey {
+            id: id.into(),
+            tenant: "t".into(),
+            tier: tier.into(),
+            policy_id: policy.map(Into::into),
+            sha256: Sha256::digest(id.as_bytes()).into(),
+            custom_override: o,
+        }
+    }
+
+    fn limits(d: &Dynamic, key: &str) -> Vec<(Window, u32, u32)> {
+        let info = d.keys.lookup(key.as_bytes()).expect("key in the snapshot");
+        let w = &info.tier.key.windows;
+        w.iter().map(|w| (w.window, w.limit, w.capacity)).collect()
+    }
+
+    fn refused(m: &Metrics, source: &str) -> u64 {
+        m.invalid_limits_total.with_label_values(&[source]).get()
+    }
+
+    /// A row replaces a config tier's key windows (keeping its message and tenant
+    /// windows), a row of its own is a tier keys can be moved to, and the config's keys
+    /// get the effective tiers too.
+    #[test]
+    fn rows_define_the_key_windows_of_tiers() {
+        let c = crate::config::parse("t.toml", CONFIG).unwrap();
+        let m = Metrics::new().unwrap();
+        let mut free = row("free", [None, Some(7), None, Some(0), None]);
+        free.burst_multiplier = Some(1.0);
+        let mut gold = row("gold", [Some(50), None, None, Some(20_000), None]);
+        gold.algorithm = Some("sliding_log".into());
+        let records = Records {
+            policies: vec![free, gold],
+            keys: vec![
+                key("k_free", "free", None, None),
+                key("k_gold", "free", Some("gold"), None),
+                key("k_lost", "nope", None, None),
+            ],
+            ..Records::default()
+        };
+        let d = build(&c, records, &m, &HashSet::new());
+        assert_eq!(limits(&d, "k_free"), [(Window::Minute, 7, 7)]);
+        let t = &d.keys.lookup(b"k_free").unwrap().tier;
+        assert_eq!(t.key.message.as_deref(), Some("free plan"));
+        assert_eq!(t.tenant, c.tiers["free"].tenant);
+        assert_eq!(
+            limits(&d, "k_gold"),
+            [(Window::Second, 50, 50), (Window::Day, 20_000, 20_000)]
+        );
+        let gold = &d.keys.lookup(b"k_gold").unwrap().tier;
+        assert!(gold
+            .key
+            .windows
+            .iter()
+            .all(|w| w.algorithm == Algorithm::SlidingLog));
+        assert!(gold.tenant.windows.is_empty());
+        assert!(d.keys.lookup(b"k_lost").is_none(), "unknown tier: skipped");
+        assert_eq!(limits(&d, "toml-secret"), [(Window::Minute, 7, 7)]);
+        assert_eq!(refused(&m, "policy"), 0);
+    }
+
+    /// A row the config would refuse leaves the tier as gateway.toml has it (or keys on
+    /// a tier of its own on their api_keys.tier), counted once while it stays.
+    #[test]
+    fn invalid_rows_are_refused_and_counted_once() {
+        let c = crate::config::parse("t.toml", CONFIG).unwrap();
+        let m = Metrics::new().unwrap();
+        let toml = [(Window::Minute, 100, 200), (Window::Day, 1000, 1000)];
+        let cases = [
+            row("free", [None, None, None, Some(1_000_000_000), None]),
+            row("free", [None, Some(4), None, None, None]), // below the route cost 5
+            row("free", [None, Some(-3), None, None, None]),
+            PolicyRow {
+                algorithm: Some("magic".into()),
+                ..row("free", [None, Some(10), None, None, None])
+            },
+            PolicyRow {
+                burst_multiplier: Some(0.5),
+                ..row("free", [None, Some(10), None, None, None])
+            },
+            PolicyRow {
+                algorithm: Some("sliding_log".into()),
+                ..row("free", [None, None, Some(500_000), None, None])
+            },
+        ];
+        let fields = [
+            "req_per_day",
+            "req_per_minute",
+            "req_per_minute",
+            "algorithm",
+            "burst_multiplier",
+            "req_per_hour",
+        ];
+        for (r, field) in cases.iter().zip(fields) {
+            let e = policy_tier(&c, r, Some(&c.tiers["free"]), c.max_cost()).unwrap_err();
+            assert_eq!(e.field(), field, "{e}");
+        }
+        let mut reported = HashSet::new();
+        for round in 0..2 {
+            let records = Records {
+                policies: vec![
+                    cases[0].clone(),
+                    row("gold", [None, Some(1), None, None, None]),
+                ],
+                keys: vec![key("k_gold", "free", Some("gold"), None)],
+                ..Records::default()
+            };
+            let d = build(&c, records, &m, &reported);
+            assert_eq!(limits(&d, "k_gold"), toml, "round {round}");
+            assert_eq!(limits(&d, "toml-secret"), toml);
+            reported = d.keys.refused().clone();
+        }
+        assert_eq!(refused(&m, "policy"), 2, "two rows, each counted once");
+    }
+
+    /// A refused override leaves the key on its tier's limits, counted once; `null`
+    /// removes a window; overrides apply over the row's windows with the row's burst.
+    #[test]
+    fn overrides_are_validated_and_counted() {
+        let c = crate::config::parse("t.toml", CONFIG).unwrap();
+        let m = Metrics::new().unwrap();
+        let mut free = row("free", [None, Some(10), None, Some(1000), None]);
+        free.burst_multiplier = Some(3.0);
+        let records = || Records {
+            policies: vec![free.clone()],
+            keys: vec![
+                key(
+                    "k_bad",
+                    "free",
+                    None,
+                    Some(serde_json::json!({"per_day": 1_000_000_000})),
+                ),
+                key(
+                    "k_null",
+                    "free",
+                    None,
+                    Some(serde_json::json!({"per_minute": null})),
+                ),
+                key(
+                    "k_set",
+                    "free",
+                    None,
+                    Some(serde_json::json!({"per_second": 2})),
+                ),
+            ],
+            ..Records::default()
+        };
+        let d = build(&c, records(), &m, &HashSet::new());
+        let tier = [(Window::Minute, 10, 30), (Window::Day, 1000, 1000)];
+        assert_eq!(limits(&d, "k_bad"), tier);
+        assert_eq!(limits(&d, "k_null"), [(Window::Day, 1000, 1000)]);
+        assert_eq!(limits(&d, "k_set")[0], (Window::Second, 2, 6));
+        assert_eq!(refused(&m, "override"), 1);
+        let again = build(&c, records(), &m, d.keys.refused());
+        assert_eq!(limits(&again, "k_bad"), tier);
+        assert_eq!(refused(&m, "override"), 1, "reported once while it stays");
+    }
 }

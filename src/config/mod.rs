@@ -3,12 +3,17 @@
 
 mod error;
 mod file;
+mod limits;
 mod model;
 mod validate;
 
 use std::path::Path;
 
 pub use error::{line_col, ConfigError};
+pub use limits::{
+    burst_multiplier, check_cost, parse_algorithm, window_limit, LimitError, WindowSettings,
+    BURST_RANGE, MAX_LIMIT, MAX_SLIDING_LOG,
+};
 pub use model::{
     Auth, Backend, BlockEntry, BlockTarget, Config, KeyEntry, Mode, PathParameters, Route, Server,
     Store, Tier,

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use ipnet::IpNet;
 
+use super::limits::WindowSettings;
 use crate::limiter::{OnFailure, ScopeLimits};
 
 /// The whole validated `gateway.toml`.
@@ -119,6 +120,9 @@ pub struct Tier {
     pub name: String,
     /// Limits per API key.
     pub key: Arc<ScopeLimits>,
+    /// How the key windows are built (burst, algorithm, jitter): what a key's
+    /// `custom_override` builds the windows it sets with.
+    pub key_settings: WindowSettings,
     /// Limits per tenant.
     pub tenant: Arc<ScopeLimits>,
 }
@@ -199,4 +203,14 @@ pub struct BlockEntry {
     pub reason: Option<String>,
     /// Unix ms after which the block no longer applies.
     pub expires_at_ms: Option<u64>,
+}
+
+// === impl Config ===
+
+impl Config {
+    /// The highest `cost` of any route (1 without routes): every window a key can be
+    /// given must hold at least that much, or the key is locked out of that route.
+    pub fn max_cost(&self) -> u32 {
+        self.routes.iter().map(|r| r.cost).max().unwrap_or(1)
+    }
 }

@@ -13,12 +13,10 @@ use toml::Spanned;
 
 use super::error::ConfigError;
 use super::file::*;
+use super::limits::{burst_multiplier, WindowSettings};
 use super::model::*;
-use crate::limiter::algorithm::MAX_EXACT_PRODUCT;
-use crate::limiter::{Algorithm, OnFailure, ScopeLimits, Window, WindowLimit};
+use crate::limiter::{Algorithm, OnFailure, ScopeLimits, Window};
 
-/// Largest accepted limit: keeps Redis' Lua numbers (doubles) exact.
-const MAX_LIMIT: u64 = 1_000_000_000;
 /// Bounds that keep a typo (an extra zero, ms for s) from taking the gateway down.
 const MAX_THREADS: usize = 256;
 const MAX_CONNECTIONS: u32 = 10_000_000;
@@ -297,17 +295,27 @@ fn algorithm(a: AlgorithmFile) -> Algorithm {
 }
 
 fn burst(cx: &Ctx<'_>, b: &Spanned<f64>) -> Result<f64, ConfigError> {
-    let v = *b.get_ref();
-    if !(v.is_finite() && (1.0..=1000.0).contains(&v)) {
-        return Err(cx.err(
-            b.span(),
-            format!("burst_multiplier must be between 1.0 and 1000, got {v}"),
-        ));
-    }
-    Ok(v)
+    burst_multiplier(*b.get_ref()).map_err(|e| cx.err(b.span(), e.to_string()))
 }
 
-/// A scope table; `tier_burst` / `tier_message` are the enclosing tier's defaults.
+/// How the windows of scope table `s` are built; `tier_burst` is the enclosing tier's.
+fn settings(
+    cx: &Ctx<'_>,
+    s: &ScopeFile,
+    tier_burst: Option<f64>,
+) -> Result<WindowSettings, ConfigError> {
+    Ok(WindowSettings {
+        burst_multiplier: match &s.burst_multiplier {
+            Some(b) => burst(cx, b)?,
+            None => tier_burst.unwrap_or(1.0),
+        },
+        algorithm: s.algorithm.map(algorithm),
+        jitter_ms: s.reset_jitter_secs.unwrap_or(0).saturating_mul(1000),
+    })
+}
+
+/// A scope table; `tier_burst` / `tier_message` are the enclosing tier's defaults. Each
+/// window goes through `config::window_limit`, its error placed at the window's value.
 fn scope(
     cx: &Ctx<'_>,
     s: &ScopeFile,
@@ -315,11 +323,7 @@ fn scope(
     tier_message: Option<&String>,
     default_failure: OnFailure,
 ) -> Result<ScopeLimits, ConfigError> {
-    let multiplier = match &s.burst_multiplier {
-        Some(b) => burst(cx, b)?,
-        None => tier_burst.unwrap_or(1.0),
-    };
-    let jitter_ms = s.reset_jitter_secs.unwrap_or(0).saturating_mul(1000);
+    let settings = settings(cx, s, tier_burst)?;
     let fields = [
         &s.per_second,
         &s.per_minute,
@@ -330,30 +334,9 @@ fn scope(
     let mut windows = Vec::new();
     for (window, field) in Window::ALL.into_iter().zip(fields) {
         let Some(v) = field else { continue };
-        let n = *v.get_ref();
-        if n == 0 {
-            return Err(cx.err(
-                v.span(),
-                format!(
-                    "{} must be at least 1 (a zero limit blocks everything; use [[blocks]])",
-                    window.config_key()
-                ),
-            ));
-        }
-        if n > MAX_LIMIT {
-            return Err(cx.err(
-                v.span(),
-                format!(
-                    "{} = {n} is above the maximum of {MAX_LIMIT}",
-                    window.config_key()
-                ),
-            ));
-        }
-        let alg = s.algorithm.map_or(window.default_algorithm(), algorithm);
-        let wl = WindowLimit::with_algorithm(window, n as u32, alg)
-            .with_burst(multiplier)
-            .with_jitter_ms(jitter_ms);
-        exact_bounds(cx, v, &wl)?;
+        let wl = settings
+            .window(window, *v.get_ref())
+            .map_err(|e| cx.err(v.span(), e.to_string()))?;
         windows.push(wl);
     }
     Ok(ScopeLimits {
@@ -361,38 +344,6 @@ fn scope(
         on_failure: s.on_failure.map_or(default_failure, on_failure),
         message: s.message.clone().or_else(|| tier_message.cloned()),
     })
-}
-
-/// Keeps every product of the algorithms exact (u64 here, a double in Lua) and the exact
-/// log's memory bounded.
-fn exact_bounds(cx: &Ctx<'_>, v: &Spanned<u64>, wl: &WindowLimit) -> Result<(), ConfigError> {
-    const MAX_LOG: u32 = 100_000;
-    let key = wl.window.config_key();
-    // The longest calendar month, for the sliding counter's month windows.
-    let len = if wl.window == Window::Month {
-        31 * 86_400_000
-    } else {
-        wl.window.period_ms()
-    };
-    let product = match wl.algorithm {
-        Algorithm::FixedWindow => 0,
-        Algorithm::SlidingLog if wl.limit > MAX_LOG => {
-            return Err(cx.err(v.span(), format!("{key} = {} is too large for sliding_log (one entry per request; max {MAX_LOG}): use sliding_window", wl.limit)));
-        }
-        Algorithm::SlidingLog => 0,
-        Algorithm::TokenBucket => u64::from(wl.capacity).saturating_mul(len),
-        Algorithm::SlidingWindow | Algorithm::LeakyBucket => {
-            u64::from(wl.limit).saturating_mul(len)
-        }
-    };
-    if product > MAX_EXACT_PRODUCT {
-        let max = MAX_EXACT_PRODUCT / len;
-        return Err(cx.err(
-            v.span(),
-            format!("{key} = {} is too large for {} (limit x burst x window must stay below 2^52 for exact arithmetic; max {max}): use fixed_window", wl.limit, wl.algorithm.as_str()),
-        ));
-    }
-    Ok(())
 }
 
 fn tier(
@@ -406,15 +357,11 @@ fn tier(
         None => None,
     };
     let empty = ScopeFile::default();
+    let key = t.key.as_ref().unwrap_or(&empty);
     Ok(Tier {
         name: name.to_string(),
-        key: Arc::new(scope(
-            cx,
-            t.key.as_ref().unwrap_or(&empty),
-            b,
-            t.message.as_ref(),
-            default_failure,
-        )?),
+        key: Arc::new(scope(cx, key, b, t.message.as_ref(), default_failure)?),
+        key_settings: settings(cx, key, b)?,
         tenant: Arc::new(scope(
             cx,
             t.tenant.as_ref().unwrap_or(&empty),

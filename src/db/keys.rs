@@ -41,8 +41,11 @@ pub struct ActiveKey {
     pub id: String,
     /// Tenant id.
     pub tenant: String,
-    /// The key's tier, or the override's policy name.
+    /// The key's tier (`api_keys.tier`).
     pub tier: String,
+    /// The policy (tier) the key was moved to (`api_key_rate_limits.policy_id`), which
+    /// wins over `tier`.
+    pub policy_id: Option<String>,
     /// SHA-256 of the key.
     pub sha256: [u8; 32],
     /// Per-key window overrides (`api_key_rate_limits.custom_override`).
@@ -131,10 +134,9 @@ pub async fn list(pool: &PgPool) -> Result<Vec<KeyRow>, DbError> {
 /// When the database fails.
 pub async fn active(pool: &PgPool) -> Result<Vec<ActiveKey>, DbError> {
     let rows = sqlx::query(
-        "SELECT k.id, k.tenant_id, COALESCE(p.name, k.tier) AS tier, k.key_sha256, o.custom_override
+        "SELECT k.id, k.tenant_id, k.tier, o.policy_id, k.key_sha256, o.custom_override
          FROM api_keys k
          LEFT JOIN api_key_rate_limits o ON o.api_key_id = k.id
-         LEFT JOIN rate_limit_policies p ON p.id = o.policy_id
          WHERE k.revoked_at IS NULL",
     )
     .fetch_all(pool)
@@ -150,6 +152,7 @@ pub async fn active(pool: &PgPool) -> Result<Vec<ActiveKey>, DbError> {
             id: r.get("id"),
             tenant: r.get("tenant_id"),
             tier: r.get("tier"),
+            policy_id: r.get("policy_id"),
             sha256,
             custom_override: r.get("custom_override"),
         });

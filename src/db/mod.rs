@@ -1,13 +1,15 @@
-//! PostgreSQL: tenants, hashed API keys, overrides, blocks and the violation log.
+//! PostgreSQL: tenants, hashed API keys, policies (tiers), overrides, blocks and the
+//! violation log.
 //!
-//! Nothing on the request path waits on this module: keys, overrides and blocks are read
-//! as plain `Records` into an in-memory snapshot (`admission::snapshot`) refreshed in the
-//! background (`sync`), and violation events go through a bounded queue to a batched
-//! writer (`events`). This module knows nothing above `config` and `limiter`.
+//! Nothing on the request path waits on this module: keys, overrides, policies and blocks
+//! are read as plain `Records` into an in-memory snapshot (`admission::snapshot`)
+//! refreshed in the background (`sync`), and violation events go through a bounded queue
+//! to a batched writer (`events`). This module knows nothing above `config` and `limiter`.
 
 pub mod blocks;
 pub mod events;
 pub mod keys;
+pub mod policies;
 
 use std::time::Duration;
 
@@ -15,7 +17,6 @@ use sqlx::migrate::Migrator;
 use sqlx::postgres::{PgPool, PgPoolOptions};
 
 use crate::config::Config;
-use crate::limiter::ScopeLimits;
 
 /// The migrations of `migrations/`, embedded in the binary.
 pub static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
@@ -44,6 +45,8 @@ pub struct Records {
     pub tenants: Vec<(String, String)>,
     /// Live keys with their overrides.
     pub keys: Vec<keys::ActiveKey>,
+    /// `rate_limit_policies` rows (not validated).
+    pub policies: Vec<policies::PolicyRow>,
     /// Blocks not yet expired.
     pub blocks: Vec<blocks::BlockRow>,
 }
@@ -56,6 +59,7 @@ pub async fn records(pool: &PgPool) -> Result<Records, DbError> {
     Ok(Records {
         tenants: keys::tenants(pool).await?,
         keys: keys::active(pool).await?,
+        policies: policies::all(pool).await?,
         blocks: blocks::active(pool).await?,
     })
 }
@@ -106,35 +110,11 @@ pub async fn check_schema(pool: &PgPool) -> Result<(), DbError> {
     Ok(())
 }
 
-/// Writes every tier of `config` through to `rate_limit_policies`.
+/// Inserts a `rate_limit_policies` row for every tier of `config` that has none (at
+/// start); existing rows are the truth and stay as they are (`policies::insert_missing`).
 ///
 /// # Errors
 /// When the database fails.
 pub async fn sync_policies(pool: &PgPool, config: &Config) -> Result<(), DbError> {
-    for tier in config.tiers.values() {
-        let limits =
-            serde_json::json!({ "key": scope_json(&tier.key), "tenant": scope_json(&tier.tenant) });
-        sqlx::query(
-            "INSERT INTO rate_limit_policies (name, limits) VALUES ($1, $2)
-             ON CONFLICT (name) DO UPDATE SET limits = EXCLUDED.limits, updated_at = now()
-             WHERE rate_limit_policies.limits IS DISTINCT FROM EXCLUDED.limits",
-        )
-        .bind(&tier.name)
-        .bind(limits)
-        .execute(pool)
-        .await?;
-    }
-    Ok(())
-}
-
-/// A scope table as JSON: `{"per_minute": {"limit": 100, "algorithm": "token_bucket"}, ...}`.
-pub fn scope_json(s: &ScopeLimits) -> serde_json::Value {
-    let mut m = serde_json::Map::new();
-    for w in &s.windows {
-        m.insert(
-            w.window.config_key().to_string(),
-            serde_json::json!({ "limit": w.limit, "algorithm": w.algorithm.as_str(), "capacity": w.capacity }),
-        );
-    }
-    serde_json::Value::Object(m)
+    policies::insert_missing(pool, config).await
 }

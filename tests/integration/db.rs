@@ -1,6 +1,7 @@
-//! PostgreSQL end to end: migrations, the keys CLI, overrides, revocation and block
-//! propagation across two gateways, brute-force protection, and the violation log
-//! (including across a PostgreSQL restart). Each test has a database of its own.
+//! PostgreSQL end to end: migrations (including from the previous schema), the keys CLI,
+//! policies (tiers) and overrides, revocation and block propagation across two gateways,
+//! brute-force protection, and the violation log (including across a PostgreSQL
+//! restart). Each test has a database of its own.
 
 use std::process::Command;
 use std::time::Duration;
@@ -255,6 +256,310 @@ async fn custom_override_replaces_tier_windows() {
         policies, 2,
         "tiers are written through to rate_limit_policies"
     );
+}
+
+/// The `x-ratelimit-limit` a request with `key` gets (the governing window's limit).
+async fn limit_header(gw: &Gateway, key: &str) -> String {
+    let r = client()
+        .get(gw.url("/x"))
+        .header("x-api-key", key)
+        .send()
+        .await
+        .unwrap();
+    header(&r, "x-ratelimit-limit")
+}
+
+/// `throttle_invalid_limits_total{source}` of `gw`.
+async fn invalid_limits(gw: &Gateway, source: &str) -> u64 {
+    let m = gw.metrics().await;
+    let prefix = format!("throttle_invalid_limits_total{{source=\"{source}\"}} ");
+    m.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .unwrap_or_else(|| panic!("no {prefix} in {m}"))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// A tier's row in rate_limit_policies is the truth for its key windows: an UPDATE
+/// reaches every gateway within 1 s; a row the config would refuse is counted and the
+/// tier falls back to gateway.toml's windows.
+#[tokio::test(flavor = "multi_thread")]
+async fn policy_updates_reach_every_gateway_within_a_second() {
+    let Some(db) = TestDb::migrated() else { return };
+    let up = Upstream::start("u").await;
+    let gw1 = connected(&db.url, &up).await;
+    let gw2 = connected(&db.url, &up).await;
+    let (_, key) = create_key(&db, &gw1, "hooli", "free");
+    let pool = db.pool().await;
+    let row: (String, Option<i32>, Option<i32>, f64, Option<String>) = sqlx::query_as(
+        "SELECT name, req_per_second, req_per_minute, burst_multiplier, algorithm
+         FROM rate_limit_policies WHERE id = 'free'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        row,
+        ("free".into(), None, Some(100), 1.0, None),
+        "inserted at start"
+    );
+    for gw in [&gw1, &gw2] {
+        eventually(Duration::from_secs(2), "key of tier free", || async {
+            (limit_header(gw, &key).await == "100").then_some(())
+        })
+        .await;
+    }
+    sqlx::query("UPDATE rate_limit_policies SET req_per_minute = 3 WHERE id = 'free'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let updated = Instant::now();
+    for gw in [&gw1, &gw2] {
+        eventually(
+            Duration::from_secs(1),
+            "policy update propagated",
+            || async { (limit_header(gw, &key).await == "3").then_some(()) },
+        )
+        .await;
+    }
+    assert!(
+        updated.elapsed() < Duration::from_secs(1),
+        "took {:?}",
+        updated.elapsed()
+    );
+    let statuses: Vec<u16> =
+        futures_util::future::join_all((0..4).map(|_| status(&gw1, &key))).await;
+    assert!(statuses.contains(&429), "{statuses:?}");
+    // The rows hold for the config's own keys too (toml_key is of tier tight).
+    assert_eq!(limit_header(&gw1, "toml-secret").await, "2");
+    sqlx::query("UPDATE rate_limit_policies SET req_per_minute = 4 WHERE id = 'tight'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    eventually(
+        Duration::from_secs(1),
+        "[[keys]] follow their row",
+        || async { (limit_header(&gw1, "toml-secret").await == "4").then_some(()) },
+    )
+    .await;
+    // An unknown algorithm: the row is refused, counted, and gateway.toml's windows hold.
+    sqlx::query("UPDATE rate_limit_policies SET algorithm = 'magic' WHERE id = 'free'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    eventually(Duration::from_secs(2), "invalid policy counted", || async {
+        (invalid_limits(&gw2, "policy").await == 1).then_some(())
+    })
+    .await;
+    assert_eq!(limit_header(&gw2, &key).await, "100");
+    // A restart does not overwrite the row (only missing tiers are inserted).
+    let gw3 = connected(&db.url, &up).await;
+    let algorithm: Option<String> =
+        sqlx::query_scalar("SELECT algorithm FROM rate_limit_policies WHERE id = 'free'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(algorithm.as_deref(), Some("magic"));
+    drop(gw3);
+}
+
+/// A row inserted with exactly the seed's columns defines a new tier, and
+/// `api_key_rate_limits.policy_id` moves a key to it (and back).
+#[tokio::test(flavor = "multi_thread")]
+async fn policy_id_moves_a_key_to_a_tier_defined_in_sql() {
+    let Some(db) = TestDb::migrated() else { return };
+    let up = Upstream::start("u").await;
+    let gw = connected(&db.url, &up).await;
+    let (id, key) = create_key(&db, &gw, "umbrella", "free");
+    let pool = db.pool().await;
+    sqlx::query(
+        "INSERT INTO rate_limit_policies (id, name, req_per_second, req_per_minute, req_per_hour,
+             req_per_day, req_per_month, burst_multiplier, algorithm, created_at, updated_at)
+         VALUES ('gold', 'Gold plan', 0, 3, NULL, 0, NULL, 1.0, NULL, now(), now())",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query("INSERT INTO api_key_rate_limits (api_key_id, policy_id) VALUES ($1, 'gold')")
+        .bind(&id)
+        .execute(&pool)
+        .await
+        .unwrap();
+    eventually(Duration::from_secs(2), "key moved to gold", || async {
+        (limit_header(&gw, &key).await == "3").then_some(())
+    })
+    .await;
+    let mut statuses = Vec::new();
+    for _ in 0..3 {
+        statuses.push(status(&gw, &key).await);
+    }
+    assert!(statuses.contains(&429), "{statuses:?}");
+    let r = client()
+        .get(gw.url("/x"))
+        .header("x-api-key", &key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.json::<Value>().await.unwrap()["limit"], 3);
+    assert_eq!(invalid_limits(&gw, "policy").await, 0);
+    sqlx::query("UPDATE api_key_rate_limits SET policy_id = NULL WHERE api_key_id = $1")
+        .bind(&id)
+        .execute(&pool)
+        .await
+        .unwrap();
+    eventually(Duration::from_secs(2), "key back on free", || async {
+        (limit_header(&gw, &key).await == "100").then_some(())
+    })
+    .await;
+}
+
+/// custom_override: `null` removes a window of the tier; a value the config would refuse
+/// (2^52 bound) is refused, counted, and the key keeps its tier's limits.
+#[tokio::test(flavor = "multi_thread")]
+async fn custom_override_null_removes_and_bad_values_are_refused() {
+    let Some(db) = TestDb::migrated() else { return };
+    let up = Upstream::start("u").await;
+    let gw = connected(&db.url, &up).await;
+    let (open_id, open_key) = create_key(&db, &gw, "initech", "tight");
+    let (bad_id, bad_key) = create_key(&db, &gw, "initech", "tight");
+    let pool = db.pool().await;
+    sqlx::query(
+        "INSERT INTO api_key_rate_limits (api_key_id, custom_override) VALUES
+             ($1, '{\"per_minute\": null, \"per_hour\": 50}'),
+             ($2, '{\"per_day\": 1000000000}')",
+    )
+    .bind(&open_id)
+    .bind(&bad_id)
+    .execute(&pool)
+    .await
+    .unwrap();
+    eventually(Duration::from_secs(2), "override applied", || async {
+        (limit_header(&gw, &open_key).await == "50").then_some(())
+    })
+    .await;
+    for _ in 0..4 {
+        assert_eq!(status(&gw, &open_key).await, 200, "per_minute = 2 removed");
+    }
+    eventually(Duration::from_secs(2), "bad override counted", || async {
+        (invalid_limits(&gw, "override").await == 1).then_some(())
+    })
+    .await;
+    assert_eq!(limit_header(&gw, &bad_key).await, "2", "the tier's limits");
+    let statuses: Vec<u16> =
+        futures_util::future::join_all((0..3).map(|_| status(&gw, &bad_key))).await;
+    assert!(statuses.contains(&429), "{statuses:?}");
+    // Refreshes do not count the same refusal again.
+    sqlx::query("UPDATE tenants SET name = 'Initech' WHERE id = 'initech'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(invalid_limits(&gw, "override").await, 1);
+}
+
+/// A database created with the previous schema (serial policy ids, a `limits` JSONB)
+/// keeps its policies, and the keys moved to them, through `throttle migrate`.
+#[tokio::test(flavor = "multi_thread")]
+async fn migrating_the_previous_schema_keeps_policies() {
+    let Some(db) = TestDb::create() else { return };
+    let pool = db.pool().await;
+    throttle::db::MIGRATOR
+        .run_to(20261129000003, &pool)
+        .await
+        .unwrap();
+    sqlx::query(
+        r#"INSERT INTO rate_limit_policies (name, limits) VALUES
+           ('free', '{"key": {"per_second": {"limit": 5, "algorithm": "token_bucket", "capacity": 7},
+                              "per_minute": {"limit": 100, "algorithm": "token_bucket", "capacity": 150},
+                              "per_day": {"limit": 20000, "algorithm": "sliding_window", "capacity": 20000}},
+                      "tenant": {"per_hour": {"limit": 50000, "algorithm": "sliding_window", "capacity": 50000}}}'),
+           ('logged', '{"key": {"per_hour": {"limit": 100, "algorithm": "sliding_log", "capacity": 100}},
+                        "tenant": {}}')"#,
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let digest = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(b"old-key"));
+    sqlx::query("INSERT INTO tenants (id, name, tier) VALUES ('old', 'old', 'free')")
+        .execute(&pool)
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO api_keys (id, tenant_id, key_sha256, prefix, tier)
+         VALUES ('key_old', 'old', $1, 'old-key', 'free')",
+    )
+    .bind(&digest)
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO api_key_rate_limits (api_key_id, policy_id, custom_override)
+         SELECT 'key_old', id, '{\"per_minute\": 5}' FROM rate_limit_policies WHERE name = 'logged'",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    db.migrate();
+    type Policy = (
+        String,
+        String,
+        Option<i32>,
+        Option<i32>,
+        Option<i32>,
+        Option<i32>,
+        Option<i32>,
+        f64,
+        Option<String>,
+    );
+    let rows: Vec<Policy> = sqlx::query_as(
+        "SELECT id, name, req_per_second, req_per_minute, req_per_hour, req_per_day,
+                req_per_month, burst_multiplier, algorithm FROM rate_limit_policies ORDER BY id",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let want: Vec<Policy> = vec![
+        (
+            "free".into(),
+            "free".into(),
+            Some(5),
+            Some(100),
+            None,
+            Some(20_000),
+            None,
+            1.5,
+            None,
+        ),
+        (
+            "logged".into(),
+            "logged".into(),
+            None,
+            None,
+            Some(100),
+            None,
+            None,
+            1.0,
+            Some("sliding_log".into()),
+        ),
+    ];
+    assert_eq!(rows, want);
+    let moved: (Option<String>, Value) = sqlx::query_as(
+        "SELECT policy_id, custom_override FROM api_key_rate_limits WHERE api_key_id = 'key_old'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(moved, (Some("logged".into()), json!({"per_minute": 5})));
+    // The migrated rows are live: the key is on the SQL-only tier, with its override.
+    let up = Upstream::start("u").await;
+    let gw = connected(&db.url, &up).await;
+    eventually(Duration::from_secs(2), "migrated key served", || async {
+        (limit_header(&gw, "old-key").await == "5").then_some(())
+    })
+    .await;
+    assert_eq!(invalid_limits(&gw, "policy").await, 0);
+    assert_eq!(invalid_limits(&gw, "override").await, 0);
 }
 
 /// Blocks posted to one gateway's admin API (and rows written with SQL) reach the other

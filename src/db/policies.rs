@@ -1,0 +1,106 @@
+//! `rate_limit_policies`: one row per tier, with the key windows of that tier.
+//!
+//! A tier of `gateway.toml` without a row gets one at start (`insert_missing`); from then
+//! on the row is the truth for that tier's key windows, burst and algorithm. A row
+//! without a tier in `gateway.toml` is a tier of its own. Rows are read as they are
+//! (`PolicyRow`); the snapshot validates them.
+
+use sqlx::postgres::PgPool;
+use sqlx::Row;
+
+use super::DbError;
+use crate::config::Config;
+use crate::limiter::Window;
+
+/// A `rate_limit_policies` row as stored (not validated).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PolicyRow {
+    /// The tier name (what `api_keys.tier`, `tenants.tier` and
+    /// `api_key_rate_limits.policy_id` name).
+    pub id: String,
+    /// A label for humans.
+    pub name: String,
+    /// `req_per_second` .. `req_per_month`, in `Window::ALL` order; 0 or NULL: no such
+    /// window.
+    pub limits: [Option<i64>; Window::COUNT],
+    /// `burst_multiplier`; NULL: 1.0.
+    pub burst_multiplier: Option<f64>,
+    /// `algorithm` for every window; NULL: each window's default.
+    pub algorithm: Option<String>,
+}
+
+/// The column of `window`: `req_per_second`, ...
+pub fn column(window: Window) -> &'static str {
+    match window {
+        Window::Second => "req_per_second",
+        Window::Minute => "req_per_minute",
+        Window::Hour => "req_per_hour",
+        Window::Day => "req_per_day",
+        Window::Month => "req_per_month",
+    }
+}
+
+/// Every row.
+///
+/// # Errors
+/// When the database fails.
+pub async fn all(pool: &PgPool) -> Result<Vec<PolicyRow>, DbError> {
+    let rows = sqlx::query(
+        "SELECT id, name, req_per_second::bigint AS s, req_per_minute::bigint AS m,
+                req_per_hour::bigint AS h, req_per_day::bigint AS d,
+                req_per_month::bigint AS mo, burst_multiplier::float8 AS burst, algorithm
+         FROM rate_limit_policies ORDER BY id",
+    )
+    .fetch_all(pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| PolicyRow {
+            id: r.get("id"),
+            name: r.get("name"),
+            limits: [r.get("s"), r.get("m"), r.get("h"), r.get("d"), r.get("mo")],
+            burst_multiplier: r.get("burst"),
+            algorithm: r.get("algorithm"),
+        })
+        .collect())
+}
+
+/// Inserts a row for every tier of `config` that has none: its key windows, burst and
+/// algorithm. Existing rows are left as they are (they are the truth). One transaction,
+/// so the other gateways get one notification.
+///
+/// # Errors
+/// When the database fails.
+pub async fn insert_missing(pool: &PgPool, config: &Config) -> Result<(), DbError> {
+    let mut tiers: Vec<_> = config.tiers.values().collect();
+    tiers.sort_by(|a, b| a.name.cmp(&b.name));
+    let mut tx = pool.begin().await?;
+    for tier in tiers {
+        let limit = |w: Window| {
+            tier.key
+                .windows
+                .iter()
+                .find(|x| x.window == w)
+                .and_then(|x| i32::try_from(x.limit).ok())
+        };
+        let s = &tier.key_settings;
+        sqlx::query(
+            "INSERT INTO rate_limit_policies (id, name, req_per_second, req_per_minute,
+                 req_per_hour, req_per_day, req_per_month, burst_multiplier, algorithm)
+             VALUES ($1, $1, $2, $3, $4, $5, $6, $7, $8)
+             ON CONFLICT (id) DO NOTHING",
+        )
+        .bind(&tier.name)
+        .bind(limit(Window::Second))
+        .bind(limit(Window::Minute))
+        .bind(limit(Window::Hour))
+        .bind(limit(Window::Day))
+        .bind(limit(Window::Month))
+        .bind(s.burst_multiplier)
+        .bind(s.algorithm.map(|a| a.as_str()))
+        .execute(&mut *tx)
+        .await?;
+    }
+    tx.commit().await?;
+    Ok(())
+}
