@@ -7,30 +7,53 @@
 -- ARGV[1]   now in Unix ms, or '' to use the server clock (redis.call('TIME')); only
 --           tests pass a time.
 -- ARGV[2]   cost: units the request spends in every window (>= 1).
--- ARGV[3]   'check': decide every window, charge all of them only if all allow.
+-- ARGV[3]   'check': decide every window, charge all of them only if all allow, then
+--           lease what was asked for (below).
 --           'peek': decide every window, charge nothing.
 --           'refund': give back a charge made at ARGV[1] (Cluster: another scope rejected).
--- Then 7 values per window i (all integers, times in ms):
+--           'return': only give back leased tokens (below); no decision.
+-- ARGV[4]   lease_ms: the longest lease (each window's is at most a quarter of its
+--           period; fixed and sliding windows end theirs at the window's end); 0: none.
+-- Then 12 values per window i (all integers, times in ms):
 --           algorithm (1 token_bucket, 2 sliding_window, 3 fixed_window, 4 sliding_log,
 --           5 leaky_bucket), window (1 s, 2 min, 3 h, 4 d, 5 mo), limit, capacity,
---           period_ms, offset_ms, current (refund only: the charge's `current`).
+--           period_ms, offset_ms, current (refund only: the charge's `current`),
+--           want (tokens to lease after an admitted 'check'; 0: none),
+--           ret, tag1, tag2, size (end the lease `tag1`, `tag2` of `size` tokens, as a
+--           'take' answered them, giving back `ret` unused tokens; size 0: no lease).
 --
 -- Reply: { now, all_allowed, then per window: allowed, remaining, current, reset_after_ms,
---          retry_after_ms } -- the fields of the Rust `Decision`, in that order.
+--          retry_after_ms, granted, lease_until, tag1, tag2 } -- the fields of the Rust
+--          `Decision`, then the lease taken (granted 0: none).
+-- Leases: a window leases min(want, remaining / 2) tokens, none below 2, charged at once,
+-- so a fleet never admits more than the limit; unused tokens come back through `ret`.
 -- Writes: only when every window allows ('check'), each key with a TTL that ends when its
 -- state is back to the initial value, so idle state expires by itself.
 
 local now = now_ms()
 local cost = tonumber(ARGV[2])
 local mode = ARGV[3]
+local lease_ms = tonumber(ARGV[4])
 local ws = {}
 for i = 1, #KEYS do
-  local b = 4 + (i - 1) * 7
+  local b = 5 + (i - 1) * 12
   ws[i] = {
     alg = tonumber(ARGV[b]), window = tonumber(ARGV[b + 1]), limit = tonumber(ARGV[b + 2]),
     capacity = tonumber(ARGV[b + 3]), period = tonumber(ARGV[b + 4]), offset = tonumber(ARGV[b + 5]),
-    current = tonumber(ARGV[b + 6]),
+    current = tonumber(ARGV[b + 6]), want = tonumber(ARGV[b + 7]), ret = tonumber(ARGV[b + 8]),
+    tag1 = tonumber(ARGV[b + 9]), tag2 = tonumber(ARGV[b + 10]), size = tonumber(ARGV[b + 11]),
   }
+end
+
+-- Leases ending first (unused tokens back, a bucket's hold released): they may make room
+-- for this very request. A lease is named by its size (> 0); ret may be 0 (all used).
+for i = 1, #KEYS do
+  if ws[i].size > 0 then
+    ALG[ws[i].alg].give_back(KEYS[i], ws[i], now, ws[i].ret, ws[i].tag1, ws[i].tag2, ws[i].size)
+  end
+end
+if mode == 'return' then
+  return { now, 1 }
 end
 
 if mode == 'refund' then
@@ -45,18 +68,33 @@ for i = 1, #KEYS do
   ds[i], nexts[i] = ALG[ws[i].alg].decide(KEYS[i], ws[i], now, cost)
   if ds[i].allowed == 0 then all = 0 end
 end
+local leases = {}
 if all == 1 and mode == 'check' then
   for i = 1, #KEYS do
     ALG[ws[i].alg].write(KEYS[i], ws[i], now, cost, nexts[i], ds[i])
+  end
+  for i = 1, #KEYS do
+    local w = ws[i]
+    local len = math.min(lease_ms, idiv(w.period, 4))
+    local n = math.min(w.want, idiv(ds[i].remaining, 2))
+    if n >= 2 and len >= 1 then
+      local granted, till, t1, t2 = ALG[w.alg].take(KEYS[i], w, now, n, now + len)
+      leases[i] = { granted, till, t1, t2 }
+    end
   end
 end
 local reply = { now, all }
 for i = 1, #KEYS do
   local d = ds[i]
+  local l = leases[i] or { 0, 0, 0, 0 }
   reply[#reply + 1] = d.allowed
   reply[#reply + 1] = d.remaining
   reply[#reply + 1] = d.current
   reply[#reply + 1] = d.reset_after
   reply[#reply + 1] = d.retry_after
+  reply[#reply + 1] = l[1]
+  reply[#reply + 1] = l[2]
+  reply[#reply + 1] = l[3]
+  reply[#reply + 1] = l[4]
 end
 return reply

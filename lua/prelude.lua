@@ -98,6 +98,34 @@ local function split3(v)
   return tonumber(a), tonumber(b), tonumber(c)
 end
 
+local function split4(v)
+  if not v then return nil end
+  local a, b, c, d = string.match(v, '^(%d+):(%d+):(%d+):(%d+)$')
+  if not a then return nil end
+  return tonumber(a), tonumber(b), tonumber(c), tonumber(d)
+end
+
+-- A bucket's state: "level:last", or "level:last:held:held_until" while it holds leased
+-- tokens (see token_bucket.lua). nil when missing.
+local function bucket_state(key)
+  local v = redis.call('GET', key)
+  local level, last = split2(v)
+  if level then return level, last, 0, 0 end
+  return split4(v)
+end
+
+local function bucket_set(key, level, at, held, held_until, ttl)
+  local v = fmt(level) .. ':' .. fmt(at)
+  if held > 0 then v = v .. ':' .. fmt(held) .. ':' .. fmt(held_until) end
+  redis.call('SET', key, v, 'PX', math.max(ttl, 1))
+end
+
+-- When a bucket's hold of a lease ending at `till`, taken at `now`, ends: the lease plus
+-- as long again (the grace for giving leftovers back). Same as `hold_end` in Rust.
+local function hold_end(now, till)
+  return till + (till - now)
+end
+
 -- A decision: the same fields, in the same order, as the Rust `Decision`.
 local function decision(allowed, limit, remaining, current, reset_after, retry_after)
   return { allowed = allowed, limit = limit, remaining = remaining, current = current,

@@ -3,6 +3,9 @@
 -- count, the current window's count). Admission, in integers:
 --   prev x (end - now) + (curr + cost) x len <= limit x len
 -- TTL: until the end of the next window, when both counts have faded to nothing.
+-- Leases are charged to the current window and end with it (a token spent in a later
+-- window would be weighted as if spent earlier); unused tokens come back to that window's
+-- count: `curr` while the state is that window's, `prev` once it moved to the next one.
 
 local function sw_counts(key, w, now)
   local s, e = bounds(w, now, w.offset)
@@ -57,6 +60,34 @@ ALG[2] = {
       local ns = bounds(w, select(2, bounds(w, now, w.offset)), w.offset)
       if start ~= ns then return end
       prev = math.max(prev - cost, 0)
+    end
+    redis.call('SET', key, fmt(start) .. ':' .. fmt(prev) .. ':' .. fmt(curr), 'KEEPTTL')
+  end,
+  -- Adds up to n tokens to the current window (never beyond the weighted limit), leased
+  -- until till or the window's end. Tags: the window's start, 0.
+  take = function(key, w, now, n, till)
+    if n < 1 or till <= now then return 0, 0, 0, 0 end
+    local s, e, prev, curr = sw_counts(key, w, now)
+    local len = e - s
+    local room = idiv(math.max(w.limit * len - prev * (e - now) - curr * len, 0), len)
+    local granted = math.min(n, room)
+    if granted < 1 then return 0, 0, 0, 0 end
+    local _, next_end = bounds(w, e, w.offset)
+    redis.call('SET', key, fmt(s) .. ':' .. fmt(prev) .. ':' .. fmt(curr + granted), 'PX',
+               math.max(next_end - now, 1))
+    return granted, math.min(till, e), s, 0
+  end,
+  -- k unused tokens of the lease taken in the window starting at tag1 come back to that
+  -- window's count; nothing once the state is two windows on.
+  give_back = function(key, w, now, k, tag1, tag2, size)
+    local start, prev, curr = split3(redis.call('GET', key))
+    if not start then return end
+    if start == tag1 then
+      curr = math.max(curr - k, 0)
+    elseif start == select(2, bounds(w, tag1, w.offset)) then
+      prev = math.max(prev - k, 0)
+    else
+      return
     end
     redis.call('SET', key, fmt(start) .. ':' .. fmt(prev) .. ':' .. fmt(curr), 'KEEPTTL')
   end,

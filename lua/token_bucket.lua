@@ -1,49 +1,92 @@
 -- token_bucket.lua: twin of src/limiter/algorithm/token_bucket.rs.
 -- State: string "level:last" (level in token-ms units; 1 token = period ms, refill = limit
--- units per ms). A missing key is a full bucket. TTL: the time until the bucket is full
--- again, so an expired key and a fresh one are the same thing.
+-- units per ms), or "level:last:held:held_until" while leased tokens are held: until
+-- held_until the bucket refills to at most cap - held (as if every held token had been
+-- spent at once; see the Rust twin). A missing key is a full bucket. TTL: the time until
+-- the bucket is full again, so an expired key and a fresh one are the same thing.
 
+-- The level at `now` (never before the state's time), refilled and capped, the hold still
+-- in force then, and that time.
 local function tb_level(key, w, now)
   local cap = w.capacity * w.period
-  local level, last = split2(redis.call('GET', key))
-  if not level then return cap, cap end
-  local elapsed = now - last
-  if elapsed < 0 then elapsed = 0 end
-  level = level + elapsed * w.limit
-  if level > cap then level = cap end
-  return level, cap
+  local level, last, held, hu = bucket_state(key)
+  if not level then return cap, cap, 0, 0, now end
+  local t = math.max(now, last)
+  if held == 0 then
+    return math.min(level + (t - last) * w.limit, cap), cap, 0, 0, t
+  end
+  if t < hu then
+    return math.min(level + (t - last) * w.limit, cap - held), cap, held, hu, t
+  end
+  local mid = math.max(hu, last)
+  local at_end = math.min(level + (mid - last) * w.limit, cap - held)
+  return math.min(at_end + (t - mid) * w.limit, cap), cap, 0, 0, t
+end
+
+-- Ms from `now` until a bucket at `level` (holding `held` until `hu`) holds `target`.
+local function tb_time_to(w, level, cap, held, hu, now, target)
+  if level >= target then return 0 end
+  if held == 0 or now >= hu or target <= cap - held then
+    return div_ceil(target - level, w.limit)
+  end
+  local d = hu - now
+  local at_end = math.min(level + d * w.limit, cap - held)
+  return d + div_ceil(target - at_end, w.limit)
 end
 
 ALG[1] = {
   decide = function(key, w, now, cost)
-    local level, cap = tb_level(key, w, now)
+    local level, cap, held, hu = tb_level(key, w, now)
     local need = cost * w.period
     local current = w.capacity - idiv(level, w.period) + cost
     if level >= need then
       local left = level - need
       local d = decision(1, w.limit, clamp_remaining(idiv(left, w.period), w.limit), current,
-                         div_ceil(cap - left, w.limit), 0)
-      return d, left
+                         tb_time_to(w, left, cap, held, hu, now, cap), 0)
+      return d, { left, held, hu }
     end
     local retry
     if need > cap then
-      retry = div_ceil(cap - level, w.limit)
+      retry = tb_time_to(w, level, cap, held, hu, now, cap)
       if retry < 1 then retry = 1 end
     else
-      retry = div_ceil(need - level, w.limit)
+      retry = tb_time_to(w, level, cap, held, hu, now, need)
     end
-    return decision(0, w.limit, 0, current, div_ceil(cap - level, w.limit), retry), nil
+    return decision(0, w.limit, 0, current, tb_time_to(w, level, cap, held, hu, now, cap), retry), nil
   end,
-  write = function(key, w, now, cost, left, d)
-    redis.call('SET', key, fmt(left) .. ':' .. fmt(now), 'PX', math.max(d.reset_after, 1))
+  write = function(key, w, now, cost, nxt, d)
+    bucket_set(key, nxt[1], now, nxt[2], nxt[3], d.reset_after)
   end,
   refund = function(key, w, now, cost)
-    local level, cap = tb_level(key, w, now)
-    local _, last = split2(redis.call('GET', key))
-    if not last then return end
-    level = level + cost * w.period
-    if level > cap then level = cap end
-    local at = math.max(now, last)
-    redis.call('SET', key, fmt(level) .. ':' .. fmt(at), 'PX', math.max(div_ceil(cap - level, w.limit), 1))
+    if not bucket_state(key) then return end
+    local level, cap, held, hu, at = tb_level(key, w, now)
+    level = math.min(level + cost * w.period, cap - held)
+    bucket_set(key, level, at, held, hu, tb_time_to(w, level, cap, held, hu, now, cap))
+  end,
+  -- Spends up to n more tokens (never more than the level holds) and holds them until
+  -- hold_end. Tags: the hold's end for this lease, 0.
+  take = function(key, w, now, n, till)
+    if n < 1 or till <= now then return 0, 0, 0, 0 end
+    local level, cap, held, hu, at = tb_level(key, w, now)
+    local granted = math.min(n, idiv(level, w.period))
+    if granted < 1 then return 0, 0, 0, 0 end
+    local units = granted * w.period
+    local e = hold_end(now, till)
+    level = level - units
+    held = held + units
+    hu = math.max(hu, e)
+    bucket_set(key, level, at, held, hu, tb_time_to(w, level, cap, held, hu, now, cap))
+    return granted, till, e, 0
+  end,
+  -- Ends a lease of `size` with k tokens unused, while its hold (ending at tag1) lasts:
+  -- the unused tokens return to the level, the whole lease leaves the hold. Later: nothing.
+  give_back = function(key, w, now, k, tag1, tag2, size)
+    if now >= tag1 then return end
+    local level, cap, held, hu, at = tb_level(key, w, now)
+    if held == 0 then return end
+    level = level + math.min(math.min(k, size) * w.period, held)
+    held = held - math.min(size * w.period, held)
+    if held == 0 then hu = 0 end
+    bucket_set(key, level, at, held, hu, tb_time_to(w, level, cap, held, hu, now, cap))
   end,
 }

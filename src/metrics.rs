@@ -46,6 +46,13 @@ pub struct Metrics {
     /// key's `custom_override`; `policy`: a `rate_limit_policies` row); the key keeps its
     /// tier's limits.
     pub invalid_limits_total: IntCounterVec,
+    /// `throttle_store_calls_total{store="redis"}`: script calls (round trips).
+    pub store_calls: IntCounter,
+    /// `throttle_local_decisions_total{reason}`: `lease` (admitted on leased tokens),
+    /// `over_limit_cache` (a rejection Redis decided, repeated).
+    pub local_decisions: [IntCounter; 2],
+    /// `throttle_lease_tokens_returned_total`: unused leased tokens given back.
+    pub lease_tokens_returned_total: IntCounter,
     /// `throttle_upstream_seconds{route}`.
     pub upstream_seconds: HistogramVec,
 }
@@ -150,6 +157,30 @@ impl Metrics {
             invalid_limits_total.with_label_values(&[source]);
         }
         registry.register(Box::new(upstream_seconds.clone()))?;
+        let store_calls_total = IntCounterVec::new(
+            Opts::new(
+                "throttle_store_calls_total",
+                "Round trips to the limit store (script calls), by store.",
+            ),
+            &["store"],
+        )?;
+        let local_decisions_total = IntCounterVec::new(
+            Opts::new(
+                "throttle_local_decisions_total",
+                "Requests decided by the gateway without a round trip, by reason.",
+            ),
+            &["reason"],
+        )?;
+        let lease_tokens_returned_total = IntCounter::new(
+            "throttle_lease_tokens_returned_total",
+            "Unused leased tokens given back to Redis.",
+        )?;
+        registry.register(Box::new(store_calls_total.clone()))?;
+        registry.register(Box::new(local_decisions_total.clone()))?;
+        registry.register(Box::new(lease_tokens_returned_total.clone()))?;
+        let store_calls = store_calls_total.with_label_values(&["redis"]);
+        let local_decisions =
+            ["lease", "over_limit_cache"].map(|r| local_decisions_total.with_label_values(&[r]));
         let decisions = Scope::ALL.map(|s| {
             Outcome::ALL.map(|o| decisions_total.with_label_values(&[s.as_str(), o.as_str()]))
         });
@@ -162,6 +193,9 @@ impl Metrics {
             fallback_active,
             events_dropped_total,
             invalid_limits_total,
+            store_calls,
+            local_decisions,
+            lease_tokens_returned_total,
             upstream_seconds,
         })
     }

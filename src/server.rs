@@ -113,7 +113,8 @@ pub fn build(mut config: Config, extras: Extras) -> Result<Built, StartError> {
         (None, Backend::Redis) => {
             let primary = Arc::new(
                 RedisStore::from_config(&config.store)
-                    .map_err(|e| StartError::Unsupported(e.to_string()))?,
+                    .map_err(|e| StartError::Unsupported(e.to_string()))?
+                    .with_metrics(metrics.clone()),
             );
             redis = Some(primary.clone());
             Arc::new(TieredStore::new(
@@ -170,6 +171,13 @@ pub fn build(mut config: Config, extras: Extras) -> Result<Built, StartError> {
         },
     ));
     if let Some(h) = heartbeat {
+        server.add_service(background_service(
+            "lease returns",
+            LeaseReturns {
+                redis: h.redis.clone(),
+                lifecycle: lifecycle.clone(),
+            },
+        ));
         server.add_service(background_service("instance heartbeat", h));
     }
     if let Some(url) = db.url() {
@@ -341,6 +349,29 @@ impl BackgroundService for Heartbeat {
                 }
             }
         }
+    }
+}
+
+/// Gives leased tokens back to Redis when their lease ends, and all of them at shutdown
+/// (the process does not exit early before that is done).
+struct LeaseReturns {
+    redis: Arc<RedisStore>,
+    lifecycle: Arc<Lifecycle>,
+}
+
+#[async_trait]
+impl BackgroundService for LeaseReturns {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        let _finishing = self.lifecycle.finishing();
+        let mut tick = tokio::time::interval(Duration::from_millis(100));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = shutdown.changed() => break,
+                _ = tick.tick() => self.redis.return_expired().await,
+            }
+        }
+        self.redis.return_all().await;
     }
 }
 

@@ -5,7 +5,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use super::core::{Core, Dynamic, Runtime};
-use super::limits::record;
+use super::limits::{decide, record};
 use super::Rejection;
 use crate::config::Auth;
 use crate::identity::{KeyInfo, Presented};
@@ -103,7 +103,7 @@ async fn auth_limit(
     let mut check = Check::new(1);
     check.peek = peek;
     check.push(Scope::Auth, Ident::Ip(ip), limits);
-    let verdict = match core.store.check(&check).await {
+    let verdict = match decide(core, &check).await {
         Ok(v) => v,
         Err(_) => return Ok(()), // brute-force counting fails open: auth itself still holds
     };

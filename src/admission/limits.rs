@@ -21,6 +21,7 @@ use crate::db::events::Event;
 use crate::identity::KeyInfo;
 use crate::limiter::{Check, Ident, OnFailure, Scope, ScopeCheck, Verdict, WindowDecision};
 use crate::metrics::Outcome;
+use crate::store::StoreError;
 
 /// The outcome of the limits for one caller.
 #[derive(Debug, Clone, Copy)]
@@ -52,7 +53,7 @@ pub(super) async fn limit(
         });
     }
     let started = tokio::time::Instant::now();
-    let result = core.store.check(&check).await;
+    let result = decide(core, &check).await;
     core.store_call.observe(started.elapsed().as_secs_f64());
     let verdict = match result {
         Ok(v) => v,
@@ -84,6 +85,15 @@ pub(super) async fn limit(
         .find(|s| s.scope == governing.scope)
         .and_then(|s| s.limits.message.clone());
     Err(Rejection::RateLimited { governing, message })
+}
+
+/// The store's verdict: at once when it can decide locally (the memory store always;
+/// Redis on leases or cached rejections), else a round trip.
+pub(super) async fn decide(core: &Core, check: &Check<'_>) -> Result<Verdict, StoreError> {
+    match core.store.decide_locally(check) {
+        Some(v) => Ok(v),
+        None => core.store.check(check).await,
+    }
 }
 
 /// The store could not decide (the tiered store answers so only for a fail-closed

@@ -197,6 +197,7 @@ pub fn policy_tier(
             None => None,
         },
         jitter_ms: base.map_or(0, |t| t.key_settings.jitter_ms),
+        admission: base.map_or_else(Default::default, |t| t.key_settings.admission),
     };
     let mut windows = Vec::new();
     for (window, limit) in Window::ALL.into_iter().zip(row.limits) {

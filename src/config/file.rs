@@ -74,6 +74,7 @@ pub(crate) struct StoreFile {
     pub(crate) on_failure: Option<OnFailureFile>,
     pub(crate) instances: Option<Spanned<u32>>,
     pub(crate) key_prefix: Option<String>,
+    pub(crate) lease_ms: Option<Spanned<u64>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -136,6 +137,14 @@ pub(crate) struct ScopeFile {
     pub(crate) on_failure: Option<OnFailureFile>,
     pub(crate) reset_jitter_secs: Option<u64>,
     pub(crate) message: Option<String>,
+    pub(crate) admission: Option<AdmissionFile>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum AdmissionFile {
+    Auto,
+    Exact,
 }
 
 #[derive(Debug, Deserialize)]

@@ -3,7 +3,7 @@
 //! passes here is exact in Rust and in Redis' Lua (doubles), and bounded in memory.
 
 use crate::limiter::algorithm::MAX_EXACT_PRODUCT;
-use crate::limiter::{Algorithm, ScopeLimits, Window, WindowLimit};
+use crate::limiter::{Admission, Algorithm, ScopeLimits, Window, WindowLimit};
 
 /// Largest accepted limit: keeps Redis' Lua numbers (doubles) exact.
 pub const MAX_LIMIT: u64 = 1_000_000_000;
@@ -110,6 +110,8 @@ pub struct WindowSettings {
     pub algorithm: Option<Algorithm>,
     /// `reset_jitter_secs`, in ms (day and month windows only).
     pub jitter_ms: u64,
+    /// `admission` (Redis only).
+    pub admission: Admission,
 }
 
 // === impl LimitError ===
@@ -160,6 +162,7 @@ impl Default for WindowSettings {
             burst_multiplier: 1.0,
             algorithm: None,
             jitter_ms: 0,
+            admission: Admission::Auto,
         }
     }
 }
@@ -182,6 +185,7 @@ impl WindowSettings {
             self.burst_multiplier,
             self.jitter_ms,
         )
+        .map(|w| w.with_admission(self.admission))
     }
 }
 

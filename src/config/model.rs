@@ -111,6 +111,9 @@ pub struct Store {
     pub instances: Option<u32>,
     /// Prefix of every Redis key (`thr`).
     pub key_prefix: String,
+    /// The longest lease of quota taken from Redis (`lease_ms`, default 1000; each
+    /// window's is at most a quarter of its period).
+    pub lease: Duration,
 }
 
 /// `[tiers.NAME]`: the key and tenant limits of a plan.

@@ -15,7 +15,7 @@ use super::error::ConfigError;
 use super::file::*;
 use super::limits::{burst_multiplier, WindowSettings};
 use super::model::*;
-use crate::limiter::{Algorithm, OnFailure, ScopeLimits, Window};
+use crate::limiter::{Admission, Algorithm, OnFailure, ScopeLimits, Window};
 
 /// Bounds that keep a typo (an extra zero, ms for s) from taking the gateway down.
 const MAX_THREADS: usize = 256;
@@ -23,6 +23,8 @@ const MAX_CONNECTIONS: u32 = 10_000_000;
 /// An hour: a longer upstream timeout or drain is a typo, not a plan.
 const MAX_UPSTREAM_TIMEOUT_MS: u64 = 3_600_000;
 const MAX_STORE_TIMEOUT_MS: u64 = 60_000;
+/// The longest `[store] lease_ms` accepted.
+const MAX_LEASE_MS: u64 = 60_000;
 const DEFAULT_LISTEN: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 8080);
 const DEFAULT_ADMIN_LISTEN: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 9090);
 const NO_ROUTES: &str =
@@ -261,6 +263,7 @@ fn store(cx: &Ctx<'_>, s: &StoreFile) -> Result<Store, ConfigError> {
             return Err(cx.err(n.span(), "instances must be at least 1"));
         }
     }
+    let lease_ms = bounded(cx, "lease_ms", s.lease_ms.as_ref(), 1..=MAX_LEASE_MS)?;
     Ok(Store {
         backend,
         url: s.url.clone(),
@@ -273,6 +276,7 @@ fn store(cx: &Ctx<'_>, s: &StoreFile) -> Result<Store, ConfigError> {
         on_failure: s.on_failure.map_or(OnFailure::Local, on_failure),
         instances: s.instances.as_ref().map(|n| *n.get_ref()),
         key_prefix: s.key_prefix.clone().unwrap_or_else(|| "thr".to_string()),
+        lease: Duration::from_millis(lease_ms.unwrap_or(1_000)),
     })
 }
 
@@ -311,6 +315,10 @@ fn settings(
         },
         algorithm: s.algorithm.map(algorithm),
         jitter_ms: s.reset_jitter_secs.unwrap_or(0).saturating_mul(1000),
+        admission: match s.admission {
+            Some(AdmissionFile::Exact) => Admission::Exact,
+            Some(AdmissionFile::Auto) | None => Admission::Auto,
+        },
     })
 }
 

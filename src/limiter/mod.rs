@@ -15,4 +15,4 @@ pub mod policy;
 
 pub use check::{Check, Ident, ScopeCheck};
 pub use decision::{Decision, Verdict, WindowDecision};
-pub use policy::{Algorithm, OnFailure, Scope, ScopeLimits, Window, WindowLimit};
+pub use policy::{Admission, Algorithm, OnFailure, Scope, ScopeLimits, Window, WindowLimit};

@@ -50,6 +50,17 @@ pub enum Algorithm {
     LeakyBucket,
 }
 
+/// How a window is decided on Redis (the memory store decides every request itself).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+pub enum Admission {
+    /// Leases and the over-limit cache: most requests are decided by the gateway on
+    /// tokens leased from Redis, never over the limit.
+    #[default]
+    Auto,
+    /// Every request is decided in Redis (the over-limit cache still repeats rejections).
+    Exact,
+}
+
 /// What a scope does when its store cannot answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum OnFailure {
@@ -76,6 +87,8 @@ pub struct WindowLimit {
     pub capacity: u32,
     /// Upper bound (exclusive) of the per-key reset offset for day and month windows, in ms.
     pub jitter_ms: u64,
+    /// How the window is decided on Redis (`admission`).
+    pub admission: Admission,
 }
 
 /// The windows of one scope table, with its failure policy and 429 message.
@@ -234,6 +247,7 @@ impl WindowLimit {
             algorithm,
             capacity: limit.max(1),
             jitter_ms: 0,
+            admission: Admission::Auto,
         }
     }
 
@@ -247,6 +261,12 @@ impl WindowLimit {
                 self.limit
             };
         }
+        self
+    }
+
+    /// Sets how the window is decided on Redis.
+    pub fn with_admission(mut self, admission: Admission) -> Self {
+        self.admission = admission;
         self
     }
 

@@ -214,6 +214,10 @@ impl<C: Clock> LimitStore for MemoryStore<C> {
         Ok(self.decide(check))
     }
 
+    fn decide_locally(&self, check: &Check<'_>) -> Option<Verdict> {
+        Some(self.decide(check))
+    }
+
     fn name(&self) -> &'static str {
         "memory"
     }

@@ -80,6 +80,16 @@ pub trait LimitStore: Send + Sync + 'static {
         None
     }
 
+    /// Decides `check` at once, without a round trip, when the store can (memory: always;
+    /// Redis: leases in hand, the over-limit cache); None: ask `check`. Callers ask this
+    /// first (`admission` does): it is synchronous and allocates nothing, and on Redis it
+    /// serves before any circuit breaker, so a lease keeps serving while the store is
+    /// away. `check` itself does not repeat it. Default: never.
+    fn decide_locally(&self, check: &Check<'_>) -> Option<Verdict> {
+        let _ = check;
+        None
+    }
+
     /// Called exactly once for every admitted request when it ends, with what it holds.
     /// Must not block: work that needs a round trip is spawned. Default: nothing to do.
     fn finish(&self, held: Held, ending: Ending) {

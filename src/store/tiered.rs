@@ -167,6 +167,12 @@ impl LimitStore for TieredStore {
         Some(self.instances.load(Ordering::Relaxed).max(1))
     }
 
+    fn decide_locally(&self, check: &Check<'_>) -> Option<Verdict> {
+        // Leases in hand and cached rejections need no store: they serve even while the
+        // breaker is open, until they expire.
+        self.primary.decide_locally(check)
+    }
+
     fn finish(&self, held: super::Held, ending: super::Ending) {
         self.primary.finish(held, ending);
     }

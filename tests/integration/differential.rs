@@ -1,14 +1,22 @@
 //! Differential test: the Rust algorithms (MemoryStore) and their Lua twins (RedisStore on
 //! a real redis-server) fed the same random sequences of (time step, cost) at the same
 //! injected times must give identical decisions.
+//!
+//! Leases: the Rust state machine, driven as `lua/check.lua` orders a call (give backs,
+//! decide, write if all allow, take), and the script called directly in the wire format
+//! of `store::redis::wire`, fed the same random requests (cost, tokens wanted) and
+//! give-backs of earlier grants, must give identical decisions and identical grants
+//! (tokens, until, tags).
 
 use std::sync::Arc;
 
 use throttle::clock::{Clock, ManualClock};
+use throttle::limiter::algorithm::{self as alg, State};
 use throttle::limiter::{
-    Algorithm, Check, Ident, OnFailure, Scope, ScopeLimits, Verdict, Window, WindowLimit,
+    Algorithm, Check, Decision, Ident, OnFailure, Scope, ScopeLimits, Verdict, Window, WindowLimit,
 };
-use throttle::store::redis::Target;
+use throttle::store::redis::wire::{self, Grant, LeaseArgs, Mode};
+use throttle::store::redis::{Target, CHECK_LUA};
 use throttle::store::{LimitStore, MemoryStore, RedisStore};
 
 use crate::support::redis::RedisServer;
@@ -187,4 +195,322 @@ async fn rust_and_lua_agree_on_layered_checks() {
         ),
     ];
     replay(&redis, "layered", &scopes, 99, 600, 400, 1_764_000_000_000).await;
+}
+
+/// What a lease replay exercised.
+#[derive(Debug, Default)]
+struct LeaseStats {
+    allowed: usize,
+    rejected: usize,
+    grants: usize,
+    returns: usize,
+    /// Give-backs that changed the state (the others were forfeited).
+    effective: usize,
+}
+
+/// Replays `steps` random calls through the Rust state machine and the script (called
+/// directly) and compares every decision and grant. Calls: mostly 'check' (random cost,
+/// random tokens wanted per window), some 'peek' and 'return'; any call may give back
+/// part of an earlier grant of a window (soon, or much later), and some grants are never
+/// given back. Time advances in phases of light and heavy traffic, with bursts at one
+/// instant; lease_ms varies per call (0 to longer than a quarter of any period).
+async fn lease_replay(
+    conn: &mut redis::aio::MultiplexedConnection,
+    prefix: &str,
+    scopes: &[(Scope, Ident, ScopeLimits)],
+    seed: u64,
+    steps: usize,
+    mean_step_ms: u64,
+    start: u64,
+) -> LeaseStats {
+    let script = redis::Script::new(CHECK_LUA);
+    let windows: Vec<(WindowLimit, u64)> = scopes
+        .iter()
+        .flat_map(|(_, ident, l)| l.windows.iter().map(|w| (*w, ident.offset_ms(w))))
+        .collect();
+    let mut states: Vec<State> = windows
+        .iter()
+        .map(|(w, _)| State::initial(w.algorithm))
+        .collect();
+    let mut held: Vec<Option<Grant>> = vec![None; windows.len()];
+    let max_cost = windows.iter().map(|(w, _)| w.limit).min().unwrap().min(3);
+    let mut rng = Rng(seed);
+    let mut now = start;
+    let mut stats = LeaseStats::default();
+    let (mut slow, mut burst) = (false, 0);
+    for i in 0..steps {
+        if rng.below(30) == 0 {
+            slow = !slow;
+        }
+        if burst > 0 {
+            burst -= 1;
+        } else {
+            now += match (slow, rng.below(8)) {
+                (_, 0) => rng.below(mean_step_ms * 8),
+                (true, _) => rng.below(mean_step_ms * 3),
+                (false, _) => rng.below(mean_step_ms / 2 + 1),
+            };
+            if rng.below(8) == 0 {
+                burst = rng.below(8);
+            }
+        }
+        let cost = 1 + rng.below(u64::from(max_cost)) as u32;
+        let mode = match rng.below(14) {
+            0 => Mode::Peek,
+            1 | 2 => Mode::Return,
+            _ => Mode::Check,
+        };
+        let lease_ms = [0, 1, 40, 300, 20_000, 100_000_000][rng.below(6) as usize];
+        let mut args = vec![LeaseArgs::default(); windows.len()];
+        for (j, (w, _)) in windows.iter().enumerate() {
+            if let Some(g) = held[j] {
+                if rng.below(3) == 0 {
+                    args[j].ret = rng.below(g.granted + 1); // 0: all used
+                    args[j].from = g;
+                    held[j] = None;
+                    stats.returns += 1;
+                }
+            }
+            if rng.below(4) != 0 {
+                args[j].want = rng.below(u64::from(w.limit.min(40)) / 2 + 3);
+            }
+        }
+
+        // The script.
+        let mut check = Check::new(cost);
+        for (scope, ident, l) in scopes {
+            check.push(*scope, ident.clone(), l);
+        }
+        let mut inv = script.prepare_invoke();
+        wire::push_header(&mut inv, &now.to_string(), cost, mode, lease_ms);
+        let mut at = 0;
+        for s in &check.scopes {
+            let n = s.limits.windows.len();
+            wire::push_scope(&mut inv, prefix, s, None, Some(&args[at..at + n]));
+            at += n;
+        }
+        let raw: Vec<i64> = inv.invoke_async(conn).await.unwrap();
+
+        // The Rust twin, in check.lua's order.
+        for (j, (w, off)) in windows.iter().enumerate() {
+            let a = &args[j];
+            if a.from.granted > 0 {
+                let f = a.from;
+                let before = states[j].clone();
+                alg::give_back(
+                    &mut states[j],
+                    w,
+                    now,
+                    *off,
+                    a.ret,
+                    f.tag1,
+                    f.tag2,
+                    f.granted,
+                );
+                stats.effective += usize::from(states[j] != before);
+            }
+        }
+        let ctx = || {
+            format!(
+                "step {i} (now {now}, cost {cost}, {mode:?}, lease_ms {lease_ms}, args {args:?})"
+            )
+        };
+        if mode == Mode::Return {
+            assert_eq!(raw, [now as i64, 1], "{}", ctx());
+            continue;
+        }
+        let ds: Vec<Decision> = windows
+            .iter()
+            .zip(states.iter_mut())
+            .map(|((w, off), s)| alg::step(s, w, now, *off, cost, false))
+            .collect();
+        let all = ds.iter().all(|d| d.allowed);
+        let mut grants = vec![Grant::default(); windows.len()];
+        if all && mode == Mode::Check {
+            for (j, (w, off)) in windows.iter().enumerate() {
+                let d = alg::step(&mut states[j], w, now, *off, cost, true);
+                assert_eq!(d, ds[j], "{}", ctx());
+            }
+            for (j, (w, off)) in windows.iter().enumerate() {
+                let n = alg::lease_size(args[j].want, ds[j].remaining);
+                let len = alg::lease_len(lease_ms, w.window.period_ms());
+                if n >= 2 && len >= 1 {
+                    let l = alg::take(&mut states[j], w, now, *off, n, now + len);
+                    grants[j] = Grant {
+                        granted: l.granted,
+                        until: l.until,
+                        tag1: l.tag1,
+                        tag2: l.tag2,
+                    };
+                }
+            }
+        }
+        let reply = wire::parse_reply(&raw, &check.scopes).unwrap();
+        for (j, wd) in reply.decisions.iter().enumerate() {
+            assert_eq!(
+                wd.decision,
+                ds[j],
+                "{}: window {j} ({:?} {:?}) decision (lua, rust)",
+                ctx(),
+                windows[j].0.algorithm,
+                windows[j].0.window
+            );
+        }
+        assert_eq!((reply.now, reply.all_allowed), (now, all), "{}", ctx());
+        assert_eq!(reply.grants, grants, "{}: grants (lua, rust)", ctx());
+        for (j, g) in grants.iter().enumerate() {
+            if g.granted > 0 {
+                held[j] = Some(*g); // an earlier grant not given back is forfeited
+                stats.grants += 1;
+            }
+        }
+        if mode == Mode::Check {
+            if all {
+                stats.allowed += 1;
+            } else {
+                stats.rejected += 1;
+            }
+        }
+    }
+    stats
+}
+
+fn assert_exercised(name: &str, s: &LeaseStats, steps: usize) {
+    if std::env::var_os("LEASE_STATS").is_some() {
+        eprintln!("{name}: {s:?}");
+    }
+    assert!(
+        s.allowed > steps / 10
+            && s.rejected > steps / 20
+            && s.grants > steps / 20
+            && s.returns > steps / 20
+            && s.effective > steps / 80,
+        "{name}: sequence too one-sided: {s:?}"
+    );
+}
+
+/// Leases, every algorithm, on a short and a long window: decisions, grants and tags
+/// agree through takes and give-backs.
+#[tokio::test(flavor = "multi_thread")]
+async fn rust_and_lua_agree_on_leases_per_algorithm() {
+    let redis = RedisServer::start().await;
+    let mut conn = redis.client().await;
+    let cases = [
+        (Algorithm::TokenBucket, Window::Second, 20, 1.5),
+        (Algorithm::TokenBucket, Window::Hour, 40, 1.0),
+        (Algorithm::SlidingWindow, Window::Second, 20, 1.0),
+        (Algorithm::SlidingWindow, Window::Minute, 30, 1.0),
+        (Algorithm::FixedWindow, Window::Second, 20, 1.0),
+        (Algorithm::FixedWindow, Window::Minute, 30, 1.0),
+        (Algorithm::SlidingLog, Window::Second, 20, 1.0),
+        (Algorithm::SlidingLog, Window::Minute, 15, 1.0),
+        (Algorithm::LeakyBucket, Window::Second, 20, 1.0),
+        (Algorithm::LeakyBucket, Window::Minute, 30, 1.0),
+    ];
+    for (n, (alg, window, limit, burst)) in cases.into_iter().enumerate() {
+        let l = limits(vec![
+            WindowLimit::with_algorithm(window, limit, alg).with_burst(burst)
+        ]);
+        let scopes = [(Scope::Ip, Ident::Ip("198.51.100.1".parse().unwrap()), l)];
+        let steps = 500;
+        let s = lease_replay(
+            &mut conn,
+            &format!("ld{n}"),
+            &scopes,
+            0x1EA5E + n as u64,
+            steps,
+            window.period_ms() * 2 / u64::from(limit),
+            1_764_000_000_123,
+        )
+        .await;
+        assert_exercised(&format!("{alg:?} {window:?}"), &s, steps);
+    }
+}
+
+/// Leases with reset jitter (per-key offsets) on day and month windows, every algorithm,
+/// across window ends.
+#[tokio::test(flavor = "multi_thread")]
+async fn rust_and_lua_agree_on_leases_with_jitter() {
+    let redis = RedisServer::start().await;
+    let mut conn = redis.client().await;
+    let algorithms = [
+        Algorithm::TokenBucket,
+        Algorithm::SlidingWindow,
+        Algorithm::FixedWindow,
+        Algorithm::SlidingLog,
+        Algorithm::LeakyBucket,
+    ];
+    for (n, alg) in algorithms.into_iter().enumerate() {
+        for (m, (window, limit)) in [(Window::Day, 30), (Window::Month, 30)]
+            .into_iter()
+            .enumerate()
+        {
+            let l = limits(vec![WindowLimit::with_algorithm(window, limit, alg)
+                .with_jitter_ms(window.period_ms() / 5)]);
+            let ident = Ident::Name(format!("acme{n}{m}").into());
+            assert!(ident.offset_ms(&l.windows[0]) > 0);
+            let scopes = [(Scope::Tenant, ident, l)];
+            let steps = 400;
+            let s = lease_replay(
+                &mut conn,
+                &format!("lj{n}{m}"),
+                &scopes,
+                0x0FF5E7 + (n * 2 + m) as u64,
+                steps,
+                window.period_ms() * 2 / u64::from(limit),
+                1_767_000_000_000,
+            )
+            .await;
+            assert_exercised(&format!("{alg:?} {window:?}"), &s, steps);
+        }
+    }
+}
+
+/// Leases in layered calls: several scopes and windows per call, mixed algorithms, a
+/// reset offset; a window that rejects stops every window's charge and lease.
+#[tokio::test(flavor = "multi_thread")]
+async fn rust_and_lua_agree_on_layered_leases() {
+    let redis = RedisServer::start().await;
+    let mut conn = redis.client().await;
+    let scopes = [
+        (
+            Scope::Ip,
+            Ident::Ip("2001:db8::7".parse().unwrap()),
+            limits(vec![
+                WindowLimit::new(Window::Second, 20).with_burst(1.5),
+                WindowLimit::with_algorithm(Window::Minute, 600, Algorithm::SlidingLog),
+            ]),
+        ),
+        (
+            Scope::Key,
+            Ident::Name("key_a".into()),
+            limits(vec![
+                WindowLimit::with_algorithm(Window::Second, 15, Algorithm::LeakyBucket),
+                WindowLimit::with_algorithm(Window::Minute, 900, Algorithm::FixedWindow),
+                WindowLimit::with_algorithm(Window::Day, 5_000, Algorithm::SlidingWindow)
+                    .with_jitter_ms(3_600_000),
+            ]),
+        ),
+        (
+            Scope::Global,
+            Ident::Global,
+            limits(vec![WindowLimit::with_algorithm(
+                Window::Second,
+                25,
+                Algorithm::SlidingWindow,
+            )]),
+        ),
+    ];
+    let steps = 800;
+    let s = lease_replay(
+        &mut conn,
+        "ll",
+        &scopes,
+        4242,
+        steps,
+        150,
+        1_764_000_000_000,
+    )
+    .await;
+    assert_exercised("layered", &s, steps);
 }

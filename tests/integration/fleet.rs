@@ -19,10 +19,10 @@ key = { per_hour = 50, algorithm = "sliding_log" }
 [tiers.sw]
 key = { per_hour = 50, algorithm = "sliding_window" }
 [tiers.big]
-key = { per_hour = 1000 }
+key = { per_hour = 1000, admission = "exact" }
 [tiers.tiny]
 key = { per_hour = 1000 }
-tenant = { per_hour = 2 }
+tenant = { per_hour = 2, admission = "exact" }
 
 [[routes]]
 name = "api"

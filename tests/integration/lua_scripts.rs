@@ -1,9 +1,13 @@
-//! The Lua script on a real redis-server: it loads, keys are readable and carry TTLs.
+//! The Lua script on a real redis-server: it loads, keys are readable and carry TTLs;
+//! leases are charged, given back, keep TTLs and unique log members.
 
 use std::sync::Arc;
 
 use throttle::clock::ManualClock;
-use throttle::limiter::{Check, Ident, OnFailure, Scope, ScopeLimits, Window, WindowLimit};
+use throttle::limiter::{
+    Algorithm, Check, Ident, OnFailure, Scope, ScopeLimits, Window, WindowLimit,
+};
+use throttle::store::redis::wire::{self, Grant, LeaseArgs, Mode};
 use throttle::store::redis::{Target, CHECK_LUA};
 use throttle::store::{LimitStore, RedisStore};
 
@@ -212,4 +216,198 @@ async fn one_round_trip_per_request_on_a_single_node() {
     };
     assert_eq!(calls("evalsha"), 100, "{stats}");
     assert_eq!(calls("eval") + calls("script|load"), 0, "{stats}");
+}
+
+const T: u64 = 1_764_000_000_000; // a minute's start
+
+/// One direct script call for `check`'s windows, in the wire format.
+async fn call(
+    c: &mut redis::aio::MultiplexedConnection,
+    prefix: &str,
+    check: &Check<'_>,
+    now: u64,
+    mode: Mode,
+    lease_ms: u64,
+    leases: &[LeaseArgs],
+) -> Vec<i64> {
+    let script = redis::Script::new(CHECK_LUA);
+    let mut inv = script.prepare_invoke();
+    wire::push_header(&mut inv, &now.to_string(), check.cost, mode, lease_ms);
+    let mut at = 0;
+    for s in &check.scopes {
+        let n = s.limits.windows.len();
+        wire::push_scope(&mut inv, prefix, s, None, Some(&leases[at..at + n]));
+        at += n;
+    }
+    inv.invoke_async(c).await.unwrap()
+}
+
+fn want(n: u64) -> LeaseArgs {
+    LeaseArgs {
+        want: n,
+        ..LeaseArgs::default()
+    }
+}
+
+fn ret(k: u64, from: Grant) -> LeaseArgs {
+    LeaseArgs {
+        want: 0,
+        ret: k,
+        from,
+    }
+}
+
+const ALGORITHMS: [Algorithm; 5] = [
+    Algorithm::TokenBucket,
+    Algorithm::SlidingWindow,
+    Algorithm::FixedWindow,
+    Algorithm::SlidingLog,
+    Algorithm::LeakyBucket,
+];
+
+/// Every algorithm: an admitted 'check' leases what was asked (charged at once, with the
+/// algorithm's tags), keys keep TTLs covering the lease, and a 'return' call gives the
+/// unused tokens back.
+#[tokio::test(flavor = "multi_thread")]
+async fn leases_are_charged_and_given_back() {
+    let redis = RedisServer::start().await;
+    let mut c = redis.client().await;
+    for alg in ALGORITHMS {
+        let l = limits(vec![WindowLimit::with_algorithm(Window::Minute, 100, alg)]);
+        let prefix = format!("ls{}", wire::algorithm_code(alg));
+        let check = |cost| {
+            let mut ch = Check::new(cost);
+            ch.push(Scope::Key, Ident::Name("k".into()), &l);
+            ch
+        };
+        let key = format!("{prefix}:{{key:k}}:1m");
+        let ch = check(1);
+        let raw = call(&mut c, &prefix, &ch, T, Mode::Check, 1_000, &[want(10)]).await;
+        let reply = wire::parse_reply(&raw, &ch.scopes).unwrap();
+        let g = reply.grants[0];
+        let (tag1, tag2) = match alg {
+            Algorithm::TokenBucket | Algorithm::LeakyBucket => (T + 2_000, 0), // hold's end
+            Algorithm::SlidingWindow | Algorithm::FixedWindow => (T, 0),       // window start
+            Algorithm::SlidingLog => (T + 1_000, 101 * 1_000 + 11),            // the member
+        };
+        let grant = Grant {
+            granted: 10,
+            until: T + 1_000,
+            tag1,
+            tag2,
+        };
+        assert_eq!(g, grant, "{alg:?}");
+        assert_eq!(reply.decisions[0].decision.remaining, 99, "{alg:?}");
+        // Charged at once: 1 + 10 spent.
+        let peek = call(&mut c, &prefix, &ch, T + 1, Mode::Peek, 0, &[want(0)]).await;
+        assert_eq!(peek[3], 88, "{alg:?} remaining after the lease: {peek:?}");
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg(&key)
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        assert!(ttl > 0, "{alg:?}: no TTL ({ttl})");
+        if alg == Algorithm::SlidingLog {
+            assert!(
+                ttl > 60_000,
+                "the lease's member outlives its TTL ({ttl} ms)"
+            );
+        }
+        if alg == Algorithm::TokenBucket {
+            let v: String = redis::cmd("GET")
+                .arg(&key)
+                .query_async(&mut c)
+                .await
+                .unwrap();
+            assert_eq!(v, format!("5340000:{T}:600000:{}", T + 2_000), "held");
+        }
+        // 'return': no decision, the tokens come back.
+        let r = call(&mut c, &prefix, &ch, T + 2, Mode::Return, 0, &[ret(10, g)]).await;
+        assert_eq!(r, [(T + 2) as i64, 1]);
+        let peek = call(&mut c, &prefix, &ch, T + 2, Mode::Peek, 0, &[want(0)]).await;
+        assert_eq!(peek[3], 98, "{alg:?} remaining after giving back: {peek:?}");
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg(&key)
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        assert!(ttl > 0, "{alg:?}: no TTL after giving back ({ttl})");
+    }
+}
+
+/// No lease below 2 tokens, none above half of what remains, none in 'peek' or a rejected
+/// call, none when lease_ms is 0.
+#[tokio::test(flavor = "multi_thread")]
+async fn leases_are_sized_like_the_rust_helpers() {
+    let redis = RedisServer::start().await;
+    let mut c = redis.client().await;
+    let l = limits(vec![WindowLimit::with_algorithm(
+        Window::Minute,
+        10,
+        Algorithm::FixedWindow,
+    )]);
+    let mut ch = Check::new(1);
+    ch.push(Scope::Key, Ident::Name("k".into()), &l);
+    let granted = |raw: &[i64]| raw[2 + 5];
+    // (mode, lease_ms, want, granted): 9 remain after each admitted request until full.
+    let rows = [
+        (Mode::Check, 0, 8, 0),       // no leases configured
+        (Mode::Peek, 1_000, 8, 0),    // peek charges nothing
+        (Mode::Check, 1_000, 1, 0),   // below 2
+        (Mode::Check, 1_000, 100, 3), // 8 - 1 = 7 left: 3
+        (Mode::Check, 1_000, 100, 0), // 2 left: 1 < 2
+        (Mode::Check, 1_000, 100, 0), // 1 left: none
+        (Mode::Check, 1_000, 100, 0), // rejected
+    ];
+    for (i, (mode, lease_ms, w, g)) in rows.into_iter().enumerate() {
+        let raw = call(&mut c, "sz", &ch, T + 10, mode, lease_ms, &[want(w)]).await;
+        assert_eq!(granted(&raw), g, "row {i}: {raw:?}");
+    }
+}
+
+/// Sliding log members stay unique: two leases of one millisecond end a millisecond
+/// apart, and a request whose count equals an earlier request's of the same millisecond
+/// (leased tokens given back in between) gets its own member.
+#[tokio::test(flavor = "multi_thread")]
+async fn sliding_log_members_stay_unique() {
+    let redis = RedisServer::start().await;
+    let mut c = redis.client().await;
+    let l = limits(vec![WindowLimit::with_algorithm(
+        Window::Minute,
+        100,
+        Algorithm::SlidingLog,
+    )]);
+    let check = |cost| {
+        let mut ch = Check::new(cost);
+        ch.push(Scope::Key, Ident::Name("k".into()), &l);
+        ch
+    };
+    let grant = |raw: &[i64], ch: &Check<'_>| wire::parse_reply(raw, &ch.scopes).unwrap().grants[0];
+    let one = check(1);
+    let g1 = grant(
+        &call(&mut c, "u", &one, T, Mode::Check, 1_000, &[want(4)]).await,
+        &one,
+    );
+    let g2 = grant(
+        &call(&mut c, "u", &one, T, Mode::Check, 1_000, &[want(4)]).await,
+        &one,
+    );
+    assert_eq!((g1.until, g2.until), (T + 1_000, T + 999));
+    // Count 10 (1 + 4 + 1 + 4); a cost-2 request makes it 12: member "T:12:2".
+    let two = check(2);
+    call(&mut c, "u", &two, T, Mode::Check, 0, &[want(0)]).await;
+    // 2 of g2 back (10), and another cost-2 request: 12 again.
+    call(&mut c, "u", &two, T, Mode::Return, 0, &[ret(2, g2)]).await;
+    let raw = call(&mut c, "u", &two, T, Mode::Check, 0, &[want(0)]).await;
+    assert_eq!((raw[1], raw[4]), (1, 12), "{raw:?}");
+    let members: Vec<String> = redis::cmd("ZRANGE")
+        .arg("u:{key:k}:1m")
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(members.len(), 6, "{members:?}");
+    let peek = call(&mut c, "u", &one, T, Mode::Peek, 0, &[want(0)]).await;
+    assert_eq!(peek[4], 13, "every member counted (12 + 1): {members:?}");
 }

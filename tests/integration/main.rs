@@ -8,6 +8,7 @@ mod support;
 mod accuracy;
 mod differential;
 mod fleet;
+mod leases;
 mod lua_scripts;
 
 mod admin;

@@ -4,8 +4,13 @@
 //! Trade-off: cheapest state (one counter), but a client can spend a full limit just
 //! before a boundary and another just after it: up to 2x the limit within one window's
 //! length (the test `admits_twice_the_limit_across_a_boundary` shows it).
+//!
+//! Leases: `take` adds the leased tokens to the window's count and ends the lease with
+//! the window, so every leased token is spent in the window that was charged for it.
+//! `give_back` subtracts unused tokens while that window lasts; after it, nothing (its
+//! tokens went with it).
 
-use super::bounds;
+use super::{bounds, to_u32, Lease};
 use crate::limiter::decision::Decision;
 use crate::limiter::policy::WindowLimit;
 
@@ -57,11 +62,49 @@ pub fn step(
     }
 }
 
+/// Leases up to `n` tokens at `now` (never more than the window has left), until `until`
+/// or the window's end if sooner. Tags: the window's start, 0.
+pub fn take(
+    c: &mut Counter,
+    limit: &WindowLimit,
+    now: u64,
+    offset: u64,
+    n: u64,
+    until: u64,
+) -> Lease {
+    let (start, end) = bounds(limit.window, now, offset);
+    let count = if c.start == start { c.count } else { 0 };
+    let granted = n.min(u64::from(limit.limit.saturating_sub(count)));
+    if granted == 0 {
+        return Lease::default();
+    }
+    *c = Counter {
+        start,
+        count: count + to_u32(granted),
+    };
+    Lease {
+        granted,
+        until: until.min(end),
+        tag1: start,
+        tag2: 0,
+    }
+}
+
+/// Gives `k` unused tokens of the lease taken in the window starting at `tag1` back, if
+/// the state is still that window's.
+pub fn give_back(c: &mut Counter, k: u64, tag1: u64) {
+    if c.start == tag1 {
+        c.count = c.count.saturating_sub(to_u32(k));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limiter::algorithm::testkit::{admitted_between, assert_retry_exact, run_table};
-    use crate::limiter::algorithm::{days_from_civil, State};
+    use crate::limiter::algorithm::testkit::{
+        admitted_between, assert_leases_safe, assert_retry_exact, run_table,
+    };
+    use crate::limiter::algorithm::{self as alg, bounds, days_from_civil, Lease, State};
     use crate::limiter::policy::{Algorithm, Window};
 
     fn lim(window: Window, limit: u32) -> WindowLimit {
@@ -132,6 +175,70 @@ mod tests {
             (50, Window::Month),
         ] {
             assert_retry_exact(&lim(window, limit));
+        }
+    }
+
+    fn count(s: &State) -> (u64, u32) {
+        match s {
+            State::FixedWindow(c) => (c.start, c.count),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// A lease adds to the window's count and ends with the window at the latest; unused
+    /// tokens come back while the window lasts, and are gone with it.
+    #[test]
+    fn lease_is_counted_in_its_window() {
+        let l = lim(Window::Minute, 10);
+        let mut s = State::initial(Algorithm::FixedWindow);
+        assert!(alg::step(&mut s, &l, 60_500, 0, 1, true).allowed);
+        let lease = alg::take(&mut s, &l, 60_500, 0, 4, 75_500);
+        let want = Lease {
+            granted: 4,
+            until: 75_500,
+            tag1: 60_000,
+            tag2: 0,
+        };
+        assert_eq!(lease, want);
+        assert_eq!(count(&s), (60_000, 5));
+        assert_eq!(alg::step(&mut s, &l, 61_000, 0, 1, true).remaining, 4);
+        // (give back at, tokens, count after)
+        alg::give_back(&mut s, &l, 70_000, 0, 3, lease.tag1, 0, 4);
+        assert_eq!(count(&s), (60_000, 3));
+        // Near the end, a lease ends with the window.
+        let late = alg::take(&mut s, &l, 119_000, 0, 5, 134_000);
+        assert_eq!((late.granted, late.until), (5, 120_000));
+        // Never more than the window has left (2 here).
+        assert_eq!(alg::take(&mut s, &l, 119_500, 0, 5, 134_000).granted, 2);
+        assert_eq!(
+            alg::take(&mut s, &l, 119_500, 0, 5, 134_000),
+            Lease::default()
+        );
+        // The next window: the previous one's leftovers are gone with it.
+        assert!(alg::step(&mut s, &l, 120_100, 0, 1, true).allowed);
+        alg::give_back(&mut s, &l, 120_200, 0, 5, late.tag1, 0, 5);
+        assert_eq!(count(&s), (120_000, 1));
+    }
+
+    /// Random requests and leases: a replay of what was admitted admits it all, no fixed
+    /// window admits more than the limit, and `retry_after` stays exact.
+    #[test]
+    fn leases_never_admit_more_than_a_replay() {
+        for (limit, window, offset) in [
+            (20, Window::Second, 0),
+            (100, Window::Minute, 7_000),
+            (30, Window::Month, 3 * 86_400_000),
+        ] {
+            let l = lim(window, limit);
+            for run in assert_leases_safe(&l, offset) {
+                let mut per_window = std::collections::HashMap::new();
+                for (t, c) in run.admitted {
+                    *per_window
+                        .entry(bounds(window, t, offset).0)
+                        .or_insert(0u64) += u64::from(c);
+                }
+                assert!(per_window.values().all(|n| *n <= u64::from(limit)));
+            }
         }
     }
 }

@@ -2,7 +2,15 @@
 //! per window, and a request that would overflow `limit` is rejected (never queued).
 //! Lua twin: `lua/leaky_bucket.lua`. Same integer token-ms units as the token bucket.
 
-use super::{div_ceil, to_u32};
+//!
+//! Leases: `take` pours the leased tokens in at once and adds them to the meter's `Hold`:
+//! until the hold ends the meter drains to no less than the held amount, as if every held
+//! token had been poured at once, so a lease used late can't have the drain counted twice
+//! (a plain early charge would let the meter drain empty during the lease, and the
+//! lease's tokens then come on top of an empty meter's full allowance). `give_back`
+//! takes unused tokens out and releases them from the hold while it lasts; later, nothing.
+
+use super::{div_ceil, hold_end, to_u32, Hold, Lease};
 use crate::limiter::decision::Decision;
 use crate::limiter::policy::WindowLimit;
 
@@ -20,15 +28,52 @@ pub struct Meter {
 impl Meter {
     /// An empty meter.
     pub const EMPTY: Meter = Meter { level: 0, last: 0 };
+
+    /// The level at `now` (never before `last`), drained (to no less than the held
+    /// amount while the hold lasts), the hold still in force then, and that time.
+    fn level_at(&self, hold: Hold, rate: u64, now: u64) -> (u64, Hold, u64) {
+        let t = now.max(self.last);
+        let drain =
+            |level: u64, from: u64, to: u64| level.saturating_sub((to - from).saturating_mul(rate));
+        if hold.units == 0 {
+            return (drain(self.level, self.last, t), Hold::NONE, t);
+        }
+        if t < hold.until {
+            return (drain(self.level, self.last, t).max(hold.units), hold, t);
+        }
+        let mid = hold.until.max(self.last);
+        let at_end = drain(self.level, self.last, mid).max(hold.units);
+        (drain(at_end, mid, t), Hold::NONE, t)
+    }
 }
 
-/// One request of `cost` against the meter at `now`.
-pub fn step(m: &mut Meter, limit: &WindowLimit, now: u64, cost: u32, commit: bool) -> Decision {
+/// Ms from `now` until a meter at `level` (with `hold`) is down to `target` units.
+fn time_to(level: u64, hold: Hold, rate: u64, now: u64, target: u64) -> u64 {
+    if level <= target {
+        return 0;
+    }
+    if hold.units == 0 || now >= hold.until || target >= hold.units {
+        return div_ceil(level - target, rate);
+    }
+    // Held above the target until the hold ends.
+    let d = hold.until - now;
+    let at_end = level.saturating_sub(d.saturating_mul(rate)).max(hold.units);
+    d + div_ceil(at_end - target, rate)
+}
+
+/// One request of `cost` against the meter (holding `hold`) at `now`.
+pub fn step(
+    m: &mut Meter,
+    hold: &mut Hold,
+    limit: &WindowLimit,
+    now: u64,
+    cost: u32,
+    commit: bool,
+) -> Decision {
     let period = limit.window.period_ms();
     let rate = u64::from(limit.limit);
     let cap = rate.saturating_mul(period);
-    let drained = now.saturating_sub(m.last).saturating_mul(rate);
-    let level = m.level.saturating_sub(drained);
+    let (level, h, _) = m.level_at(*hold, rate, now);
     let need = u64::from(cost).saturating_mul(period);
     let current = div_ceil(level, period) + u64::from(cost);
     if level.saturating_add(need) <= cap {
@@ -38,35 +83,101 @@ pub fn step(m: &mut Meter, limit: &WindowLimit, now: u64, cost: u32, commit: boo
                 level: next,
                 last: now,
             };
+            *hold = h;
         }
         return Decision {
             allowed: true,
             limit: limit.limit,
             remaining: to_u32((cap - next) / period),
             current,
-            reset_after_ms: div_ceil(next, rate),
+            reset_after_ms: time_to(next, h, rate, now, 0),
             retry_after_ms: 0,
         };
     }
     let retry = if need > cap {
-        div_ceil(level, rate).max(1)
+        time_to(level, h, rate, now, 0).max(1)
     } else {
-        div_ceil(level + need - cap, rate)
+        time_to(level, h, rate, now, cap - need)
     };
     Decision {
         allowed: false,
         limit: limit.limit,
         remaining: 0,
         current,
-        reset_after_ms: div_ceil(level, rate),
+        reset_after_ms: time_to(level, h, rate, now, 0),
         retry_after_ms: retry,
     }
+}
+
+/// Leases up to `n` tokens at `now` until `until`: pours them in (never above the
+/// limit) and holds them until `hold_end`. Tags: the hold's end for this lease, 0.
+pub fn take(
+    m: &mut Meter,
+    hold: &mut Hold,
+    limit: &WindowLimit,
+    now: u64,
+    n: u64,
+    until: u64,
+) -> Lease {
+    let period = limit.window.period_ms();
+    let rate = u64::from(limit.limit);
+    let cap = rate.saturating_mul(period);
+    let (level, h, at) = m.level_at(*hold, rate, now);
+    let granted = n.min(cap.saturating_sub(level) / period);
+    if granted == 0 {
+        return Lease::default();
+    }
+    let units = granted * period;
+    let end = hold_end(now, until);
+    *m = Meter {
+        level: level + units,
+        last: at,
+    };
+    *hold = h.add(units, end);
+    Lease {
+        granted,
+        until,
+        tag1: end,
+        tag2: 0,
+    }
+}
+
+/// Ends a lease of `size` at `now`, `k` of its tokens unused, while its hold (ending at
+/// `tag1`) lasts: the unused tokens leave the meter and the whole lease leaves the hold.
+/// Later: nothing.
+pub fn give_back(
+    m: &mut Meter,
+    hold: &mut Hold,
+    limit: &WindowLimit,
+    now: u64,
+    k: u64,
+    tag1: u64,
+    size: u64,
+) {
+    if now >= tag1 {
+        return;
+    }
+    let period = limit.window.period_ms();
+    let (level, h, at) = m.level_at(*hold, u64::from(limit.limit), now);
+    if h.units == 0 {
+        return;
+    }
+    let back = k.min(size).saturating_mul(period).min(h.units);
+    let release = size.saturating_mul(period).min(h.units);
+    *m = Meter {
+        level: level - back,
+        last: at,
+    };
+    *hold = h.sub(release);
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limiter::algorithm::testkit::{assert_retry_exact, run_table};
+    use crate::limiter::algorithm::testkit::{
+        assert_leases_safe, assert_retry_exact, run_table, worst_bucket_excess,
+    };
+    use crate::limiter::algorithm::{self as alg, Lease, State};
     use crate::limiter::policy::{Algorithm, Window};
 
     fn lim(window: Window, limit: u32) -> WindowLimit {
@@ -101,6 +212,98 @@ mod tests {
     fn retry_after_is_exact() {
         for (limit, window) in [(3, Window::Second), (7, Window::Minute), (500, Window::Day)] {
             assert_retry_exact(&lim(window, limit));
+        }
+    }
+
+    const T: u64 = 10_000;
+
+    fn admitted(s: &mut State, l: &WindowLimit, now: u64, tries: usize) -> usize {
+        (0..tries)
+            .filter(|_| alg::step(s, l, now, 0, 1, true).allowed)
+            .count()
+    }
+
+    /// A lease is poured in at once and held: the meter drains to no less than the held
+    /// amount until the hold ends. Without the hold the meter (3 in) would be empty at
+    /// 30 ms and admit 100 there, plus the 2 leased tokens: 103 where a replay admits 101.
+    #[test]
+    fn lease_is_poured_at_once_and_held() {
+        let l = lim(Window::Second, 100);
+        let mut s = State::initial(Algorithm::LeakyBucket);
+        assert!(alg::step(&mut s, &l, T, 0, 1, true).allowed);
+        let lease = alg::take(&mut s, &l, T, 0, 2, T + 250);
+        let want = Lease {
+            granted: 2,
+            until: T + 250,
+            tag1: T + 500,
+            tag2: 0,
+        };
+        assert_eq!(lease, want);
+        assert_eq!(admitted(&mut s, &l, T + 30, 100), 98);
+        let d = alg::step(&mut s, &l, T + 30, 0, 1, true);
+        assert_eq!((d.allowed, d.retry_after_ms), (false, 10));
+        let mut r = State::initial(Algorithm::LeakyBucket);
+        for (at, n) in [(T, 1), (T + 30, 98), (T + 31, 2)] {
+            assert_eq!(admitted(&mut r, &l, at, n), n, "replay at {at}");
+        }
+    }
+
+    /// A request needing the held room waits for the hold's end (exactly).
+    #[test]
+    fn hold_delays_what_needs_the_held_room() {
+        let l = lim(Window::Second, 100);
+        let mut s = State::initial(Algorithm::LeakyBucket);
+        assert!(alg::step(&mut s, &l, T, 0, 50, true).allowed);
+        assert_eq!(alg::take(&mut s, &l, T, 0, 10, T + 250).granted, 10);
+        // At +300: 60 - 30 = 30 in, 10 of them held until +500; 95 need it down to 5:
+        // +550, the reset (empty) at +600.
+        let d = alg::step(&mut s.clone(), &l, T + 300, 0, 95, false);
+        assert_eq!(
+            (d.allowed, d.retry_after_ms, d.reset_after_ms),
+            (false, 250, 300)
+        );
+        assert!(!alg::step(&mut s.clone(), &l, T + 549, 0, 95, false).allowed);
+        assert!(alg::step(&mut s.clone(), &l, T + 550, 0, 95, false).allowed);
+        // What fits above the held amount is not delayed.
+        let d = alg::step(&mut s.clone(), &l, T + 300, 0, 80, false);
+        assert_eq!((d.allowed, d.retry_after_ms), (false, 100));
+        assert!(alg::step(&mut s.clone(), &l, T + 300, 0, 70, false).allowed);
+    }
+
+    /// Leftovers given back while the hold lasts leave the meter and the hold; from the
+    /// hold's end on they are forfeited.
+    #[test]
+    fn give_back_only_while_held() {
+        let l = lim(Window::Second, 100);
+        // (give back at, remaining of a cost-1 request then): 60 in at T drain 1 per 10 ms,
+        // to no less than 10 until T + 500.
+        for (at, remaining) in [(T + 100, 59), (T + 499, 98), (T + 500, 89), (T + 700, 99)] {
+            let mut s = State::initial(Algorithm::LeakyBucket);
+            assert!(alg::step(&mut s, &l, T, 0, 50, true).allowed);
+            let lease = alg::take(&mut s, &l, T, 0, 10, T + 250);
+            alg::give_back(&mut s, &l, at, 0, 10, lease.tag1, lease.tag2, lease.granted);
+            if at < T + 500 {
+                assert!(matches!(s, State::LeakyBucket(_)), "hold released");
+            }
+            let d = alg::step(&mut s, &l, at, 0, 1, false);
+            assert_eq!(d.remaining, remaining, "given back at {at}");
+        }
+    }
+
+    /// Random requests, leases (used, given back late or never) over several gateways:
+    /// a replay of what was admitted admits it all, no span admits more than the limit
+    /// plus the drain, and `retry_after` stays exact.
+    #[test]
+    fn leases_never_admit_more_than_a_replay() {
+        for (limit, window) in [
+            (20, Window::Second),
+            (100, Window::Minute),
+            (6, Window::Hour),
+        ] {
+            let l = lim(window, limit);
+            for run in assert_leases_safe(&l, 0) {
+                assert!(worst_bucket_excess(&l, &run.admitted) <= 0);
+            }
         }
     }
 }

@@ -9,6 +9,14 @@
 //! `now + retry_after` is admitted and one a millisecond earlier is not. Config validation
 //! bounds `limit x window_ms` (capacity for the token bucket) by 2^52, so every product
 //! fits a u64 here and a Lua double in Redis; operations saturate all the same.
+//!
+//! Leases (Redis only: `lua/check.lua`): after an admitted request, `take` charges `n`
+//! more tokens at once for a gateway to admit later requests locally until the lease's
+//! `until`; `give_back` returns unused ones. Safety rule: after any sequence of requests,
+//! takes and give-backs, a state never admits more than an exact replay of the requests
+//! actually admitted (lease tokens used at any time before `until`) would. Each algorithm
+//! documents how it keeps that rule; the `leases_never_admit_more_than_a_replay` tests
+//! check it on random sequences.
 
 pub mod fixed_window;
 pub mod leaky_bucket;
@@ -32,6 +40,69 @@ pub enum State {
     SlidingWindow(sliding_window::Counters),
     /// Exact log, boxed to keep `State` small.
     SlidingLog(Box<sliding_log::Log>),
+    /// Token bucket holding leased tokens back (Redis leases only; boxed, as rare).
+    TokenBucketHeld(Box<(token_bucket::Bucket, Hold)>),
+    /// Leaky bucket holding leased tokens in (Redis leases only; boxed, as rare).
+    LeakyBucketHeld(Box<(leaky_bucket::Meter, Hold)>),
+}
+
+/// Leased tokens a bucket holds, in token-ms units, until `until` (Unix ms): a token
+/// bucket refills to at most `capacity - units`, a leaky bucket drains to no less than
+/// `units`. Charging a lease at once is not enough for a bucket: a capped bucket would
+/// refill (a meter drain) through time in which the replay, its tokens not yet spent,
+/// was full (empty) and wasted that refill (drain). The hold keeps the bucket where the
+/// replay would be if every held token were spent at once. It lasts the lease plus as
+/// long again, so leftovers given back just after a lease ends still count; later ones
+/// are forfeited. Several leases share one hold (sum of tokens, latest end).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Hold {
+    /// Tokens held x period_ms (0: none).
+    pub units: u64,
+    /// When the hold ends (Unix ms).
+    pub until: u64,
+}
+
+/// A lease taken by `take`: `granted` tokens charged at once, usable until `until`; the
+/// tags identify it for `give_back` (algorithm-specific; see each algorithm's `take`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Lease {
+    /// Tokens leased (0: none).
+    pub granted: u64,
+    /// When the lease ends (Unix ms).
+    pub until: u64,
+    /// First tag.
+    pub tag1: u64,
+    /// Second tag.
+    pub tag2: u64,
+}
+
+// === impl Hold ===
+
+impl Hold {
+    /// No hold.
+    pub const NONE: Hold = Hold { units: 0, until: 0 };
+
+    /// A hold increased by `units` until at least `until`.
+    pub(crate) fn add(self, units: u64, until: u64) -> Hold {
+        Hold {
+            units: self.units.saturating_add(units),
+            until: self.until.max(until),
+        }
+    }
+
+    /// A hold decreased by `units` (gone at 0).
+    pub(crate) fn sub(self, units: u64) -> Hold {
+        match self.units.saturating_sub(units) {
+            0 => Hold::NONE,
+            units => Hold { units, ..self },
+        }
+    }
+}
+
+/// When a bucket's hold of a lease ending at `until`, taken at `now`, ends: the lease
+/// plus as long again (the grace for giving leftovers back).
+pub(crate) fn hold_end(now: u64, until: u64) -> u64 {
+    until.saturating_add(until.saturating_sub(now))
 }
 
 // === impl State ===
@@ -52,7 +123,7 @@ impl State {
     /// the next state once and the charge merely store it.
     pub fn cheap_copy(&self) -> Option<State> {
         match self {
-            State::SlidingLog(_) => None,
+            State::SlidingLog(_) | State::TokenBucketHeld(_) | State::LeakyBucketHeld(_) => None,
             other => Some(other.clone()),
         }
     }
@@ -60,12 +131,34 @@ impl State {
     fn matches(&self, algorithm: Algorithm) -> bool {
         matches!(
             (self, algorithm),
-            (State::TokenBucket(_), Algorithm::TokenBucket)
-                | (State::LeakyBucket(_), Algorithm::LeakyBucket)
-                | (State::FixedWindow(_), Algorithm::FixedWindow)
+            (
+                State::TokenBucket(_) | State::TokenBucketHeld(_),
+                Algorithm::TokenBucket
+            ) | (
+                State::LeakyBucket(_) | State::LeakyBucketHeld(_),
+                Algorithm::LeakyBucket
+            ) | (State::FixedWindow(_), Algorithm::FixedWindow)
                 | (State::SlidingWindow(_), Algorithm::SlidingWindow)
                 | (State::SlidingLog(_), Algorithm::SlidingLog)
         )
+    }
+
+    /// A bucket's held variant (so a lease can add a hold).
+    fn unsettle(&mut self) {
+        match self {
+            State::TokenBucket(b) => *self = State::TokenBucketHeld(Box::new((*b, Hold::NONE))),
+            State::LeakyBucket(m) => *self = State::LeakyBucketHeld(Box::new((*m, Hold::NONE))),
+            _ => {}
+        }
+    }
+
+    /// A held bucket whose hold is over back to its plain variant.
+    fn settle(&mut self) {
+        match self {
+            State::TokenBucketHeld(x) if x.1.units == 0 => *self = State::TokenBucket(x.0),
+            State::LeakyBucketHeld(x) if x.1.units == 0 => *self = State::LeakyBucket(x.0),
+            _ => {}
+        }
     }
 }
 
@@ -85,13 +178,119 @@ pub fn step(
         *state = State::initial(limit.algorithm);
     }
     let cost = cost.max(1);
-    match state {
-        State::TokenBucket(b) => token_bucket::step(b, limit, now_ms, cost, commit),
-        State::LeakyBucket(m) => leaky_bucket::step(m, limit, now_ms, cost, commit),
+    let d = match state {
+        State::TokenBucket(b) => {
+            token_bucket::step(b, &mut Hold::default(), limit, now_ms, cost, commit)
+        }
+        State::LeakyBucket(m) => {
+            leaky_bucket::step(m, &mut Hold::default(), limit, now_ms, cost, commit)
+        }
         State::FixedWindow(c) => fixed_window::step(c, limit, now_ms, offset_ms, cost, commit),
         State::SlidingWindow(c) => sliding_window::step(c, limit, now_ms, offset_ms, cost, commit),
         State::SlidingLog(l) => sliding_log::step(l, limit, now_ms, cost, commit),
+        State::TokenBucketHeld(x) => {
+            let (b, h) = &mut **x;
+            token_bucket::step(b, h, limit, now_ms, cost, commit)
+        }
+        State::LeakyBucketHeld(x) => {
+            let (m, h) = &mut **x;
+            leaky_bucket::step(m, h, limit, now_ms, cost, commit)
+        }
+    };
+    state.settle();
+    d
+}
+
+/// Leases up to `n` tokens of `limit`'s window at `now_ms`, usable until `until_ms`:
+/// charges them at once and returns what was granted (clamped so the state stays
+/// admissible: never more than what remains). `lua/check.lua` calls it right after an
+/// admitted request's write, with `n = lease_size(..)` and `until = now + lease_len(..)`.
+pub fn take(
+    state: &mut State,
+    limit: &WindowLimit,
+    now_ms: u64,
+    offset_ms: u64,
+    n: u64,
+    until_ms: u64,
+) -> Lease {
+    if !state.matches(limit.algorithm) {
+        *state = State::initial(limit.algorithm);
     }
+    if n == 0 || until_ms <= now_ms {
+        return Lease::default();
+    }
+    state.unsettle();
+    let lease = match state {
+        State::FixedWindow(c) => fixed_window::take(c, limit, now_ms, offset_ms, n, until_ms),
+        State::SlidingWindow(c) => sliding_window::take(c, limit, now_ms, offset_ms, n, until_ms),
+        State::SlidingLog(l) => sliding_log::take(l, limit, now_ms, n, until_ms),
+        State::TokenBucketHeld(x) => {
+            let (b, h) = &mut **x;
+            token_bucket::take(b, h, limit, now_ms, n, until_ms)
+        }
+        State::LeakyBucketHeld(x) => {
+            let (m, h) = &mut **x;
+            leaky_bucket::take(m, h, limit, now_ms, n, until_ms)
+        }
+        State::TokenBucket(_) | State::LeakyBucket(_) => Lease::default(), // unsettled above
+    };
+    state.settle();
+    lease
+}
+
+/// Ends an earlier lease at `now_ms`, giving `k` unused tokens back (0: all were used);
+/// `tag1`, `tag2` as `take` answered them (`tag2` only names the Lua log member: the Rust
+/// log finds the entry by time and size), `size` its `granted` (0: no lease). A bucket's
+/// hold of the lease is released. What can no longer be given back safely (the window or
+/// the hold is over) is forfeited. A state of the wrong variant is left alone.
+#[allow(clippy::too_many_arguments)]
+pub fn give_back(
+    state: &mut State,
+    limit: &WindowLimit,
+    now_ms: u64,
+    offset_ms: u64,
+    k: u64,
+    tag1: u64,
+    _tag2: u64,
+    size: u64,
+) {
+    if !state.matches(limit.algorithm) || size == 0 {
+        return;
+    }
+    match state {
+        State::FixedWindow(_) | State::SlidingWindow(_) | State::SlidingLog(_) if k == 0 => {}
+        State::FixedWindow(c) => fixed_window::give_back(c, k, tag1),
+        State::SlidingWindow(c) => sliding_window::give_back(c, limit, offset_ms, k, tag1),
+        State::SlidingLog(l) => sliding_log::give_back(l, k, tag1, size),
+        State::TokenBucketHeld(x) => {
+            let (b, h) = &mut **x;
+            token_bucket::give_back(b, h, limit, now_ms, k, tag1, size);
+        }
+        State::LeakyBucketHeld(x) => {
+            let (m, h) = &mut **x;
+            leaky_bucket::give_back(m, h, limit, now_ms, k, tag1, size);
+        }
+        // Nothing held: nothing to give back.
+        State::TokenBucket(_) | State::LeakyBucket(_) => {}
+    }
+    state.settle();
+}
+
+/// Tokens to lease after an admitted request, as `lua/check.lua` sizes them: what was
+/// wanted, at most half of what remains, none below 2.
+pub fn lease_size(want: u64, remaining_after: u32) -> u64 {
+    let n = want.min(u64::from(remaining_after) / 2);
+    if n < 2 {
+        0
+    } else {
+        n
+    }
+}
+
+/// A window's lease length, as `lua/check.lua` computes it: the configured longest lease,
+/// at most a quarter of the period (0: no lease).
+pub fn lease_len(lease_ms: u64, period_ms: u64) -> u64 {
+    lease_ms.min(period_ms / 4)
 }
 
 /// The `[start, end)` of the epoch-aligned window containing `now_ms`, shifted by `offset_ms`.
@@ -197,5 +396,44 @@ mod tests {
             bounds(Window::Day, DAY_MS + 30, 20),
             (DAY_MS + 20, 2 * DAY_MS + 20)
         );
+    }
+
+    /// Lease sizing mirrors check.lua: min(want, remaining / 2), none below 2; length
+    /// min(lease_ms, period / 4).
+    #[test]
+    fn lease_size_and_len_mirror_check_lua() {
+        // (want, remaining after the request, tokens)
+        for (want, remaining, n) in [
+            (10, 100, 10),
+            (10, 9, 4),
+            (10, 4, 2),
+            (10, 3, 0),
+            (1, 100, 0),
+            (0, 100, 0),
+        ] {
+            assert_eq!(
+                lease_size(want, remaining),
+                n,
+                "want {want}, remaining {remaining}"
+            );
+        }
+        assert_eq!(lease_len(1_000, 1_000), 250);
+        assert_eq!(lease_len(1_000, 60_000), 1_000);
+        assert_eq!(lease_len(0, 60_000), 0);
+    }
+
+    /// Holds live in their own boxed variants: a state costs what it did before leases.
+    #[test]
+    fn holds_keep_state_small() {
+        assert!(std::mem::size_of::<State>() <= 24);
+        let l = WindowLimit::with_algorithm(Window::Second, 100, Algorithm::TokenBucket);
+        let mut s = State::initial(Algorithm::TokenBucket);
+        assert!(step(&mut s, &l, 1_000, 0, 1, true).allowed);
+        assert_eq!(take(&mut s, &l, 1_000, 0, 10, 1_250).granted, 10);
+        assert!(matches!(s, State::TokenBucketHeld(_)));
+        assert!(s.cheap_copy().is_none());
+        // Once the hold is over, the next charge stores the plain bucket again.
+        assert!(step(&mut s, &l, 1_500, 0, 1, true).allowed);
+        assert!(matches!(s, State::TokenBucket(_)));
     }
 }

@@ -3,48 +3,79 @@
 //!
 //! Trade-off: exact, but memory grows with the limit (one entry per admitted request),
 //! so it suits small limits. `1mo` is 30 days here.
+//!
+//! Leases: `take` adds one entry for the leased tokens timestamped at the lease's end,
+//! not now: its tokens may be spent until then, so they must count until `until + len`
+//! (an entry at now would leave the window too early). Entries are kept in time order, so
+//! a lease's future entry counts from the take on and `retry_after` stays exact.
+//! `give_back` shrinks (or removes) that entry.
 
 use std::collections::VecDeque;
 
+use super::{to_u32, Lease};
 use crate::limiter::decision::Decision;
 use crate::limiter::policy::WindowLimit;
 
-/// Admitted requests, oldest first, with their running total.
+/// Admitted requests (and leases, at their end), in time order, with their running total.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Log {
-    /// `(admitted_at_ms, cost)`, oldest first.
+    /// `(at_ms, cost)`, ordered by `at_ms` (a lease's entry may lie in the future).
     pub entries: VecDeque<(u64, u32)>,
     /// Sum of `cost` over `entries`.
     pub total: u64,
+}
+
+// === impl Log ===
+
+impl Log {
+    /// Cost of the entries still counted at `now` (`at + len > now`).
+    fn used(&self, len: u64, now: u64) -> u64 {
+        let expired: u64 = self
+            .entries
+            .iter()
+            .take_while(|(t, _)| t.saturating_add(len) <= now)
+            .map(|(_, c)| u64::from(*c))
+            .sum();
+        self.total - expired
+    }
+
+    /// Adds an entry in time order (after entries at the same time).
+    fn insert(&mut self, at: u64, cost: u32) {
+        if self.entries.back().is_none_or(|(t, _)| *t <= at) {
+            self.entries.push_back((at, cost));
+        } else {
+            let i = self.entries.partition_point(|(t, _)| *t <= at);
+            self.entries.insert(i, (at, cost));
+        }
+        self.total += u64::from(cost);
+    }
 }
 
 /// One request of `cost` at `now`.
 pub fn step(log: &mut Log, limit: &WindowLimit, now: u64, cost: u32, commit: bool) -> Decision {
     let len = limit.window.period_ms();
     let live = |t: u64| t.saturating_add(len) > now;
-    let expired: u64 = log
-        .entries
-        .iter()
-        .take_while(|(t, _)| !live(*t))
-        .map(|(_, c)| u64::from(*c))
-        .sum();
-    let used = log.total - expired;
+    let used = log.used(len, now);
     let current = used + u64::from(cost);
     let lim = u64::from(limit.limit);
+    // The log is empty again one window after its latest entry (this request, or a
+    // lease's entry in the future).
+    let latest = log.entries.back().map_or(now, |(t, _)| (*t).max(now));
     if current <= lim {
         if commit {
             while log.entries.front().is_some_and(|(t, _)| !live(*t)) {
-                log.entries.pop_front();
+                if let Some((_, c)) = log.entries.pop_front() {
+                    log.total -= u64::from(c);
+                }
             }
-            log.entries.push_back((now, cost));
-            log.total = current;
+            log.insert(now, cost);
         }
         return Decision {
             allowed: true,
             limit: limit.limit,
             remaining: (lim - current) as u32,
             current,
-            reset_after_ms: len,
+            reset_after_ms: latest + len - now,
             retry_after_ms: 0,
         };
     }
@@ -71,10 +102,64 @@ pub fn step(log: &mut Log, limit: &WindowLimit, now: u64, cost: u32, commit: boo
     }
 }
 
+/// Leases up to `n` tokens at `now` (never more than the window has left) until `until`
+/// (a millisecond earlier per entry already there): one entry of the granted cost at its
+/// end. Tags: the end and a total naming the Lua member (`(limit + 1) x (until - now) +
+/// used`, `used` the count after the take): above the limit, so never a request's.
+pub fn take(log: &mut Log, limit: &WindowLimit, now: u64, n: u64, until: u64) -> Lease {
+    let len = limit.window.period_ms();
+    let lim = u64::from(limit.limit);
+    let used = log.used(len, now);
+    let granted = n.min(lim.saturating_sub(used));
+    if granted == 0 {
+        return Lease::default();
+    }
+    // One entry per lease end: a lease ending when another entry is (a lease taken in the
+    // same millisecond) ends a millisecond earlier, so its Lua member is unique.
+    let mut until = until;
+    while until > now && log.entries.binary_search_by(|(t, _)| t.cmp(&until)).is_ok() {
+        until -= 1;
+    }
+    if until <= now {
+        return Lease::default();
+    }
+    log.insert(until, to_u32(granted));
+    Lease {
+        granted,
+        until,
+        tag1: until,
+        tag2: (lim + 1) * (until - now) + used + granted,
+    }
+}
+
+/// Gives `k` unused tokens of the lease whose entry is at `tag1` with cost `size` back:
+/// the entry shrinks by `k` (gone at 0). No such entry (expired): nothing. (A request
+/// entry equal in time and cost is equivalent; only a lease given back twice could meet
+/// one where Lua, finding no member, does nothing.)
+pub fn give_back(log: &mut Log, k: u64, tag1: u64, size: u64) {
+    let Some(i) = log
+        .entries
+        .iter()
+        .position(|&(t, c)| t == tag1 && u64::from(c) == size)
+    else {
+        return;
+    };
+    let back = k.min(size);
+    if back == size {
+        log.entries.remove(i);
+    } else {
+        log.entries[i].1 = to_u32(size - back);
+    }
+    log.total -= back;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limiter::algorithm::testkit::{admitted_between, assert_retry_exact, run_table};
+    use crate::limiter::algorithm::testkit::{
+        admitted_between, assert_leases_safe, assert_retry_exact, run_table,
+    };
+    use crate::limiter::algorithm::{self as alg, Lease, State};
     use crate::limiter::policy::{Algorithm, Window};
 
     fn lim(window: Window, limit: u32) -> WindowLimit {
@@ -132,6 +217,133 @@ mod tests {
     fn retry_after_is_exact() {
         for (limit, window) in [(3, Window::Second), (7, Window::Minute), (20, Window::Hour)] {
             assert_retry_exact(&lim(window, limit));
+        }
+    }
+
+    fn entries(s: &State) -> Vec<(u64, u32)> {
+        match s {
+            State::SlidingLog(l) => {
+                assert_eq!(
+                    l.total,
+                    l.entries.iter().map(|e| u64::from(e.1)).sum::<u64>()
+                );
+                l.entries.iter().copied().collect()
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// A lease is one entry at its end: it counts from the take until one window after
+    /// `until` (its tokens may be spent until then); `retry_after` stays exact around it.
+    #[test]
+    fn lease_entry_counts_until_one_window_after_its_end() {
+        let l = lim(Window::Second, 5);
+        let mut s = State::initial(Algorithm::SlidingLog);
+        assert!(alg::step(&mut s, &l, 1_000, 0, 1, true).allowed);
+        let lease = alg::take(&mut s, &l, 1_000, 0, 2, 1_250);
+        // tag2: (limit + 1) x (until - now) + count after the take.
+        let want = Lease {
+            granted: 2,
+            until: 1_250,
+            tag1: 1_250,
+            tag2: 6 * 250 + 3,
+        };
+        assert_eq!(lease, want);
+        // The log is empty again one window after the lease's end.
+        assert_eq!(
+            alg::step(&mut s.clone(), &l, 1_000, 0, 1, false).reset_after_ms,
+            1_250
+        );
+        // A later request goes before the lease's entry.
+        assert!(alg::step(&mut s, &l, 1_100, 0, 1, true).allowed);
+        assert_eq!(entries(&s), [(1_000, 1), (1_100, 1), (1_250, 2)]);
+        run_rows(
+            &l,
+            &mut s,
+            &[
+                // (now, cost, allowed, remaining, retry_after_ms)
+                (1_999, 2, false, 0, 1), // 1 + 1 + 2 counted; the oldest leaves at 2 000
+                (2_000, 2, true, 0, 0),
+                (2_249, 2, false, 0, 1), // the lease's 2 count until 2 250
+                (2_250, 2, true, 1, 0),
+            ],
+        );
+        assert_eq!(entries(&s), [(2_000, 2), (2_250, 2)]);
+    }
+
+    fn run_rows(l: &WindowLimit, s: &mut State, rows: &[(u64, u32, bool, u32, u64)]) {
+        for &(now, cost, allowed, remaining, retry) in rows {
+            let d = alg::step(s, l, now, 0, cost, true);
+            assert_eq!(
+                (d.allowed, d.remaining, d.retry_after_ms),
+                (allowed, remaining, retry),
+                "now={now} cost={cost} -> {d:?}"
+            );
+        }
+    }
+
+    /// Giving back shrinks the lease's entry, or removes it; a lease never takes more
+    /// than the window has left.
+    #[test]
+    fn give_back_shrinks_the_lease_entry() {
+        let l = lim(Window::Second, 10);
+        let mut s = State::initial(Algorithm::SlidingLog);
+        assert!(alg::step(&mut s, &l, 1_000, 0, 2, true).allowed);
+        let lease = alg::take(&mut s, &l, 1_000, 0, 4, 1_250);
+        assert_eq!(alg::take(&mut s, &l, 1_000, 0, 9, 1_200).granted, 4);
+        assert_eq!(entries(&s), [(1_000, 2), (1_200, 4), (1_250, 4)]);
+        alg::give_back(
+            &mut s,
+            &l,
+            1_100,
+            0,
+            3,
+            lease.tag1,
+            lease.tag2,
+            lease.granted,
+        );
+        assert_eq!(entries(&s), [(1_000, 2), (1_200, 4), (1_250, 1)]);
+        // Given back again with its original size: no such entry any more.
+        alg::give_back(
+            &mut s,
+            &l,
+            1_100,
+            0,
+            1,
+            lease.tag1,
+            lease.tag2,
+            lease.granted,
+        );
+        assert_eq!(entries(&s), [(1_000, 2), (1_200, 4), (1_250, 1)]);
+        alg::give_back(&mut s, &l, 1_100, 0, 1, 1_250, lease.tag2, 1);
+        assert_eq!(entries(&s), [(1_000, 2), (1_200, 4)]);
+        assert_eq!(alg::step(&mut s, &l, 1_100, 0, 1, false).remaining, 3);
+    }
+
+    /// Random requests and leases: a replay of what was admitted admits it all, no
+    /// trailing window admits more than the limit, and `retry_after` stays exact.
+    #[test]
+    fn leases_never_admit_more_than_a_replay() {
+        for (limit, window) in [
+            (20, Window::Second),
+            (60, Window::Minute),
+            (6, Window::Hour),
+        ] {
+            let l = lim(window, limit);
+            let len = window.period_ms();
+            for run in assert_leases_safe(&l, 0) {
+                let a = &run.admitted;
+                let mut from = 0;
+                let mut sum = 0u64;
+                for &(t, c) in a {
+                    sum += u64::from(c);
+                    while a[from].0 + len <= t {
+                        sum -= u64::from(a[from].1);
+                        from += 1;
+                    }
+                    assert!(sum <= u64::from(limit), "{sum} in the window ending {t}");
+                }
+            }
         }
     }
 }

@@ -7,8 +7,15 @@
 //! boundary spike; its error against the exact log is measured in the Redis issue's
 //! accuracy test. Admission test, in integers: `prev x (end - now) + (curr + cost) x len
 //! <= limit x len`.
+//!
+//! Leases: `take` adds the leased tokens to the current window's count and ends the
+//! lease with that window: a token used in a later window than the one charged for it
+//! would be weighted as if spent earlier, and the trailing window could exceed what the
+//! replay allows. `give_back` subtracts unused tokens from the window charged for them:
+//! `curr` while the state is still that window's, `prev` once it moved to the next one,
+//! nothing later (the weight of that window is gone).
 
-use super::{bounds, div_ceil, to_u32};
+use super::{bounds, div_ceil, to_u32, Lease};
 use crate::limiter::decision::Decision;
 use crate::limiter::policy::WindowLimit;
 
@@ -33,14 +40,7 @@ pub fn step(
     commit: bool,
 ) -> Decision {
     let (start, end) = bounds(limit.window, now, offset);
-    let (prev_start, _) = bounds(limit.window, start.saturating_sub(1), offset);
-    let (prev, curr) = if c.start == start {
-        (c.prev, c.curr)
-    } else if c.start == prev_start && start > 0 {
-        (c.curr, 0)
-    } else {
-        (0, 0)
-    };
+    let (prev, curr) = counts(c, limit, start, offset);
     let len = end - start;
     let weighted = u64::from(prev).saturating_mul(end - now);
     let lim = u64::from(limit.limit);
@@ -93,10 +93,73 @@ pub fn step(
     }
 }
 
+/// The (prev, curr) counts of `c` for the window `[start, ..)`.
+fn counts(c: &Counters, limit: &WindowLimit, start: u64, offset: u64) -> (u32, u32) {
+    let (prev_start, _) = bounds(limit.window, start.saturating_sub(1), offset);
+    if c.start == start {
+        (c.prev, c.curr)
+    } else if c.start == prev_start && start > 0 {
+        (c.curr, 0)
+    } else {
+        (0, 0)
+    }
+}
+
+/// Leases up to `n` tokens at `now` (never more than keeps the weighted count within the
+/// limit), until `until` or the current window's end if sooner. Tags: its start, 0.
+pub fn take(
+    c: &mut Counters,
+    limit: &WindowLimit,
+    now: u64,
+    offset: u64,
+    n: u64,
+    until: u64,
+) -> Lease {
+    let (start, end) = bounds(limit.window, now, offset);
+    let (prev, curr) = counts(c, limit, start, offset);
+    let len = end - start;
+    let used = u64::from(prev)
+        .saturating_mul(end - now)
+        .saturating_add(u64::from(curr).saturating_mul(len));
+    let room = u64::from(limit.limit)
+        .saturating_mul(len)
+        .saturating_sub(used)
+        / len;
+    let granted = n.min(room);
+    if granted == 0 {
+        return Lease::default();
+    }
+    *c = Counters {
+        start,
+        prev,
+        curr: curr + to_u32(granted),
+    };
+    Lease {
+        granted,
+        until: until.min(end),
+        tag1: start,
+        tag2: 0,
+    }
+}
+
+/// Gives `k` unused tokens of the lease taken in the window starting at `tag1` back:
+/// from `curr` if the state is still that window's, from `prev` if it is the next one's.
+pub fn give_back(c: &mut Counters, limit: &WindowLimit, offset: u64, k: u64, tag1: u64) {
+    let k = to_u32(k);
+    if c.start == tag1 {
+        c.curr = c.curr.saturating_sub(k);
+    } else if c.start == bounds(limit.window, tag1, offset).1 {
+        c.prev = c.prev.saturating_sub(k);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limiter::algorithm::testkit::{admitted_between, assert_retry_exact, run_table};
+    use crate::limiter::algorithm::testkit::{
+        admitted_between, assert_leases_safe, assert_retry_exact, run_table,
+    };
+    use crate::limiter::algorithm::{self as alg, Lease, State};
     use crate::limiter::policy::{Algorithm, Window};
 
     fn lim(window: Window, limit: u32) -> WindowLimit {
@@ -156,6 +219,73 @@ mod tests {
             (40, Window::Month),
         ] {
             assert_retry_exact(&lim(window, limit));
+        }
+    }
+
+    fn counters(s: &State) -> (u64, u32, u32) {
+        match s {
+            State::SlidingWindow(c) => (c.start, c.prev, c.curr),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// A lease adds to the current window's count and ends with that window; unused tokens
+    /// come back to `curr` in that window, to `prev` in the next one, and not later.
+    #[test]
+    fn lease_is_counted_in_its_window() {
+        let l = lim(Window::Minute, 10);
+        let mut s = State::initial(Algorithm::SlidingWindow);
+        assert!(alg::step(&mut s, &l, 100_000, 0, 1, true).allowed);
+        let lease = alg::take(&mut s, &l, 100_000, 0, 4, 115_000);
+        let want = Lease {
+            granted: 4,
+            until: 115_000,
+            tag1: 60_000,
+            tag2: 0,
+        };
+        assert_eq!(lease, want);
+        assert_eq!(counters(&s), (60_000, 0, 5));
+        // The same window: back to curr.
+        alg::give_back(&mut s, &l, 110_000, 0, 2, lease.tag1, 0, 4);
+        assert_eq!(counters(&s), (60_000, 0, 3));
+        // Near the end, the lease ends with the window.
+        let late = alg::take(&mut s, &l, 110_000, 0, 4, 125_000);
+        assert_eq!((late.granted, late.until, late.tag1), (4, 120_000, 60_000));
+        assert_eq!(counters(&s), (60_000, 0, 7));
+        // The next window (the state moved on): back to prev.
+        assert!(alg::step(&mut s, &l, 125_000, 0, 1, true).allowed);
+        assert_eq!(counters(&s), (120_000, 7, 1));
+        alg::give_back(&mut s, &l, 125_000, 0, 3, late.tag1, 0, 4);
+        assert_eq!(counters(&s), (120_000, 4, 1));
+        // Two windows on: nothing.
+        assert!(alg::step(&mut s, &l, 185_000, 0, 1, true).allowed);
+        alg::give_back(&mut s, &l, 185_000, 0, 1, lease.tag1, 0, 4);
+        alg::give_back(&mut s, &l, 185_000, 0, 1, late.tag1, 0, 4);
+        assert_eq!(counters(&s), (180_000, 1, 1));
+    }
+
+    /// A lease never takes more than keeps the weighted count within the limit.
+    #[test]
+    fn lease_is_clamped_to_the_weighted_room() {
+        let l = lim(Window::Minute, 10);
+        let mut s = State::initial(Algorithm::SlidingWindow);
+        assert!(alg::step(&mut s, &l, 119_000, 0, 8, true).allowed);
+        // Half way through the next window, 8 x 1/2 = 4 weigh; 1 more admitted: room 5.
+        assert!(alg::step(&mut s, &l, 150_000, 0, 1, true).allowed);
+        assert_eq!(alg::take(&mut s, &l, 150_000, 0, 9, 165_000).granted, 5);
+        assert!(!alg::step(&mut s, &l, 150_000, 0, 1, false).allowed);
+    }
+
+    /// Random requests and leases: a replay of what was admitted admits it all, and
+    /// `retry_after` stays exact.
+    #[test]
+    fn leases_never_admit_more_than_a_replay() {
+        for (limit, window, offset) in [
+            (20, Window::Second, 0),
+            (100, Window::Minute, 7_000),
+            (30, Window::Month, 3 * 86_400_000),
+        ] {
+            assert_leases_safe(&lim(window, limit), offset);
         }
     }
 }

@@ -1,6 +1,6 @@
 //! Shared helpers for the algorithm tables.
 
-use super::{step, State};
+use super::{give_back, lease_len, lease_size, step, take, Lease, State};
 use crate::limiter::policy::WindowLimit;
 
 /// A tiny deterministic PRNG (xorshift64*), so randomized tests replay exactly.
@@ -73,4 +73,213 @@ pub(crate) fn assert_retry_exact(limit: &WindowLimit) {
         rejections > 10,
         "the traffic never hit the limit ({rejections} rejections)"
     );
+}
+
+/// A lease a simulated gateway holds, and what it has left.
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    lease: Lease,
+    left: u64,
+}
+
+/// What `run_leases` did.
+#[derive(Debug, Default)]
+pub(crate) struct LeaseRun {
+    /// Every admitted request, through the state or on a lease: `(at, cost)`, in order.
+    pub(crate) admitted: Vec<(u64, u32)>,
+    /// Leases taken, requests admitted on leases, leftovers given back.
+    pub(crate) takes: usize,
+    pub(crate) uses: usize,
+    pub(crate) returns: usize,
+    /// Rejections whose `retry_after` was checked.
+    pub(crate) rejections: usize,
+}
+
+/// Random traffic from `gateways` gateways sharing one state, as `lua/check.lua` orders a
+/// call (give back, decide, write, take): each request is admitted on the gateway's
+/// lease while it lasts and holds enough, else decided by the state, which may lease.
+/// Leftovers go back with the gateway's next call (at once, or much later), or never.
+/// After every rejection, checks that `retry_after` is exact (on copies of the state).
+pub(crate) fn run_leases(
+    limit: &WindowLimit,
+    offset: u64,
+    seed: u64,
+    steps: usize,
+    gateways: usize,
+) -> LeaseRun {
+    let period = limit.window.period_ms();
+    let lim = u64::from(limit.limit);
+    let mut rng = Rng(seed);
+    let lease_ms = [period / 4, period / 10, 40, 1][rng.below(4) as usize].max(1);
+    let mut state = State::initial(limit.algorithm);
+    let mut now = 1_764_000_000_000u64 + rng.below(period);
+    let mut held: Vec<Option<Held>> = vec![None; gateways];
+    let mut run = LeaseRun::default();
+    // The mean gap between requests of mean cost at the limit's rate.
+    let gap = (period * (1 + lim.min(3)) / 2 / lim.max(1)).max(1);
+    let (mut burst, mut slow) = (0, false);
+    for _ in 0..steps {
+        // Phases of light traffic (a bucket fills up while leases are out) and heavy
+        // traffic, and bursts (up to a full bucket at one instant, from any gateway).
+        if rng.below(40) == 0 {
+            slow = !slow;
+        }
+        if burst > 0 {
+            burst -= 1;
+        } else {
+            now += match (slow, rng.below(8)) {
+                (_, 0) => rng.below(gap * 8 + 1),
+                (true, _) => rng.below(gap * 3 + 1),
+                (false, _) => rng.below(gap / 2 + 1),
+            };
+            if rng.below(6) == 0 {
+                burst = rng.below(u64::from(limit.capacity) + 2);
+            }
+        }
+        let g = rng.below(gateways as u64) as usize;
+        let cost = 1 + rng.below(lim.min(3)) as u32;
+        if let Some(h) = held[g].as_mut() {
+            if now < h.lease.until && h.left >= u64::from(cost) && rng.below(8) != 0 {
+                h.left -= u64::from(cost);
+                run.admitted.push((now, cost));
+                run.uses += 1;
+                continue;
+            }
+        }
+        if let Some(h) = held[g].take() {
+            match rng.below(4) {
+                0 => {}                 // never given back (a crashed gateway)
+                1 => held[g] = Some(h), // kept to give back on a later call
+                _ => {
+                    // Ended with the next call: leftovers back (maybe none), hold released.
+                    let l = h.lease;
+                    give_back(
+                        &mut state, limit, now, offset, h.left, l.tag1, l.tag2, l.granted,
+                    );
+                    run.returns += 1;
+                }
+            }
+        }
+        if rng.below(10) == 0 {
+            continue; // a 'return' call only
+        }
+        let d = step(&mut state, limit, now, offset, cost, true);
+        if !d.allowed {
+            run.rejections += 1;
+            assert!(d.retry_after_ms >= 1, "{d:?}");
+            let at = now + d.retry_after_ms;
+            assert!(
+                step(&mut state.clone(), limit, at, offset, cost, false).allowed,
+                "not admitted at retry: now={now} {d:?} {state:?}"
+            );
+            assert!(
+                !step(&mut state.clone(), limit, at - 1, offset, cost, false).allowed,
+                "admitted early: now={now} {d:?} {state:?}"
+            );
+            continue;
+        }
+        run.admitted.push((now, cost));
+        if held[g].is_some() {
+            continue; // one lease per gateway
+        }
+        let n = lease_size(rng.below(lim / 2 + 3), d.remaining);
+        let len = lease_len(lease_ms, period);
+        if n >= 2 && len >= 1 {
+            let l = take(&mut state, limit, now, offset, n, now + len);
+            assert!(
+                l.granted <= n && (l.granted == 0 || (l.until > now && l.until <= now + len)),
+                "{l:?}"
+            );
+            if l.granted > 0 {
+                run.takes += 1;
+                held[g] = Some(Held {
+                    lease: l,
+                    left: l.granted,
+                });
+            }
+        }
+    }
+    run
+}
+
+/// The safety rule: a fresh state, fed only the requests actually admitted (lease uses
+/// included, at the times they were used), admits every one of them.
+pub(crate) fn assert_replay_admits(limit: &WindowLimit, offset: u64, admitted: &[(u64, u32)]) {
+    let mut replay = State::initial(limit.algorithm);
+    for (i, &(t, cost)) in admitted.iter().enumerate() {
+        let d = step(&mut replay, limit, t, offset, cost, true);
+        assert!(
+            d.allowed,
+            "admission {i} (at {t}, cost {cost}) is over the limit: {d:?}"
+        );
+    }
+}
+
+/// Most cost admitted in any span `[a, b]` of the admitted times, less what a bucket of
+/// `capacity` refilling `limit` per period could have admitted from full: must be <= 0.
+pub(crate) fn worst_bucket_excess(limit: &WindowLimit, admitted: &[(u64, u32)]) -> i128 {
+    let period = i128::from(limit.window.period_ms());
+    let (cap, rate) = (i128::from(limit.capacity), i128::from(limit.limit));
+    let mut worst = i128::MIN;
+    for i in 0..admitted.len() {
+        let mut sum = 0i128;
+        for &(t, c) in &admitted[i..] {
+            sum += i128::from(c);
+            let span = i128::from(t - admitted[i].0);
+            // sum <= cap + rate x span / period, in integers.
+            worst = worst.max(sum * period - cap * period - rate * span);
+        }
+    }
+    worst
+}
+
+/// Runs `run_leases` on several seeds and gateway counts and checks the safety rule;
+/// returns the runs for algorithm-specific checks.
+pub(crate) fn assert_leases_safe(limit: &WindowLimit, offset: u64) -> Vec<LeaseRun> {
+    let mut runs = Vec::new();
+    for seed in 1..=12u64 {
+        let run = run_leases(
+            limit,
+            offset,
+            seed * 0x9E37_79B9 + u64::from(limit.limit),
+            1_500,
+            1 + (seed % 3) as usize,
+        );
+        assert_replay_admits(limit, offset, &run.admitted);
+        runs.push(run);
+    }
+    if std::env::var_os("LEASE_STATS").is_some() {
+        for r in &runs {
+            eprintln!(
+                "admitted {} takes {} uses {} returns {} rejections {}",
+                r.admitted.len(),
+                r.takes,
+                r.uses,
+                r.returns,
+                r.rejections
+            );
+        }
+    }
+    let sum = |f: fn(&LeaseRun) -> usize| runs.iter().map(f).sum::<usize>();
+    assert!(
+        sum(|r| r.takes) > 50,
+        "too few leases: {}",
+        sum(|r| r.takes)
+    );
+    assert!(
+        sum(|r| r.uses) > 100,
+        "too few lease uses: {}",
+        sum(|r| r.uses)
+    );
+    assert!(
+        sum(|r| r.returns) > 20,
+        "too few give-backs: {}",
+        sum(|r| r.returns)
+    );
+    assert!(
+        sum(|r| r.rejections) > 50,
+        "too few rejections: {}",
+        sum(|r| r.rejections)
+    );
+    runs
 }

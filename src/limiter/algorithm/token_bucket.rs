@@ -4,8 +4,15 @@
 //! Exactness: the level is kept in token-ms units (1 token = `period_ms` units, refill =
 //! `limit` units per ms), so every quantity is an integer and `retry_after` is exact to
 //! the millisecond.
+//!
+//! Leases: `take` spends the leased tokens at once and adds them to the bucket's `Hold`:
+//! until the hold ends the bucket refills to at most `capacity - held`, as if every held
+//! token had been spent at once, so a lease used late can't have its refill counted
+//! twice (a plain early charge would let a full bucket refill during the lease, and the
+//! lease's tokens then come on top of a full bucket). `give_back` returns unused tokens
+//! to the level and releases them from the hold while the hold lasts; later, nothing.
 
-use super::{div_ceil, to_u32};
+use super::{div_ceil, hold_end, to_u32, Hold, Lease};
 use crate::limiter::decision::Decision;
 use crate::limiter::policy::WindowLimit;
 
@@ -27,22 +34,56 @@ impl Bucket {
         last: u64::MAX,
     };
 
-    /// The level at `now`, refilled and capped.
-    fn level_at(&self, rate: u64, cap: u64, now: u64) -> u64 {
+    /// The level at `now` (never before `last`), refilled and capped (at `cap - held`
+    /// while the hold lasts), the hold still in force then, and that time.
+    fn level_at(&self, hold: Hold, rate: u64, cap: u64, now: u64) -> (u64, Hold, u64) {
         if self.last == u64::MAX {
-            return cap;
+            return (cap, Hold::NONE, now);
         }
-        let refill = now.saturating_sub(self.last).saturating_mul(rate);
-        self.level.saturating_add(refill).min(cap)
+        let t = now.max(self.last);
+        let grow =
+            |level: u64, from: u64, to: u64| level.saturating_add((to - from).saturating_mul(rate));
+        if hold.units == 0 {
+            return (grow(self.level, self.last, t).min(cap), Hold::NONE, t);
+        }
+        let held_cap = cap.saturating_sub(hold.units);
+        if t < hold.until {
+            return (grow(self.level, self.last, t).min(held_cap), hold, t);
+        }
+        let mid = hold.until.max(self.last);
+        let at_end = grow(self.level, self.last, mid).min(held_cap);
+        (grow(at_end, mid, t).min(cap), Hold::NONE, t)
     }
 }
 
-/// One request of `cost` against the bucket at `now`.
-pub fn step(b: &mut Bucket, limit: &WindowLimit, now: u64, cost: u32, commit: bool) -> Decision {
+/// Ms from `now` until a bucket at `level` (with `hold`) holds `target` (<= cap) units.
+fn time_to(level: u64, hold: Hold, rate: u64, cap: u64, now: u64, target: u64) -> u64 {
+    if level >= target {
+        return 0;
+    }
+    let held_cap = cap.saturating_sub(hold.units);
+    if hold.units == 0 || now >= hold.until || target <= held_cap {
+        return div_ceil(target - level, rate);
+    }
+    // Capped below the target until the hold ends.
+    let d = hold.until - now;
+    let at_end = level.saturating_add(d.saturating_mul(rate)).min(held_cap);
+    d + div_ceil(target - at_end, rate)
+}
+
+/// One request of `cost` against the bucket (holding `hold`) at `now`.
+pub fn step(
+    b: &mut Bucket,
+    hold: &mut Hold,
+    limit: &WindowLimit,
+    now: u64,
+    cost: u32,
+    commit: bool,
+) -> Decision {
     let period = limit.window.period_ms();
     let rate = u64::from(limit.limit);
     let cap = u64::from(limit.capacity).saturating_mul(period);
-    let level = b.level_at(rate, cap, now);
+    let (level, h, _) = b.level_at(*hold, rate, cap, now);
     let need = u64::from(cost).saturating_mul(period);
     let used_tokens = u64::from(limit.capacity) - level / period;
     let current = used_tokens + u64::from(cost);
@@ -53,37 +94,105 @@ pub fn step(b: &mut Bucket, limit: &WindowLimit, now: u64, cost: u32, commit: bo
                 level: left,
                 last: now,
             };
+            *hold = h;
         }
         return Decision {
             allowed: true,
             limit: limit.limit,
             remaining: to_u32(left / period).min(limit.limit),
             current,
-            reset_after_ms: div_ceil(cap - left, rate),
+            reset_after_ms: time_to(left, h, rate, cap, now, cap),
             retry_after_ms: 0,
         };
     }
     let retry = if need > cap {
         // Never admissible (cost above capacity): point at the next full bucket.
-        div_ceil(cap - level, rate).max(1)
+        time_to(level, h, rate, cap, now, cap).max(1)
     } else {
-        div_ceil(need - level, rate)
+        time_to(level, h, rate, cap, now, need)
     };
     Decision {
         allowed: false,
         limit: limit.limit,
         remaining: 0,
         current,
-        reset_after_ms: div_ceil(cap - level, rate),
+        reset_after_ms: time_to(level, h, rate, cap, now, cap),
         retry_after_ms: retry,
     }
+}
+
+/// Leases up to `n` tokens at `now` until `until`: spends them (never more than the
+/// level holds) and holds them until `hold_end`. Tags: the hold's end for this lease, 0.
+pub fn take(
+    b: &mut Bucket,
+    hold: &mut Hold,
+    limit: &WindowLimit,
+    now: u64,
+    n: u64,
+    until: u64,
+) -> Lease {
+    let period = limit.window.period_ms();
+    let rate = u64::from(limit.limit);
+    let cap = u64::from(limit.capacity).saturating_mul(period);
+    let (level, h, at) = b.level_at(*hold, rate, cap, now);
+    let granted = n.min(level / period);
+    if granted == 0 {
+        return Lease::default();
+    }
+    let units = granted * period;
+    let end = hold_end(now, until);
+    *b = Bucket {
+        level: level - units,
+        last: at,
+    };
+    *hold = h.add(units, end);
+    Lease {
+        granted,
+        until,
+        tag1: end,
+        tag2: 0,
+    }
+}
+
+/// Ends a lease of `size` at `now`, `k` of its tokens unused, while its hold (ending at
+/// `tag1`) lasts: the unused tokens return to the level and the whole lease leaves the
+/// hold (its used tokens were spent by now; holding them longer would only shrink the
+/// bucket under sustained traffic). Later: nothing.
+pub fn give_back(
+    b: &mut Bucket,
+    hold: &mut Hold,
+    limit: &WindowLimit,
+    now: u64,
+    k: u64,
+    tag1: u64,
+    size: u64,
+) {
+    let period = limit.window.period_ms();
+    let rate = u64::from(limit.limit);
+    let cap = u64::from(limit.capacity).saturating_mul(period);
+    if now >= tag1 {
+        return;
+    }
+    let (level, h, at) = b.level_at(*hold, rate, cap, now);
+    if h.units == 0 {
+        return;
+    }
+    let back = k.min(size).saturating_mul(period).min(h.units);
+    let release = size.saturating_mul(period).min(h.units);
+    *b = Bucket {
+        level: level + back,
+        last: at,
+    };
+    *hold = h.sub(release);
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limiter::algorithm::testkit::{assert_retry_exact, run_table};
-    use crate::limiter::algorithm::State;
+    use crate::limiter::algorithm::testkit::{
+        assert_leases_safe, assert_retry_exact, run_table, worst_bucket_excess,
+    };
+    use crate::limiter::algorithm::{self as alg, Lease, State};
     use crate::limiter::policy::{Algorithm, Window};
 
     fn lim(window: Window, limit: u32, burst: f64) -> WindowLimit {
@@ -153,6 +262,118 @@ mod tests {
             (1000, Window::Hour, 1.2),
         ] {
             assert_retry_exact(&lim(window, limit, burst));
+        }
+    }
+
+    const T: u64 = 10_000;
+
+    fn admitted(s: &mut State, l: &WindowLimit, now: u64, tries: usize) -> usize {
+        (0..tries)
+            .filter(|_| alg::step(s, l, now, 0, 1, true).allowed)
+            .count()
+    }
+
+    /// A lease is spent at once and held: the bucket refills to at most capacity - held
+    /// until the hold ends. Without the hold, the bucket (97 left) would be full again at
+    /// 30 ms and admit 100 there, and with the 2 leased tokens used at 31 ms, 103 would be
+    /// admitted where a replay admits 101. With it: 98, so 101.
+    #[test]
+    fn lease_is_spent_at_once_and_held() {
+        let l = lim(Window::Second, 100, 1.0);
+        let mut s = State::initial(Algorithm::TokenBucket);
+        assert!(alg::step(&mut s, &l, T, 0, 1, true).allowed);
+        let lease = alg::take(&mut s, &l, T, 0, 2, T + 250);
+        // The hold lasts the lease and as long again: tag1 is its end.
+        let want = Lease {
+            granted: 2,
+            until: T + 250,
+            tag1: T + 500,
+            tag2: 0,
+        };
+        assert_eq!(lease, want);
+        assert!(matches!(s, State::TokenBucketHeld(_)));
+        assert_eq!(admitted(&mut s, &l, T + 30, 100), 98);
+        let d = alg::step(&mut s, &l, T + 30, 0, 1, true);
+        assert_eq!((d.allowed, d.retry_after_ms), (false, 10));
+        let replay = [(T, 1), (T + 30, 98), (T + 31, 2)];
+        let mut r = State::initial(Algorithm::TokenBucket);
+        for (at, n) in replay {
+            assert_eq!(admitted(&mut r, &l, at, n), n, "replay at {at}");
+        }
+    }
+
+    /// A request needing more than capacity - held waits for the hold's end (exactly).
+    #[test]
+    fn hold_delays_what_needs_the_held_tokens() {
+        let l = lim(Window::Second, 100, 1.0);
+        let mut s = State::initial(Algorithm::TokenBucket);
+        assert!(alg::step(&mut s, &l, T, 0, 50, true).allowed);
+        assert_eq!(alg::take(&mut s, &l, T, 0, 10, T + 250).granted, 10);
+        // At +300 the bucket holds 70 and reaches its held cap, 90, at +500 (the hold's
+        // end); 95 fit 50 ms later.
+        let d = alg::step(&mut s.clone(), &l, T + 300, 0, 95, false);
+        assert_eq!(
+            (d.allowed, d.retry_after_ms, d.reset_after_ms),
+            (false, 250, 300)
+        );
+        assert!(!alg::step(&mut s.clone(), &l, T + 549, 0, 95, false).allowed);
+        assert!(alg::step(&mut s.clone(), &l, T + 550, 0, 95, false).allowed);
+        // What fits under the held cap is not delayed.
+        let d = alg::step(&mut s.clone(), &l, T + 300, 0, 80, false);
+        assert_eq!((d.allowed, d.retry_after_ms), (false, 100));
+        assert!(alg::step(&mut s.clone(), &l, T + 300, 0, 70, false).allowed);
+    }
+
+    /// Leftovers given back while the hold lasts return to the bucket and leave the hold;
+    /// from the hold's end on they are forfeited.
+    #[test]
+    fn give_back_only_while_held() {
+        let l = lim(Window::Second, 100, 1.0);
+        let leased = || {
+            let mut s = State::initial(Algorithm::TokenBucket);
+            assert!(alg::step(&mut s, &l, T, 0, 50, true).allowed);
+            let lease = alg::take(&mut s, &l, T, 0, 10, T + 250);
+            (s, lease)
+        };
+        // (give back at, remaining of a cost-1 request then)
+        // (give back at, remaining of a cost-1 request then): 40 left at T refill 1 per
+        // 10 ms, to at most 90 until T + 500.
+        for (at, remaining) in [(T + 100, 59), (T + 499, 98), (T + 500, 89), (T + 900, 99)] {
+            let (mut s, lease) = leased();
+            alg::give_back(&mut s, &l, at, 0, 10, lease.tag1, lease.tag2, lease.granted);
+            if at < T + 500 {
+                assert!(matches!(s, State::TokenBucket(_)), "hold released");
+            }
+            let d = alg::step(&mut s, &l, at, 0, 1, false);
+            assert_eq!(d.remaining, remaining, "given back at {at}");
+        }
+        // A lease that ends with some tokens used releases its whole hold: the used ones
+        // were spent by then (sustained traffic would otherwise shrink the bucket).
+        let (mut s, lease) = leased();
+        alg::give_back(&mut s, &l, T + 100, 0, 4, lease.tag1, 0, lease.granted);
+        assert!(matches!(s, State::TokenBucket(_)), "hold released");
+        assert_eq!(alg::step(&mut s, &l, T + 100, 0, 1, false).remaining, 53);
+        // All used (given back 0): the hold goes, nothing returns to the level.
+        let (mut s, lease) = leased();
+        alg::give_back(&mut s, &l, T + 100, 0, 0, lease.tag1, 0, lease.granted);
+        assert!(matches!(s, State::TokenBucket(_)), "hold released");
+        assert_eq!(alg::step(&mut s, &l, T + 100, 0, 1, false).remaining, 49);
+    }
+
+    /// Random requests, leases (used, given back late or never) over several gateways:
+    /// a replay of what was admitted admits it all, no span admits more than a full
+    /// bucket plus its refill, and `retry_after` stays exact.
+    #[test]
+    fn leases_never_admit_more_than_a_replay() {
+        for (limit, window, burst) in [
+            (20, Window::Second, 1.0),
+            (100, Window::Minute, 1.5),
+            (6, Window::Hour, 2.0),
+        ] {
+            let l = lim(window, limit, burst);
+            for run in assert_leases_safe(&l, 0) {
+                assert!(worst_bucket_excess(&l, &run.admitted) <= 0);
+            }
         }
     }
 }

@@ -26,13 +26,16 @@ use redis::cluster_async::ClusterConnection;
 use redis::sentinel::{SentinelClient, SentinelServerType};
 use redis::{RedisResult, Script, ScriptInvocation};
 
+pub mod local;
 pub mod wire;
 
-use self::wire::{Mode, Reply};
+use self::local::{Local, Outcome, Plan, Return, WindowPlan};
+use self::wire::{LeaseArgs, Mode, Reply};
 use super::{LimitStore, StoreError};
-use crate::clock::Clock;
+use crate::clock::{Clock, SystemClock};
 use crate::config::Store as StoreConfig;
 use crate::limiter::{Check, Ident, Scope, ScopeCheck, Verdict, Window};
+use crate::metrics::Metrics;
 
 macro_rules! lua {
     ($f:literal) => {
@@ -79,6 +82,10 @@ pub struct RedisStore {
     prefix: Arc<str>,
     clock: Option<Arc<dyn Clock>>,
     healthy: AtomicBool,
+    /// Leases and the over-limit cache (see `local`); None: every request goes to Redis.
+    local: Option<Local>,
+    lease_ms: u64,
+    metrics: Option<Arc<Metrics>>,
 }
 
 // === impl RedisStore ===
@@ -96,6 +103,9 @@ impl RedisStore {
             prefix: Arc::from(prefix),
             clock: None,
             healthy: AtomicBool::new(true),
+            local: None,
+            lease_ms: 0,
+            metrics: None,
         }
     }
 
@@ -115,7 +125,22 @@ impl RedisStore {
                 "no redis url, cluster or sentinel configured".into(),
             ));
         };
-        Ok(Self::new(target, c.timeout, &c.key_prefix))
+        Ok(Self::new(target, c.timeout, &c.key_prefix)
+            .with_local_admission(c.lease.as_millis() as u64))
+    }
+
+    /// Decides locally when it can: the over-limit cache, and leases of at most
+    /// `lease_ms` (0: no leases) for `admission = "auto"` windows.
+    pub fn with_local_admission(mut self, lease_ms: u64) -> Self {
+        self.local = Some(Local::new(lease_ms));
+        self.lease_ms = lease_ms;
+        self
+    }
+
+    /// Counts round trips, local decisions and returned tokens.
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
     }
 
     /// Sends `clock`'s time with every call instead of using Redis `TIME`. For tests
@@ -228,21 +253,38 @@ impl RedisStore {
             .unwrap_or_default()
     }
 
+    /// The gateway's clock (leases and cached rejections are kept on it).
+    fn local_now(&self) -> u64 {
+        match &self.clock {
+            Some(c) => c.now_ms(),
+            None => SystemClock.now_ms(),
+        }
+    }
+
+    fn count_call(&self) {
+        if let Some(m) = &self.metrics {
+            m.store_calls.inc();
+        }
+    }
+
     /// One script call for `scopes` within the deadline.
     async fn call(
         &self,
         conn: &mut Conn,
         scopes: &[ScopeCheck<'_>],
+        leases: Option<&[smallvec::SmallVec<[LeaseArgs; 2]>]>,
         cost: u32,
         peek: bool,
         now: &str,
     ) -> Result<Reply, StoreError> {
         let mut inv = self.script.prepare_invoke();
         let mode = if peek { Mode::Peek } else { Mode::Check };
-        wire::push_header(&mut inv, now, cost, mode);
-        for s in scopes {
-            wire::push_scope(&mut inv, &self.prefix, s, None);
+        wire::push_header(&mut inv, now, cost, mode, self.lease_ms);
+        for (i, s) in scopes.iter().enumerate() {
+            let l = leases.and_then(|l| l.get(i)).map(|l| &l[..]);
+            wire::push_scope(&mut inv, &self.prefix, s, None, l);
         }
+        self.count_call();
         let raw = tokio::time::timeout(self.timeout, eval(conn, &inv))
             .await
             .map_err(|_| StoreError::Timeout(self.timeout.as_millis() as u64))?
@@ -255,49 +297,159 @@ impl RedisStore {
             .await
             .map_err(|_| StoreError::Timeout(self.timeout.as_millis() as u64))??;
         let now = self.now_arg();
-        if !matches!(conn, Conn::Cluster(_)) || check.scopes.len() == 1 {
+        let local_now = self.local_now();
+        let plan = match &self.local {
+            Some(l) => l.prepare(check, local_now),
+            None => Plan::default(),
+        };
+        let remote = Remote::of(check, &plan);
+        self.count_returned(remote.leases.iter().flatten());
+        let scopes = remote.scopes();
+        let record = |scopes: &[ScopeCheck<'_>], r: &Reply| {
+            if let Some(l) = &self.local {
+                l.record(
+                    scopes,
+                    check.cost,
+                    &r.decisions,
+                    &r.grants,
+                    local_now,
+                    r.now,
+                );
+            }
+        };
+        let mut decisions: Vec<_> = remote.covered.clone();
+        if scopes.is_empty() {
+            // Every window was paid from leases (the lease check raced a refill).
+        } else if !matches!(conn, Conn::Cluster(_)) || scopes.len() == 1 {
             let reply = self
-                .call(&mut conn, &check.scopes, check.cost, check.peek, &now)
-                .await?;
-            return Ok(Verdict::from_decisions(reply.decisions));
-        }
-        // Cluster: one call per scope (one slot each), concurrently.
-        let calls = check.scopes.iter().map(|s| {
-            let mut c = conn.clone();
-            let now = now.clone();
-            async move {
-                self.call(
-                    &mut c,
-                    std::slice::from_ref(s),
+                .call(
+                    &mut conn,
+                    &scopes,
+                    Some(&remote.leases),
                     check.cost,
                     check.peek,
                     &now,
                 )
-                .await
+                .await?;
+            record(&scopes, &reply);
+            decisions.extend(reply.decisions);
+        } else {
+            // Cluster: one call per scope (one slot each), concurrently.
+            let calls = scopes.iter().enumerate().map(|(i, s)| {
+                let mut c = conn.clone();
+                let now = now.clone();
+                let l = remote.leases.get(i).cloned().map(|l| [l]);
+                async move {
+                    self.call(
+                        &mut c,
+                        std::slice::from_ref(s),
+                        l.as_ref().map(|l| &l[..]),
+                        check.cost,
+                        check.peek,
+                        &now,
+                    )
+                    .await
+                }
+            });
+            let replies = futures_util::future::join_all(calls).await;
+            let mut charged = Vec::new();
+            for (s, r) in scopes.iter().zip(replies) {
+                let r = r?;
+                record(std::slice::from_ref(s), &r);
+                if r.all_allowed && !check.peek {
+                    charged.push((
+                        s.clone(),
+                        r.now,
+                        r.decisions
+                            .iter()
+                            .map(|d| d.decision.current)
+                            .collect::<Vec<_>>(),
+                    ));
+                }
+                decisions.extend(r.decisions);
             }
-        });
-        let replies = futures_util::future::join_all(calls).await;
-        let mut decisions = Vec::with_capacity(8);
-        let mut charged = Vec::new();
-        for (s, r) in check.scopes.iter().zip(replies) {
-            let r = r?;
-            if r.all_allowed && !check.peek {
-                charged.push((
-                    s.clone(),
-                    r.now,
-                    r.decisions
-                        .iter()
-                        .map(|d| d.decision.current)
-                        .collect::<Vec<_>>(),
-                ));
+            let verdict = Verdict::from_decisions(decisions.iter().copied());
+            if !verdict.allowed && !charged.is_empty() {
+                self.refund(conn, check.cost, charged);
             }
-            decisions.extend(r.decisions);
         }
         let verdict = Verdict::from_decisions(decisions);
-        if !verdict.allowed && !charged.is_empty() {
-            self.refund(conn, check.cost, charged);
+        if !verdict.allowed && !remote.covered.is_empty() {
+            if let Some(l) = &self.local {
+                l.undo(check, &plan, check.cost);
+            }
         }
         Ok(verdict)
+    }
+
+    fn count_returned<'a>(&self, leases: impl Iterator<Item = &'a LeaseArgs>) {
+        let n: u64 = leases.map(|l| l.ret).sum();
+        if let (Some(m), true) = (&self.metrics, n > 0) {
+            m.lease_tokens_returned_total.inc_by(n);
+        }
+    }
+
+    /// Decides `check` on leases or the over-limit cache, when it can.
+    fn local_decision(&self, check: &Check<'_>) -> Option<Verdict> {
+        let local = self.local.as_ref()?;
+        let (verdict, reason) = match local.decide(check, self.local_now()) {
+            Outcome::Leased(v) => (v, 0),
+            Outcome::OverLimit(v) => (v, 1),
+            Outcome::Remote => return None,
+        };
+        if let Some(m) = &self.metrics {
+            m.local_decisions[reason].inc();
+        }
+        Some(verdict)
+    }
+
+    /// Gives back the unused tokens of leases that ended, and forgets idle identities.
+    pub async fn return_expired(&self) {
+        if let Some(local) = &self.local {
+            let returns = local.expired(self.local_now());
+            self.give_back(returns).await;
+        }
+    }
+
+    /// Gives back every lease (graceful shutdown).
+    pub async fn return_all(&self) {
+        if let Some(local) = &self.local {
+            let returns = local.drain();
+            self.give_back(returns).await;
+        }
+    }
+
+    /// 'return' calls for `returns`: one on a single node, one per identity on Cluster.
+    async fn give_back(&self, returns: Vec<Return>) {
+        if returns.is_empty() {
+            return;
+        }
+        let Ok(Ok(mut conn)) = tokio::time::timeout(self.timeout, self.conn()).await else {
+            return; // Redis is away: the tokens stay charged and expire with their window
+        };
+        let groups: Vec<&[Return]> = if matches!(conn, Conn::Cluster(_)) {
+            returns
+                .chunk_by(|a, b| a.scope == b.scope && a.ident == b.ident)
+                .collect()
+        } else {
+            returns.chunks(256).collect()
+        };
+        let now = self.now_arg();
+        for group in groups {
+            let mut inv = self.script.prepare_invoke();
+            wire::push_header(&mut inv, &now, 1, Mode::Return, 0);
+            for r in group {
+                inv.key(self.key(r.scope, &r.ident, r.limit.window));
+                for v in wire::window_args(&r.limit, &r.ident, 0, &r.lease) {
+                    inv.arg(v);
+                }
+            }
+            self.count_call();
+            match tokio::time::timeout(self.timeout, eval(&mut conn, &inv)).await {
+                Ok(Ok(_)) => self.count_returned(group.iter().map(|r| &r.lease)),
+                _ => tracing::debug!("giving leased tokens back did not complete"),
+            }
+        }
     }
 
     /// Gives back the charges of scopes whose request another scope rejected. Runs in the
@@ -316,10 +468,14 @@ impl RedisStore {
                     now.to_string(),
                     cost.to_string(),
                     Mode::Refund.as_str().to_string(),
+                    "0".to_string(),
                 ];
                 for (i, w) in s.limits.windows.iter().enumerate() {
                     let current = currents.get(i).copied().unwrap_or(0);
-                    args.extend(wire::window_args(w, &s.ident, current).map(|v| v.to_string()));
+                    let none = wire::LeaseArgs::default();
+                    args.extend(
+                        wire::window_args(w, &s.ident, current, &none).map(|v| v.to_string()),
+                    );
                 }
                 (keys, args)
             })
@@ -359,6 +515,8 @@ impl LimitStore for RedisStore {
         if check.is_empty() {
             return Ok(Verdict::UNLIMITED);
         }
+        // Local decisions come first through `decide_locally` (TieredStore asks before its
+        // breaker); asking again here would count the request twice in its rate.
         let result = self.check_inner(check).await;
         self.healthy.store(result.is_ok(), Ordering::Relaxed);
         if result.is_err() && !matches!(self.target, Target::Single(_)) {
@@ -376,6 +534,75 @@ impl LimitStore for RedisStore {
 
     fn healthy(&self) -> bool {
         self.is_healthy()
+    }
+
+    fn decide_locally(&self, check: &Check<'_>) -> Option<Verdict> {
+        if check.is_empty() {
+            return None;
+        }
+        self.local_decision(check)
+    }
+}
+
+/// The part of a check Redis decides: the windows not paid from leases.
+struct Remote<'a> {
+    /// Scopes with at least one remote window: the scope, and its limits reduced to the
+    /// remote windows when some were covered.
+    parts: Vec<(ScopeCheck<'a>, Option<crate::limiter::ScopeLimits>)>,
+    /// Lease arguments of each part's windows.
+    leases: Vec<smallvec::SmallVec<[LeaseArgs; 2]>>,
+    /// Decisions of the covered windows.
+    covered: Vec<crate::limiter::WindowDecision>,
+}
+
+impl<'a> Remote<'a> {
+    fn of(check: &Check<'a>, plan: &Plan) -> Self {
+        let mut out = Remote {
+            parts: Vec::with_capacity(check.scopes.len()),
+            leases: Vec::with_capacity(check.scopes.len()),
+            covered: Vec::new(),
+        };
+        for (i, s) in check.scopes.iter().enumerate() {
+            let Some(plans) = plan.scopes.get(i) else {
+                out.parts.push((s.clone(), None));
+                out.leases.push(smallvec::SmallVec::new());
+                continue;
+            };
+            let mut windows = Vec::new();
+            let mut args = smallvec::SmallVec::new();
+            for (w, p) in s.limits.windows.iter().zip(plans) {
+                match p {
+                    WindowPlan::Covered { decision, .. } => out.covered.push(*decision),
+                    WindowPlan::Remote(a) => {
+                        windows.push(*w);
+                        args.push(*a);
+                    }
+                }
+            }
+            if windows.is_empty() {
+                continue;
+            }
+            let reduced =
+                (windows.len() < s.limits.windows.len()).then(|| crate::limiter::ScopeLimits {
+                    windows,
+                    ..s.limits.clone()
+                });
+            out.parts.push((s.clone(), reduced));
+            out.leases.push(args);
+        }
+        out
+    }
+
+    /// The scopes to send, each with its remote windows.
+    fn scopes(&self) -> Vec<ScopeCheck<'_>> {
+        self.parts
+            .iter()
+            .map(|(s, reduced)| ScopeCheck {
+                scope: s.scope,
+                ident: s.ident.clone(),
+                limits: reduced.as_ref().unwrap_or(s.limits),
+            })
+            .collect()
     }
 }
 

@@ -9,15 +9,16 @@ use crate::limiter::{
 };
 use crate::store::StoreError;
 
-/// ARGV values before the windows: now (or ''), cost, mode.
-pub const HEADER_ARGS: usize = 3;
+/// ARGV values before the windows: now (or ''), cost, mode, lease_ms.
+pub const HEADER_ARGS: usize = 4;
 /// ARGV values per window: algorithm, window, limit, capacity, period_ms, offset_ms,
-/// current (refunds only).
-pub const ARGS_PER_WINDOW: usize = 7;
+/// current (refunds only), want, then the lease to give back: ret, tag1, tag2, size.
+pub const ARGS_PER_WINDOW: usize = 12;
 /// Reply values before the windows: now, all_allowed.
 pub const REPLY_HEADER: usize = 2;
-/// Reply values per window: allowed, remaining, current, reset_after_ms, retry_after_ms.
-pub const REPLY_PER_WINDOW: usize = 5;
+/// Reply values per window: allowed, remaining, current, reset_after_ms, retry_after_ms,
+/// then the lease taken: granted, lease_until, tag1, tag2.
+pub const REPLY_PER_WINDOW: usize = 9;
 
 /// ARGV[3]: what the script does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,6 +29,33 @@ pub enum Mode {
     Peek,
     /// Give back a charge (Cluster: another scope rejected the request).
     Refund,
+    /// Only give back unused leased tokens.
+    Return,
+}
+
+/// A lease of one window, as the script took it: `granted` tokens charged at once,
+/// usable until `until` (Redis clock), identified by its tags for giving back.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Grant {
+    /// Tokens leased (0: none).
+    pub granted: u64,
+    /// When the lease ends (Unix ms, the script's clock).
+    pub until: u64,
+    /// Algorithm-specific identity of the lease (window start; log entry time).
+    pub tag1: u64,
+    /// Algorithm-specific identity of the lease (log entry total).
+    pub tag2: u64,
+}
+
+/// Lease arguments of one window: tokens wanted, and a lease to give back.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LeaseArgs {
+    /// Tokens to lease after an admitted check (0: none).
+    pub want: u64,
+    /// Unused tokens to give back.
+    pub ret: u64,
+    /// The lease they come from (its grant) ...
+    pub from: Grant,
 }
 
 /// A decoded script reply.
@@ -39,6 +67,8 @@ pub struct Reply {
     pub all_allowed: bool,
     /// One decision per window, in the order the windows were sent.
     pub decisions: Vec<WindowDecision>,
+    /// One lease per window (granted 0: none), in the same order.
+    pub grants: Vec<Grant>,
 }
 
 // === impl Mode ===
@@ -50,6 +80,7 @@ impl Mode {
             Mode::Check => "check",
             Mode::Peek => "peek",
             Mode::Refund => "refund",
+            Mode::Return => "return",
         }
     }
 }
@@ -65,13 +96,24 @@ pub fn key(prefix: &str, scope: Scope, ident: &Ident, window: Window) -> String 
     }
 }
 
-/// The header values: now ('' for the server clock), cost, mode.
-pub fn push_header(inv: &mut ScriptInvocation<'_>, now: &str, cost: u32, mode: Mode) {
-    inv.arg(now).arg(cost).arg(mode.as_str());
+/// The header values: now ('' for the server clock), cost, mode, lease_ms (0: none).
+pub fn push_header(
+    inv: &mut ScriptInvocation<'_>,
+    now: &str,
+    cost: u32,
+    mode: Mode,
+    lease_ms: u64,
+) {
+    inv.arg(now).arg(cost).arg(mode.as_str()).arg(lease_ms);
 }
 
 /// One window's values, in ARGV order.
-pub fn window_args(w: &WindowLimit, ident: &Ident, current: u64) -> [u64; ARGS_PER_WINDOW] {
+pub fn window_args(
+    w: &WindowLimit,
+    ident: &Ident,
+    current: u64,
+    lease: &LeaseArgs,
+) -> [u64; ARGS_PER_WINDOW] {
     [
         u64::from(algorithm_code(w.algorithm)),
         u64::from(window_code(w.window)),
@@ -80,21 +122,28 @@ pub fn window_args(w: &WindowLimit, ident: &Ident, current: u64) -> [u64; ARGS_P
         w.window.period_ms(),
         ident.offset_ms(w),
         current,
+        lease.want,
+        lease.ret,
+        lease.from.tag1,
+        lease.from.tag2,
+        lease.from.granted,
     ]
 }
 
 /// Adds `s`'s windows (a key and `ARGS_PER_WINDOW` values each) to `inv`; `currents`
-/// are the charges to give back (refunds), else 0.
+/// are the charges to give back (refunds), `leases` the lease arguments (else none).
 pub fn push_scope(
     inv: &mut ScriptInvocation<'_>,
     prefix: &str,
     s: &ScopeCheck<'_>,
     currents: Option<&[u64]>,
+    leases: Option<&[LeaseArgs]>,
 ) {
     for (i, w) in s.limits.windows.iter().enumerate() {
         inv.key(key(prefix, s.scope, &s.ident, w.window));
         let current = currents.and_then(|c| c.get(i)).copied().unwrap_or(0);
-        for v in window_args(w, &s.ident, current) {
+        let lease = leases.and_then(|l| l.get(i)).copied().unwrap_or_default();
+        for v in window_args(w, &s.ident, current, &lease) {
             inv.arg(v);
         }
     }
@@ -114,6 +163,7 @@ pub fn parse_reply(raw: &[i64], scopes: &[ScopeCheck<'_>]) -> Result<Reply, Stor
     }
     let u = |v: i64| u64::try_from(v).unwrap_or(0);
     let mut decisions = Vec::with_capacity(windows);
+    let mut grants = Vec::with_capacity(windows);
     let mut fields = raw[REPLY_HEADER..].chunks_exact(REPLY_PER_WINDOW);
     for s in scopes {
         for w in &s.limits.windows {
@@ -130,12 +180,19 @@ pub fn parse_reply(raw: &[i64], scopes: &[ScopeCheck<'_>]) -> Result<Reply, Stor
                     retry_after_ms: u(f[4]),
                 },
             });
+            grants.push(Grant {
+                granted: u(f[5]),
+                until: u(f[6]),
+                tag1: u(f[7]),
+                tag2: u(f[8]),
+            });
         }
     }
     Ok(Reply {
         now: u(raw[0]),
         all_allowed: raw[1] == 1,
         decisions,
+        grants,
     })
 }
 
@@ -175,7 +232,7 @@ mod tests {
             ARGS_PER_WINDOW
         );
         assert!(lua.contains(&argv), "check.lua does not read `{argv}`");
-        for m in [Mode::Check, Mode::Peek, Mode::Refund] {
+        for m in [Mode::Check, Mode::Peek, Mode::Refund, Mode::Return] {
             assert!(lua.contains(&format!("'{}'", m.as_str())), "{m:?}");
         }
         for (a, name) in [
@@ -193,7 +250,8 @@ mod tests {
                 algorithm_code(a)
             );
         }
-        let reply = lua.matches("reply[#reply + 1] = d.").count();
+        let reply = lua.matches("reply[#reply + 1] = d.").count()
+            + lua.matches("reply[#reply + 1] = l[").count();
         assert_eq!(reply, REPLY_PER_WINDOW);
     }
 
