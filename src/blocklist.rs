@@ -4,7 +4,7 @@
 //! from config and the admin API and is expected to stay small). The list is immutable
 //! and swapped whole when it changes.
 
-use std::collections::HashMap;
+use hashbrown::HashMap;
 use std::net::IpAddr;
 
 use ipnet::IpNet;

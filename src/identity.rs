@@ -42,12 +42,18 @@ pub struct KeyInfo {
     pub key_ident: Ident,
     /// `Ident` of the tenant scope.
     pub tenant_ident: Ident,
+    /// `X-Throttle-Tenant` and `X-Throttle-Key-Id` values, built once (None: an id that
+    /// cannot be a header value).
+    pub headers: Option<(http::HeaderValue, http::HeaderValue)>,
 }
 
 /// Digest -> key, swapped whole on refresh.
 #[derive(Debug, Default)]
 pub struct KeyTable {
     by_digest: HashMap<[u8; 32], Arc<KeyInfo>>,
+    /// Keys already found in this table, by a keyed hash of the key: a repeat lookup
+    /// skips SHA-256 (7,000 instructions, the largest single cost of a request).
+    seen: KeyCache,
     /// The database limits refused while building this table (one string per refusal,
     /// naming what was refused and why), so that the next build reports only new ones.
     refused: HashSet<String>,
@@ -60,7 +66,11 @@ impl KeyInfo {
     pub fn new(id: &str, tenant: &str, tier: Arc<Tier>, tenant_tier: Arc<Tier>) -> Arc<Self> {
         let key_id: Arc<str> = Arc::from(id);
         let tenant: Arc<str> = Arc::from(tenant);
+        let headers = http::HeaderValue::from_str(&tenant)
+            .ok()
+            .zip(http::HeaderValue::from_str(&key_id).ok());
         Arc::new(KeyInfo {
+            headers,
             key_ident: Ident::Name(key_id.clone()),
             tenant_ident: Ident::Name(tenant.clone()),
             key_id,
@@ -100,6 +110,7 @@ impl KeyTable {
         }
         Self {
             by_digest,
+            seen: KeyCache::default(),
             refused: HashSet::new(),
         }
     }
@@ -125,9 +136,18 @@ impl KeyTable {
     }
 
     /// The key whose SHA-256 matches `key`.
-    pub fn lookup(&self, key: &[u8]) -> Option<&Arc<KeyInfo>> {
+    pub fn lookup(&self, key: &[u8]) -> Option<Arc<KeyInfo>> {
+        if self.by_digest.is_empty() {
+            return None;
+        }
+        let tag = self.seen.tag(key);
+        if let Some(info) = self.seen.get(tag) {
+            return Some(info);
+        }
         let digest: [u8; 32] = Sha256::digest(key).into();
-        self.by_digest.get(&digest)
+        let info = self.by_digest.get(&digest)?;
+        self.seen.put(tag, info);
+        Some(info.clone())
     }
 
     /// Number of keys.
@@ -138,6 +158,60 @@ impl KeyTable {
     /// Whether there are no keys.
     pub fn is_empty(&self) -> bool {
         self.by_digest.is_empty()
+    }
+}
+
+/// Keys found before, by SipHash-1-3/128 of the presented key under a secret drawn per
+/// table: a match stands for the key itself (a collision needs ~2^64 guesses without the
+/// secret), and no key is held in clear. Only keys the table holds get in (unknown keys
+/// never do), at most `MAX_SEEN`; the table, and so the cache, is replaced on every
+/// config reload and database snapshot.
+#[derive(Debug)]
+struct KeyCache {
+    secret: (u64, u64),
+    shards: [std::sync::RwLock<HashMap<u128, Arc<KeyInfo>>>; 16],
+}
+
+/// Most keys remembered per table.
+const MAX_SEEN: usize = 1 << 20;
+
+impl Default for KeyCache {
+    fn default() -> Self {
+        Self {
+            secret: (rand::random(), rand::random()),
+            shards: Default::default(),
+        }
+    }
+}
+
+impl KeyCache {
+    fn tag(&self, key: &[u8]) -> u128 {
+        use std::hash::Hasher;
+        let mut h = siphasher::sip128::SipHasher13::new_with_keys(self.secret.0, self.secret.1);
+        h.write(key);
+        siphasher::sip128::Hasher128::finish128(&h).as_u128()
+    }
+
+    fn shard(&self, tag: u128) -> &std::sync::RwLock<HashMap<u128, Arc<KeyInfo>>> {
+        &self.shards[(tag as usize) % self.shards.len()]
+    }
+
+    fn get(&self, tag: u128) -> Option<Arc<KeyInfo>> {
+        let m = self
+            .shard(tag)
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        m.get(&tag).cloned()
+    }
+
+    fn put(&self, tag: u128, info: &Arc<KeyInfo>) {
+        let mut m = self
+            .shard(tag)
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if m.len() < MAX_SEEN / self.shards.len() {
+            m.insert(tag, info.clone());
+        }
     }
 }
 

@@ -200,6 +200,17 @@ impl Metrics {
         })
     }
 
+    /// The per-route counters of `route` (`none` for requests no route matched).
+    pub fn route(&self, route: &str) -> RouteCounters {
+        RouteCounters {
+            requests: STATUS_LABELS
+                .iter()
+                .map(|s| self.requests_total.with_label_values(&[route, s]))
+                .collect(),
+            upstream_seconds: self.upstream_seconds.with_label_values(&[route]),
+        }
+    }
+
     /// Counts one decision of `scope`.
     pub fn decision(&self, scope: Scope, outcome: Outcome) {
         self.decisions[scope as usize][outcome as usize].inc();
@@ -213,6 +224,39 @@ impl Metrics {
         }
         buf
     }
+}
+
+/// Every `status` label, in `status_index` order.
+pub const STATUS_LABELS: [&str; 21] = [
+    "200", "201", "204", "301", "302", "304", "400", "401", "403", "404", "429", "500", "502",
+    "503", "504", "1xx", "2xx", "3xx", "4xx", "5xx", "other",
+];
+
+/// `throttle_requests_total` and `throttle_upstream_seconds` of one route, resolved once
+/// (no label lookup per request).
+#[derive(Debug, Clone)]
+pub struct RouteCounters {
+    requests: Box<[IntCounter]>,
+    /// `throttle_upstream_seconds{route}`.
+    pub upstream_seconds: prometheus::Histogram,
+}
+
+impl RouteCounters {
+    /// Counts a request answered with `status`.
+    pub fn request(&self, status: u16) {
+        if let Some(c) = self.requests.get(status_index(status)) {
+            c.inc();
+        }
+    }
+}
+
+/// The position of `code`'s label in `STATUS_LABELS`.
+pub fn status_index(code: u16) -> usize {
+    let label = status_label(code);
+    STATUS_LABELS
+        .iter()
+        .position(|l| *l == label)
+        .unwrap_or(STATUS_LABELS.len() - 1)
 }
 
 /// The `status` label: a static string for common codes, no allocation.

@@ -19,6 +19,18 @@ pub struct RouteEntry {
     pub route: Route,
     /// Round-robin over the route's upstreams.
     pub upstreams: LoadBalancer<RoundRobin>,
+    /// The only upstream, when there is one: no balancer call per request.
+    pub single: Option<std::net::SocketAddr>,
+    /// The route's metrics, resolved on first use.
+    pub counters: std::sync::OnceLock<crate::metrics::RouteCounters>,
+}
+
+impl std::fmt::Debug for RouteEntry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RouteEntry")
+            .field("route", &self.route.name)
+            .finish_non_exhaustive()
+    }
 }
 
 // === impl Router ===
@@ -33,8 +45,13 @@ impl Router {
         for r in routes {
             let upstreams = LoadBalancer::try_from_iter(r.upstreams.iter().copied())?;
             out.push(Arc::new(RouteEntry {
+                single: match r.upstreams[..] {
+                    [one] => Some(one),
+                    _ => None,
+                },
                 route: r.clone(),
                 upstreams,
+                counters: std::sync::OnceLock::new(),
             }));
         }
         out.sort_by_key(|e| {

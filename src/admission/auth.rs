@@ -78,13 +78,8 @@ pub fn lookup_key(
         Presented::Malformed => Err(Rejection::InvalidKey),
         Presented::Key(k) => match dynamic.keys.lookup(k) {
             // The snapshot holds the config's keys too, with the database's policies.
-            Some(info) => Ok(Some(info.clone())),
-            None => rt
-                .keys
-                .lookup(k)
-                .cloned()
-                .map(Some)
-                .ok_or(Rejection::InvalidKey),
+            Some(info) => Ok(Some(info)),
+            None => rt.keys.lookup(k).map(Some).ok_or(Rejection::InvalidKey),
         },
     }
 }

@@ -100,8 +100,8 @@ pub enum Rejection {
 pub struct Refusal {
     /// What to answer.
     pub rejection: Rejection,
-    /// The matched route's name, if any.
-    pub route: Option<Arc<str>>,
+    /// The matched route, if any.
+    pub route: Option<Arc<RouteEntry>>,
 }
 
 /// An admitted request, alive until it is finished.
@@ -207,7 +207,7 @@ pub async fn admit(core: &Core, req: &AdmitRequest<'_>) -> Result<Admission, Ref
     };
     let refused = |rejection| Refusal {
         rejection,
-        route: route.as_ref().map(|r| r.route.name.clone()),
+        route: route.clone(),
     };
     let auth = route.as_ref().map_or(Auth::Optional, |r| r.route.auth);
     let presented = match auth {

@@ -19,14 +19,17 @@ use pingora::{Error, ErrorSource, ErrorType};
 use crate::admission::{self, Admission, AdmitRequest, Core};
 use crate::config::PathParameters;
 use crate::identity::api_key_from;
-use crate::metrics::status_label;
+use crate::metrics::RouteCounters;
 use crate::reply::headers::RateHeaders;
 use crate::reply::{self, error_reply, Reply};
+use crate::routing::RouteEntry;
 use crate::store::Ending;
 
 /// The gateway: one per process, shared by every request.
 pub struct Gateway {
     core: Arc<Core>,
+    /// Metrics of requests no route matched.
+    unrouted: RouteCounters,
 }
 
 /// Per-request state carried between phases.
@@ -37,8 +40,8 @@ pub struct RequestCtx {
     host_header: Option<HeaderValue>,
     /// The origin-form URI to forward, when it differs from the client's.
     uri: Option<Uri>,
-    /// Route label for metrics (`none` when no route matched).
-    route: Option<Arc<str>>,
+    /// The route, for metrics (none: no route matched).
+    route: Option<Arc<RouteEntry>>,
     connect_tries: usize,
     upstream_started: Option<tokio::time::Instant>,
 }
@@ -48,7 +51,10 @@ pub struct RequestCtx {
 impl Gateway {
     /// A gateway over `core`.
     pub fn new(core: Arc<Core>) -> Self {
-        Self { core }
+        Self {
+            unrouted: core.metrics.route("none"),
+            core,
+        }
     }
 
     /// Runs the pipeline for a proxied request.
@@ -108,7 +114,7 @@ impl ProxyHttp for Gateway {
         let peer = peer_ip(session);
         match self.admit(session.req_header(), peer, ctx).await {
             Ok(a) => {
-                ctx.route = a.route_name().cloned();
+                ctx.route = a.route.clone();
                 ctx.admission = Some(a);
                 Ok(false)
             }
@@ -132,11 +138,13 @@ impl ProxyHttp for Gateway {
                 "no admitted route",
             ));
         };
-        let Some(addr) = route
-            .upstreams
-            .select(b"", 256)
-            .and_then(|b| b.addr.as_inet().copied())
-        else {
+        let selected = || {
+            route
+                .upstreams
+                .select(b"", 256)
+                .and_then(|b| b.addr.as_inet().copied())
+        };
+        let Some(addr) = route.single.or_else(selected) else {
             return Err(Error::explain(
                 ErrorType::ConnectNoRoute,
                 "no upstream available",
@@ -144,8 +152,9 @@ impl ProxyHttp for Gateway {
         };
         let r = &route.route;
         let mut peer = HttpPeer::new(addr, false, String::new());
+        // Plain TCP: the connect timeout is the whole connection's (no TLS handshake), so
+        // one timer, not two.
         peer.options.connection_timeout = Some(r.connect_timeout);
-        peer.options.total_connection_timeout = Some(r.connect_timeout);
         peer.options.read_timeout = Some(r.read_timeout);
         peer.options.write_timeout = Some(r.read_timeout);
         peer.options.idle_timeout = Some(std::time::Duration::from_secs(60));
@@ -193,14 +202,31 @@ impl ProxyHttp for Gateway {
         if let Some(host) = &ctx.host_header {
             upstream.insert_header(http::header::HOST, host.clone())?;
         }
-        let xff = forwarded_for(session.req_header(), peer, trusted);
+        let ips = AddressValues::new(peer, a.client_ip);
+        let xff = if trusted {
+            forwarded_for(session.req_header(), peer)
+        } else {
+            ips.peer.clone()
+        };
         upstream.insert_header("x-forwarded-for", xff)?;
-        let fwd = forwarded(session.req_header(), peer, trusted);
-        upstream.insert_header(http::header::FORWARDED, fwd)?;
-        upstream.insert_header("x-real-ip", a.client_ip.to_string())?;
-        if let Some(k) = &a.key {
-            upstream.insert_header("x-throttle-tenant", &*k.tenant)?;
-            upstream.insert_header("x-throttle-key-id", &*k.key_id)?;
+        // A client's `Forwarded` is replaced by `for=<peer>` (untrusted peer) or extended
+        // with it (trusted proxy); without one, `X-Forwarded-For` carries the same.
+        if session
+            .req_header()
+            .headers
+            .contains_key(http::header::FORWARDED)
+        {
+            let fwd = if trusted {
+                forwarded(session.req_header(), &ips.forwarded)
+            } else {
+                ips.forwarded
+            };
+            upstream.insert_header(http::header::FORWARDED, fwd)?;
+        }
+        upstream.insert_header("x-real-ip", ips.client)?;
+        if let Some((tenant, key_id)) = a.key.as_ref().and_then(|k| k.headers.clone()) {
+            upstream.insert_header("x-throttle-tenant", tenant)?;
+            upstream.insert_header("x-throttle-key-id", key_id)?;
         }
         Ok(())
     }
@@ -260,17 +286,16 @@ impl ProxyHttp for Gateway {
         if let Some(a) = ctx.admission.take() {
             a.finish(ending(e, status));
         }
-        let route = ctx.route.as_deref().unwrap_or("none");
-        self.core
-            .metrics
-            .requests_total
-            .with_label_values(&[route, status_label(status)])
-            .inc();
+        let counters = match &ctx.route {
+            Some(r) => r
+                .counters
+                .get_or_init(|| self.core.metrics.route(&r.route.name)),
+            None => &self.unrouted,
+        };
+        counters.request(status);
         if let Some(started) = ctx.upstream_started {
-            self.core
-                .metrics
+            counters
                 .upstream_seconds
-                .with_label_values(&[route])
                 .observe(started.elapsed().as_secs_f64());
         }
     }
@@ -293,9 +318,9 @@ fn ending(e: Option<&Error>, status: u16) -> Ending {
 /// When the client connection fails.
 pub async fn write(session: &mut Session, reply: &Reply) -> pingora::Result<()> {
     let mut resp = ResponseHeader::build(reply.status, Some(4 + reply.headers.len()))?;
-    resp.insert_header("content-type", "application/json")?;
+    resp.insert_header("content-type", HeaderValue::from_static("application/json"))?;
     resp.insert_header("content-length", reply.body.len())?;
-    resp.insert_header("cache-control", "no-store")?;
+    resp.insert_header("cache-control", HeaderValue::from_static("no-store"))?;
     for (name, value) in &reply.headers {
         resp.insert_header(*name, value.clone())?;
     }
@@ -351,46 +376,103 @@ fn scrub_headers(req: &mut RequestHeader, trusted: bool, underscores: bool) {
     }
 }
 
-/// The upstream's `Forwarded` (RFC 7239): a trusted peer's elements plus `for=<peer>`,
-/// or `for=<peer>` alone from an untrusted peer.
-fn forwarded(req: &RequestHeader, peer: IpAddr, trusted: bool) -> HeaderValue {
-    let element = match peer {
-        IpAddr::V4(v4) => format!("for={v4}"),
-        IpAddr::V6(v6) => format!("for=\"[{v6}]\""),
-    };
-    if trusted {
-        let mut chain: Vec<&[u8]> = req
-            .headers
-            .get_all(http::header::FORWARDED)
-            .iter()
-            .map(|v| v.as_bytes())
-            .collect();
-        if !chain.is_empty() {
-            chain.push(element.as_bytes());
-            if let Ok(v) = HeaderValue::from_bytes(&chain.join(&b", "[..])) {
-                return v;
-            }
-        }
-    }
-    HeaderValue::from_str(&element).unwrap_or(HeaderValue::from_static("for=unknown"))
+/// The address header values of a request, written into one buffer: the peer (the
+/// `X-Forwarded-For` of an untrusted peer), `for=<peer>` (IPv6 as `for="[v6]"`) and the
+/// client (`X-Real-IP`), one allocation for the three.
+struct AddressValues {
+    peer: HeaderValue,
+    forwarded: HeaderValue,
+    client: HeaderValue,
 }
 
-/// The upstream's `X-Forwarded-For`: the client's chain plus the peer from a trusted
-/// peer, the peer alone from an untrusted one.
-fn forwarded_for(req: &RequestHeader, peer: IpAddr, trusted: bool) -> HeaderValue {
-    let peer_s = peer.to_string();
-    if trusted {
-        let mut chain: Vec<&[u8]> = req
-            .headers
-            .get_all("x-forwarded-for")
-            .iter()
-            .map(|v| v.as_bytes())
-            .collect();
-        chain.push(peer_s.as_bytes());
-        let joined = chain.join(&b", "[..]);
-        if let Ok(v) = HeaderValue::from_bytes(&joined) {
-            return v;
+impl AddressValues {
+    fn new(peer: IpAddr, client: IpAddr) -> Self {
+        let mut buf = Vec::with_capacity(128);
+        push_ip(&mut buf, peer);
+        let p = buf.len();
+        match peer {
+            IpAddr::V4(_) => {
+                buf.extend_from_slice(b"for=");
+                push_ip(&mut buf, peer);
+            }
+            IpAddr::V6(_) => {
+                buf.extend_from_slice(b"for=\"[");
+                push_ip(&mut buf, peer);
+                buf.extend_from_slice(b"]\"");
+            }
+        }
+        let f = buf.len();
+        let same = client == peer;
+        if !same {
+            push_ip(&mut buf, client);
+        }
+        let all = bytes::Bytes::from(buf);
+        let value = |r: std::ops::Range<usize>| {
+            HeaderValue::from_maybe_shared(all.slice(r))
+                .unwrap_or(HeaderValue::from_static("unknown"))
+        };
+        let peer_v = value(0..p);
+        Self {
+            forwarded: value(p..f),
+            client: if same {
+                peer_v.clone()
+            } else {
+                value(f..all.len())
+            },
+            peer: peer_v,
         }
     }
-    HeaderValue::from_str(&peer_s).unwrap_or(HeaderValue::from_static("0.0.0.0"))
+}
+
+/// Appends `ip` as text: IPv4 octet by octet (no `core::fmt` on the request path), IPv6
+/// through `Display`.
+fn push_ip(buf: &mut Vec<u8>, ip: IpAddr) {
+    match ip {
+        IpAddr::V4(v4) => {
+            let mut b = itoa::Buffer::new();
+            for (i, o) in v4.octets().into_iter().enumerate() {
+                if i > 0 {
+                    buf.push(b'.');
+                }
+                buf.extend_from_slice(b.format(o).as_bytes());
+            }
+        }
+        IpAddr::V6(v6) => {
+            use std::io::Write;
+            let _ = write!(buf, "{v6}");
+        }
+    }
+}
+
+/// The upstream's `Forwarded` (RFC 7239) from a trusted peer: its elements plus
+/// `for=<peer>` (`element`).
+fn forwarded(req: &RequestHeader, element: &HeaderValue) -> HeaderValue {
+    let mut chain: Vec<&[u8]> = req
+        .headers
+        .get_all(http::header::FORWARDED)
+        .iter()
+        .map(|v| v.as_bytes())
+        .collect();
+    if chain.is_empty() {
+        return element.clone();
+    }
+    chain.push(element.as_bytes());
+    HeaderValue::from_bytes(&chain.join(&b", "[..])).unwrap_or_else(|_| element.clone())
+}
+
+/// The upstream's `X-Forwarded-For` from a trusted peer: the client's chain plus the
+/// peer.
+fn forwarded_for(req: &RequestHeader, peer: IpAddr) -> HeaderValue {
+    let peer_s = peer.to_string();
+    let mut chain: Vec<&[u8]> = req
+        .headers
+        .get_all("x-forwarded-for")
+        .iter()
+        .map(|v| v.as_bytes())
+        .collect();
+    chain.push(peer_s.as_bytes());
+    let joined = chain.join(&b", "[..]);
+    HeaderValue::from_bytes(&joined)
+        .or_else(|_| HeaderValue::from_str(&peer_s))
+        .unwrap_or(HeaderValue::from_static("0.0.0.0"))
 }

@@ -139,12 +139,20 @@ fn valid_host(h: &str) -> bool {
     if h.starts_with('[') {
         return true;
     }
-    h.split('.').all(|label| {
-        !label.is_empty()
-            && label
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-    })
+    // One pass: allowed bytes only, and no empty label (no leading, trailing or double dot).
+    let mut prev = b'.';
+    for &b in h.as_bytes() {
+        let ok = match b {
+            b'.' => prev != b'.',
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'-' | b'_' => true,
+            _ => false,
+        };
+        if !ok {
+            return false;
+        }
+        prev = b;
+    }
+    prev != b'.'
 }
 
 /// Whether the client's `Host` differs from the normalized host (case, trailing dot).

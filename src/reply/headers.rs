@@ -43,17 +43,32 @@ impl RateHeaders {
         }
     }
 
-    /// `(name, value)` pairs, allocation-free values.
+    /// `(name, value)` pairs. The values share one buffer: one allocation for all of
+    /// them (a `HeaderValue` of its own each would cost one apiece).
     pub fn pairs(&self) -> impl Iterator<Item = (&'static str, HeaderValue)> {
-        [
-            Some((LIMIT, HeaderValue::from(self.limit))),
-            Some((REMAINING, HeaderValue::from(self.remaining))),
-            Some((RESET, HeaderValue::from(self.reset))),
-            self.retry_after
-                .map(|r| (RETRY_AFTER, HeaderValue::from(r))),
-        ]
-        .into_iter()
-        .flatten()
+        let mut buf = itoa::Buffer::new();
+        let mut out = bytes::BytesMut::with_capacity(48);
+        let mut ends = [0usize; 4];
+        let numbers = [
+            Some(u64::from(self.limit)),
+            Some(u64::from(self.remaining)),
+            Some(self.reset),
+            self.retry_after,
+        ];
+        for (i, n) in numbers.iter().enumerate() {
+            if let Some(n) = n {
+                out.extend_from_slice(buf.format(*n).as_bytes());
+            }
+            ends[i] = out.len();
+        }
+        let all = out.freeze();
+        let names = [LIMIT, REMAINING, RESET, RETRY_AFTER];
+        (0..4).filter_map(move |i| {
+            numbers[i]?;
+            let start = if i == 0 { 0 } else { ends[i - 1] };
+            let v = HeaderValue::from_maybe_shared(all.slice(start..ends[i])).ok()?;
+            Some((names[i], v))
+        })
     }
 }
 

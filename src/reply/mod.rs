@@ -6,7 +6,6 @@ pub mod headers;
 
 use bytes::Bytes;
 use http::HeaderValue;
-use serde::Serialize;
 
 use self::headers::{retry_after_secs, RateHeaders};
 use crate::admission::Rejection;
@@ -23,7 +22,10 @@ pub struct Reply {
     pub body: Bytes,
 }
 
-#[derive(Serialize)]
+/// The 429 body's fields, as `rate_limited_body` writes them (the test checks it against
+/// this serialization).
+#[cfg(test)]
+#[derive(serde::Serialize)]
 struct RateLimitedBody<'a> {
     error: &'static str,
     scope: &'static str,
@@ -72,36 +74,63 @@ pub fn render(rejection: &Rejection, now_ms: u64) -> Reply {
 }
 
 fn rate_limited(governing: &WindowDecision, template: Option<&str>, now_ms: u64) -> Reply {
-    let d = &governing.decision;
-    let message = render_message(template.unwrap_or(DEFAULT_MESSAGE), governing);
-    let body = RateLimitedBody {
-        error: "rate_limit_exceeded",
-        scope: governing.scope.as_str(),
-        limit: d.limit,
-        current: d.current,
-        window: governing.window.label(),
-        retry_after: d.retry_after_ms as f64 / 1000.0,
-        message: &message,
-    };
-    let body = serde_json::to_string(&body)
-        .unwrap_or_else(|_| r#"{"error":"rate_limit_exceeded"}"#.into());
-    json(
-        429,
-        body,
-        RateHeaders::new(governing, now_ms, true).pairs().collect(),
-    )
+    let body = rate_limited_body(governing, template.unwrap_or(DEFAULT_MESSAGE));
+    Reply {
+        status: 429,
+        headers: RateHeaders::new(governing, now_ms, true).pairs().collect(),
+        body: Bytes::from(body),
+    }
 }
 
-/// Fills `{limit}`, `{window}`, `{retry_after}` and `{scope}` of a message template.
+/// The 429 body, written in one pass into one buffer: the same bytes `serde_json` makes
+/// of `RateLimitedBody` (its float and string encoders are used for those two fields),
+/// without a map serializer or a `replace` per placeholder.
+fn rate_limited_body(g: &WindowDecision, template: &str) -> Vec<u8> {
+    let d = &g.decision;
+    let mut num = itoa::Buffer::new();
+    let mut out = Vec::with_capacity(160 + template.len());
+    out.extend_from_slice(br#"{"error":"rate_limit_exceeded","scope":""#);
+    out.extend_from_slice(g.scope.as_str().as_bytes());
+    out.extend_from_slice(br#"","limit":"#);
+    out.extend_from_slice(num.format(d.limit).as_bytes());
+    out.extend_from_slice(br#","current":"#);
+    out.extend_from_slice(num.format(d.current).as_bytes());
+    out.extend_from_slice(br#","window":""#);
+    out.extend_from_slice(g.window.label().as_bytes());
+    out.extend_from_slice(br#"","retry_after":"#);
+    let _ = serde_json::to_writer(&mut out, &(d.retry_after_ms as f64 / 1000.0));
+    out.extend_from_slice(br#","message":"#);
+    let _ = serde_json::to_writer(&mut out, &render_message(template, g));
+    out.push(b'}');
+    out
+}
+
+/// Fills `{limit}`, `{window}`, `{retry_after}` and `{scope}` of a message template, in
+/// one pass (no placeholder value contains a brace, so this equals replacing them one
+/// after another).
 pub fn render_message(template: &str, wd: &WindowDecision) -> String {
-    template
-        .replace("{limit}", &wd.decision.limit.to_string())
-        .replace("{window}", wd.window.noun())
-        .replace(
-            "{retry_after}",
-            &retry_after_secs(wd.decision.retry_after_ms).to_string(),
-        )
-        .replace("{scope}", wd.scope.as_str())
+    let mut num = itoa::Buffer::new();
+    let mut out = String::with_capacity(template.len() + 16);
+    let mut rest = template;
+    while let Some(i) = rest.find('{') {
+        out.push_str(&rest[..i]);
+        let tail = &rest[i..];
+        let (value, len): (&str, usize) = if tail.starts_with("{limit}") {
+            (num.format(wd.decision.limit), 7)
+        } else if tail.starts_with("{window}") {
+            (wd.window.noun(), 8)
+        } else if tail.starts_with("{retry_after}") {
+            (num.format(retry_after_secs(wd.decision.retry_after_ms)), 13)
+        } else if tail.starts_with("{scope}") {
+            (wd.scope.as_str(), 7)
+        } else {
+            ("{", 1)
+        };
+        out.push_str(value);
+        rest = &tail[len..];
+    }
+    out.push_str(rest);
+    out
 }
 
 fn json(status: u16, body: String, headers: Vec<(&'static str, HeaderValue)>) -> Reply {
@@ -121,6 +150,56 @@ pub fn error_reply(status: u16, code: &str) -> Reply {
 mod tests {
     use super::*;
     use crate::limiter::{Decision, Scope, Window};
+
+    /// The one-pass body and message are byte for byte what serde_json and a chain of
+    /// `replace` made, for awkward templates too.
+    #[test]
+    fn one_pass_429_body_equals_serde_json() {
+        let templates = [
+            DEFAULT_MESSAGE,
+            "",
+            "plain",
+            "{limit}{limit} per {window} \"quoted\" \\ back\nnew line\t tab {unknown} {",
+            "héllo {scope} {retry_after}s {{limit}} }{",
+            "\u{1}control",
+        ];
+        for (retry, current) in [(0, 1), (143, 6), (3_599_999, 2), (1_000, u64::MAX)] {
+            let g = WindowDecision {
+                scope: Scope::Tenant,
+                window: Window::Month,
+                decision: Decision {
+                    allowed: false,
+                    limit: 4_000_000,
+                    remaining: 0,
+                    current,
+                    reset_after_ms: 9,
+                    retry_after_ms: retry,
+                },
+            };
+            for t in templates {
+                let old_message = t
+                    .replace("{limit}", &g.decision.limit.to_string())
+                    .replace("{window}", g.window.noun())
+                    .replace(
+                        "{retry_after}",
+                        &retry_after_secs(g.decision.retry_after_ms).to_string(),
+                    )
+                    .replace("{scope}", g.scope.as_str());
+                assert_eq!(render_message(t, &g), old_message, "{t:?}");
+                let old = serde_json::to_vec(&RateLimitedBody {
+                    error: "rate_limit_exceeded",
+                    scope: g.scope.as_str(),
+                    limit: g.decision.limit,
+                    current: g.decision.current,
+                    window: g.window.label(),
+                    retry_after: g.decision.retry_after_ms as f64 / 1000.0,
+                    message: &old_message,
+                })
+                .unwrap();
+                assert_eq!(rate_limited_body(&g, t), old, "{t:?}");
+            }
+        }
+    }
 
     /// The 429 body has the contract's fields and the rendered message.
     #[test]

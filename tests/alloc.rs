@@ -1,0 +1,119 @@
+//! The admission path allocates nothing for a known key and client address on the memory
+//! store: counted by a global allocator that counts this thread's allocations (a count,
+//! not a time).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::sync::Arc;
+
+use throttle::admission::{admit, AdmitRequest, Core, Runtime, Target};
+use throttle::identity::validate_key;
+use throttle::metrics::Metrics;
+use throttle::store::{Ending, MemoryStore};
+
+/// The system allocator, counting allocations made by the current thread.
+struct Counting;
+
+thread_local! {
+    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
+}
+
+// SAFETY-free: `GlobalAlloc` is an unsafe trait, so this file needs `unsafe impl`; the
+// crate forbids unsafe code, tests may use it for the allocator alone.
+#[allow(unsafe_code)]
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let _ = ALLOCATIONS.try_with(|c| c.set(c.get() + 1));
+        // SAFETY: forwarded unchanged to the system allocator.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: forwarded unchanged to the system allocator.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        let _ = ALLOCATIONS.try_with(|c| c.set(c.get() + 1));
+        // SAFETY: forwarded unchanged to the system allocator.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+fn allocations() -> u64 {
+    ALLOCATIONS.with(Cell::get)
+}
+
+const CONFIG: &str = r#"
+[limits.ip]
+per_second = 1000000
+per_minute = 10000000
+
+[limits.global]
+per_second = 100000000
+
+[tiers.free]
+key = { per_second = 1000000, per_minute = 10000000, per_hour = 100000000 }
+tenant = { per_hour = 100000000 }
+
+[[keys]]
+id = "key_demo"
+key = "demo-key-123"
+tenant = "acme"
+tier = "free"
+
+[[routes]]
+name = "api"
+path_prefix = "/v1"
+upstreams = ["127.0.0.1:9000"]
+auth = "required"
+"#;
+
+/// 1,000 admissions of a known key and client address: zero allocations, from the request
+/// to its finish (ip, key, tenant and global scopes, 7 windows).
+#[test]
+fn admit_path_allocates_nothing_for_a_known_key_and_ip() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let config = throttle::config::parse("alloc.toml", CONFIG).unwrap();
+    let core = Core::new(
+        Runtime::from_config(config).unwrap(),
+        Arc::new(MemoryStore::new()),
+        Arc::new(Metrics::new().unwrap()),
+    );
+    let req = AdmitRequest {
+        client_ip: "198.51.100.7".parse().unwrap(),
+        target: Target::Match {
+            host: Some("api.example.com"),
+            path: "/v1/users",
+        },
+        key: validate_key(b"demo-key-123"),
+        cost: None,
+        also_charge: None,
+    };
+    rt.block_on(async {
+        // The first request creates the identities' state; so may the metrics' first use.
+        for _ in 0..3 {
+            admit(&core, &req)
+                .await
+                .unwrap()
+                .finish(Ending::Completed { status: 200 });
+        }
+        let before = allocations();
+        for _ in 0..1_000 {
+            let a = admit(&core, &req).await.unwrap();
+            assert!(a.key.is_some() && a.rate.is_some());
+            a.finish(Ending::Completed { status: 200 });
+        }
+        let spent = allocations() - before;
+        assert_eq!(spent, 0, "{spent} allocations in 1,000 admissions");
+        // The counter does count: an allocation on this thread shows.
+        let before = allocations();
+        drop(std::hint::black_box(Box::new(1u64)));
+        assert_eq!(allocations() - before, 1);
+    });
+}
