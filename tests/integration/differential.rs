@@ -289,7 +289,8 @@ async fn lease_replay(
             wire::push_scope(&mut inv, prefix, s, None, Some(&args[at..at + n]));
             at += n;
         }
-        let raw: Vec<i64> = inv.invoke_async(conn).await.unwrap();
+        let raw: Vec<u8> = inv.invoke_async(conn).await.unwrap();
+        let raw = wire::ints(&raw).unwrap();
 
         // The Rust twin, in check.lua's order.
         for (j, (w, off)) in windows.iter().enumerate() {

@@ -239,7 +239,8 @@ async fn call(
         wire::push_scope(&mut inv, prefix, s, None, Some(&leases[at..at + n]));
         at += n;
     }
-    inv.invoke_async(c).await.unwrap()
+    let raw: Vec<u8> = inv.invoke_async(c).await.unwrap();
+    wire::ints(&raw).unwrap()
 }
 
 fn want(n: u64) -> LeaseArgs {

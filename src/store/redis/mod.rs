@@ -277,19 +277,23 @@ impl RedisStore {
         peek: bool,
         now: &str,
     ) -> Result<Reply, StoreError> {
-        let mut inv = self.script.prepare_invoke();
         let mode = if peek { Mode::Peek } else { Mode::Check };
-        wire::push_header(&mut inv, now, cost, mode, self.lease_ms);
-        for (i, s) in scopes.iter().enumerate() {
-            let l = leases.and_then(|l| l.get(i)).map(|l| &l[..]);
-            wire::push_scope(&mut inv, &self.prefix, s, None, l);
-        }
+        let cmd = wire::command(
+            self.script.get_hash(),
+            now,
+            cost,
+            mode,
+            self.lease_ms,
+            &self.prefix,
+            scopes,
+            leases,
+        );
         self.count_call();
-        let raw = tokio::time::timeout(self.timeout, eval(conn, &inv))
+        let raw = tokio::time::timeout(self.timeout, self.run(conn, &cmd))
             .await
             .map_err(|_| StoreError::Timeout(self.timeout.as_millis() as u64))?
             .map_err(unavailable)?;
-        wire::parse_reply(&raw, scopes)
+        wire::parse_reply(&wire::ints(&raw)?, scopes)
     }
 
     async fn check_inner(&self, check: &Check<'_>) -> Result<Verdict, StoreError> {
@@ -452,6 +456,24 @@ impl RedisStore {
         }
     }
 
+    /// Runs an `EVALSHA` of the script, loading it first when Redis does not have it
+    /// (`NOSCRIPT`: a restart, a failover, `SCRIPT FLUSH`).
+    async fn run(&self, conn: &mut Conn, cmd: &redis::Cmd) -> RedisResult<Vec<u8>> {
+        match query(conn, cmd).await {
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                let mut load = redis::cmd("SCRIPT");
+                load.arg("LOAD").arg(CHECK_LUA);
+                let _: String = match conn {
+                    Conn::Single(c) => load.query_async(c).await?,
+                    Conn::Cluster(c) => load.query_async(c).await?,
+                    Conn::Sentinel(c) => load.query_async(c).await?,
+                };
+                query(conn, cmd).await
+            }
+            other => other,
+        }
+    }
+
     /// Gives back the charges of scopes whose request another scope rejected. Runs in the
     /// background, each call within the deadline: the 429 does not wait for it.
     fn refund(&self, conn: Conn, cost: u32, charged: Vec<(ScopeCheck<'_>, u64, Vec<u64>)>) {
@@ -501,11 +523,19 @@ impl RedisStore {
     }
 }
 
-async fn eval(conn: &mut Conn, inv: &ScriptInvocation<'_>) -> RedisResult<Vec<i64>> {
+async fn eval(conn: &mut Conn, inv: &ScriptInvocation<'_>) -> RedisResult<Vec<u8>> {
     match conn {
         Conn::Single(c) => inv.invoke_async(c).await,
         Conn::Cluster(c) => inv.invoke_async(c).await,
         Conn::Sentinel(c) => inv.invoke_async(c).await,
+    }
+}
+
+async fn query(conn: &mut Conn, cmd: &redis::Cmd) -> RedisResult<Vec<u8>> {
+    match conn {
+        Conn::Single(c) => cmd.query_async(c).await,
+        Conn::Cluster(c) => cmd.query_async(c).await,
+        Conn::Sentinel(c) => cmd.query_async(c).await,
     }
 }
 

@@ -149,6 +149,70 @@ pub fn push_scope(
     }
 }
 
+/// The integers of a reply (one string of integers separated by spaces).
+///
+/// # Errors
+/// `StoreError::Unavailable` for anything else.
+pub fn ints(reply: &[u8]) -> Result<Vec<i64>, StoreError> {
+    let bad = || StoreError::Unavailable("unexpected script reply".into());
+    let mut out = Vec::with_capacity(2 + REPLY_PER_WINDOW * 8);
+    for field in reply.split(|b| *b == b' ') {
+        let (neg, digits) = match field.split_first() {
+            Some((b'-', rest)) => (true, rest),
+            _ => (false, field),
+        };
+        if digits.is_empty() || digits.len() > 18 {
+            return Err(bad());
+        }
+        let mut n: i64 = 0;
+        for d in digits {
+            if !d.is_ascii_digit() {
+                return Err(bad());
+            }
+            n = n * 10 + i64::from(d - b'0');
+        }
+        out.push(if neg { -n } else { n });
+    }
+    Ok(out)
+}
+
+/// An `EVALSHA` of the script with every key and value in one command buffer (a
+/// `ScriptInvocation` allocates per value); `sha` is the script's hash.
+#[allow(clippy::too_many_arguments)]
+pub fn command(
+    sha: &str,
+    now: &str,
+    cost: u32,
+    mode: Mode,
+    lease_ms: u64,
+    prefix: &str,
+    scopes: &[ScopeCheck<'_>],
+    leases: Option<&[smallvec::SmallVec<[LeaseArgs; 2]>]>,
+) -> redis::Cmd {
+    let windows: usize = scopes.iter().map(|s| s.limits.windows.len()).sum();
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(sha).arg(windows);
+    for s in scopes {
+        for w in &s.limits.windows {
+            cmd.arg(key(prefix, s.scope, &s.ident, w.window));
+        }
+    }
+    cmd.arg(now).arg(cost).arg(mode.as_str()).arg(lease_ms);
+    for (i, s) in scopes.iter().enumerate() {
+        for (j, w) in s.limits.windows.iter().enumerate() {
+            let lease = leases
+                .and_then(|l| l.get(i))
+                .and_then(|l| l.get(j))
+                .copied()
+                .unwrap_or_default();
+            for v in window_args(w, &s.ident, 0, &lease) {
+                cmd.arg(v);
+            }
+        }
+    }
+    cmd
+}
+
 /// Decodes a reply for `scopes`' windows.
 ///
 /// # Errors
@@ -250,9 +314,21 @@ mod tests {
                 algorithm_code(a)
             );
         }
-        let reply = lua.matches("reply[#reply + 1] = d.").count()
-            + lua.matches("reply[#reply + 1] = l[").count();
+        let reply = lua.matches("reply[#reply + 1] = fmt(d.").count()
+            + lua.matches("reply[#reply + 1] = fmt(l[").count();
         assert_eq!(reply, REPLY_PER_WINDOW);
+    }
+
+    /// Replies are integers separated by spaces; anything else is an error.
+    #[test]
+    fn reply_integers() {
+        assert_eq!(
+            ints(b"1796070000000 1 -3 0").unwrap(),
+            [1_796_070_000_000, 1, -3, 0]
+        );
+        for bad in [&b""[..], b"1  2", b"1 x", b"12345678901234567890", b"-"] {
+            assert!(ints(bad).is_err(), "{bad:?}");
+        }
     }
 
     /// Keys carry the scope and identity in clear, the hash tag around them.
