@@ -14,6 +14,7 @@ mod lua_scripts;
 mod admin;
 mod cli;
 mod client_ip_e2e;
+mod dashboards;
 mod db;
 mod edge;
 mod events;
