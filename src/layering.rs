@@ -21,7 +21,7 @@ const LAYERS: &[&[&str]] = &[
     &["admission"],
     &["reply", "reload"],
     &["proxy", "admin", "sync"],
-    &["server"],
+    &["server", "simulate"],
 ];
 
 fn layer(module: &str) -> Option<usize> {

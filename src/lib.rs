@@ -53,6 +53,7 @@ pub mod reload;
 pub mod reply;
 pub mod routing;
 pub mod server;
+pub mod simulate;
 pub mod store;
 pub mod sync;
 

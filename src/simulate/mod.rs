@@ -1,0 +1,240 @@
+//! The policy simulator (`throttle simulate`): replays a trace of requests through a
+//! candidate config on simulated time and counts what would have been allowed and
+//! rejected, per scope and per tenant.
+//!
+//! It runs the gateway's own code, not a model of it: every row goes through
+//! `admission::admit` over a `MemoryStore` on a `ManualClock` set to the row's time, so the
+//! algorithms, the layering (ip -> key -> tenant -> global, all-or-nothing), auth, blocks,
+//! shadow mode and `[limits.auth]` are those of a gateway. Like the proxy, a row is routed
+//! by its host (`target::parse_authority`) and its path normalized by `path::normalize`
+//! (`[server] path_parameters` applies). No network, Redis or database is touched: a config
+//! naming them is simulated on the same limits, exact, never divided by instances (the
+//! local fallback) and without leases (which never admit more than the limit anyway).
+//!
+//! Rows are replayed in time order: a stable sort, so rows of one millisecond keep their
+//! file order and a trace merged from several gateways' logs needs no preparation. A
+//! `key_id` row presents the key of that id (a stand-in secret mapped to the same
+//! `KeyInfo`, which no client could send); an unknown id is refused `invalid_api_key`,
+//! like an unknown key. A `cost` cell overrides the route's cost. Requests end at once:
+//! nothing is held between rows.
+
+mod report;
+mod trace;
+
+use std::io::Read;
+use std::sync::Arc;
+
+use futures_util::FutureExt;
+use sha2::{Digest, Sha256};
+
+pub use self::report::{Counts, Report, ScopeCounts};
+use self::trace::{Key, Row};
+use crate::admission::{self, AdmitRequest, Core, Dynamic, Rejection, Runtime, Target};
+use crate::clock::ManualClock;
+use crate::config::{Auth, Config, PathParameters};
+use crate::identity::{validate_key, KeyTable, Presented};
+use crate::limiter::Scope;
+use crate::metrics::Metrics;
+use crate::proxy::path;
+use crate::proxy::target::parse_authority;
+use crate::store::{Ending, MemoryStore};
+
+/// Rows between two sweeps of expired limiter state (bounds memory on long traces;
+/// a sweep drops only state that is back to its initial value, so decisions are equal).
+const SWEEP_EVERY: usize = 65_536;
+
+/// Why a trace could not be replayed.
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    /// A line of the trace cannot be read (the header is line 1).
+    #[error("line {line}: {reason}")]
+    Line {
+        /// 1-based line number.
+        line: u64,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The replay could not be set up (or the pipeline waited, which a memory store
+    /// never makes it do).
+    #[error("{0}")]
+    Setup(String),
+}
+
+/// Replays `trace` (CSV, see the module docs) through `config`'s limits.
+///
+/// # Errors
+/// `SimError::Line` naming the first unreadable line; `SimError::Setup` when the config's
+/// runtime cannot be built.
+pub fn simulate(config: &Config, trace: impl Read) -> Result<Report, SimError> {
+    run(config, trace).map(|(report, _)| report)
+}
+
+/// `simulate`, also answering the pipeline it ran (its metrics, for tests).
+fn run(config: &Config, trace: impl Read) -> Result<(Report, Replay), SimError> {
+    let mut rows = trace::read(trace)?;
+    rows.sort_by_key(|r| r.time_ms);
+    let replay = Replay::new(config)?;
+    let mut report = Report::default();
+    for (i, row) in rows.iter().enumerate() {
+        if i % SWEEP_EVERY == SWEEP_EVERY - 1 {
+            replay.store.sweep_at(row.time_ms);
+        }
+        replay.row(row, &mut report)?;
+    }
+    Ok((report, replay))
+}
+
+/// A gateway's pipeline on simulated time.
+struct Replay {
+    core: Core,
+    clock: ManualClock,
+    store: Arc<MemoryStore<ManualClock>>,
+}
+
+// === impl Replay ===
+
+impl Replay {
+    fn new(config: &Config) -> Result<Self, SimError> {
+        let setup = |e: &dyn std::fmt::Display| SimError::Setup(e.to_string());
+        let runtime = Runtime::from_config(config.clone()).map_err(|e| setup(&e))?;
+        // `key_id` rows present a stand-in secret per config key, held where database keys
+        // live (the pipeline looks there first); the NUL makes it one no client can send.
+        let mut by_id = KeyTable::default();
+        for (_, info) in runtime.keys.iter() {
+            by_id.insert(Sha256::digest(stand_in(&info.key_id)).into(), info.clone());
+        }
+        let clock = ManualClock::at(0);
+        let store = Arc::new(MemoryStore::with_clock(clock.clone()));
+        let metrics = Arc::new(Metrics::new().map_err(|e| setup(&e))?);
+        let core = Core::with_clock(runtime, store.clone(), metrics, Arc::new(clock.clone()));
+        core.swap_dynamic(Dynamic {
+            keys: by_id,
+            ..Dynamic::default()
+        });
+        Ok(Self { core, clock, store })
+    }
+
+    /// Decides `row` as the proxy would and counts the outcome.
+    fn row(&self, row: &Row, report: &mut Report) -> Result<(), SimError> {
+        self.clock.set(row.time_ms);
+        report.seen(row.time_ms);
+        let rt = self.core.runtime();
+        let allow_params = rt.config.server.path_parameters == PathParameters::Allow;
+        // The proxy's order: an IP block answers 403 before a malformed target's 400.
+        let Ok(path) = path::normalize(&row.path, allow_params) else {
+            self.malformed(row, "invalid_path", report);
+            return Ok(());
+        };
+        let host = match row.host.as_deref().map(|h| parse_authority(h.as_bytes())) {
+            None => None,
+            Some(Some((h, _port))) => Some(h),
+            Some(None) => {
+                self.malformed(row, "invalid_host", report);
+                return Ok(());
+            }
+        };
+        let id_key;
+        let key = match &row.key {
+            Key::None => Presented::Missing,
+            Key::Api(k) => validate_key(k.as_bytes()),
+            Key::Id(id) => {
+                id_key = stand_in(id);
+                Presented::Key(&id_key)
+            }
+        };
+        let request = AdmitRequest {
+            client_ip: row.ip,
+            target: Target::Match {
+                host: host.as_deref(),
+                path: &path.route,
+            },
+            key,
+            cost: row.cost,
+            also_charge: None,
+        };
+        let decided = admission::admit(&self.core, &request)
+            .now_or_never()
+            .ok_or_else(|| SimError::Setup("the admission pipeline waited on its store".into()))?;
+        match decided {
+            Ok(a) => {
+                let shadow = a.rate.filter(|_| a.shadow_rejected).map(|g| g.scope);
+                let key = a.key.as_deref();
+                let checked = admission::build_check(&rt, a.client_ip, key, 1);
+                let scopes = checked.scopes.iter().map(|s| s.scope);
+                report.admitted(scopes, key.map(|k| &*k.tenant), shadow);
+                drop(checked);
+                a.finish(Ending::Completed { status: 200 });
+            }
+            Err(refusal) => {
+                let auth = refusal.route.as_ref().map(|r| r.route.auth);
+                self.refused(&rt, row, refusal.rejection, auth, key, report);
+            }
+        }
+        Ok(())
+    }
+
+    /// Counts a refusal: a 429 for its scope (and the key's tenant), anything else by name.
+    fn refused(
+        &self,
+        rt: &Runtime,
+        row: &Row,
+        rejection: Rejection,
+        auth: Option<Auth>,
+        key: Presented<'_>,
+        report: &mut Report,
+    ) {
+        let reason = match rejection {
+            Rejection::RateLimited { governing, .. } => {
+                // The tenant of a valid key the route looked at (none for `auth = "none"`).
+                let dynamic = self.core.dynamic();
+                let info = auth
+                    .filter(|a| *a != Auth::None)
+                    .and_then(|a| admission::lookup_key(rt, &dynamic, key, a).ok().flatten());
+                report.rejected(governing.scope, info.as_ref().map(|k| &*k.tenant));
+                return;
+            }
+            Rejection::NoRoute(_) => {
+                // The ip and global limits passed (and were charged) before the 404.
+                let passed = admission::build_check(rt, row.ip, None, 1);
+                report.refused("no_route", passed.scopes.iter().map(|s| s.scope));
+                return;
+            }
+            Rejection::Blocked(scope) => blocked(scope),
+            Rejection::MissingKey => "missing_api_key",
+            Rejection::InvalidKey => "invalid_api_key",
+            Rejection::InvalidPath => "invalid_path",
+            Rejection::InvalidHost => "invalid_host",
+            Rejection::Unavailable => "rate_limiter_unavailable",
+            Rejection::UnknownRoute(_) => "no_route",
+        };
+        report.refused(reason, std::iter::empty());
+    }
+
+    /// A row the proxy would answer 400 (`reason`), or 403 when its address is blocked.
+    fn malformed(&self, row: &Row, reason: &'static str, report: &mut Report) {
+        let reason = match admission::ip_blocked(&self.core, row.ip) {
+            Some(_) => blocked(Scope::Ip),
+            None => reason,
+        };
+        report.refused(reason, std::iter::empty());
+    }
+}
+
+/// The refusal name of a block of `scope`.
+fn blocked(scope: Scope) -> &'static str {
+    match scope {
+        Scope::Key => "blocked_key",
+        Scope::Tenant => "blocked_tenant",
+        _ => "blocked_ip",
+    }
+}
+
+/// The secret a `key_id` row presents for key `id`.
+fn stand_in(id: &str) -> Vec<u8> {
+    let mut k = b"\0key_id\0".to_vec();
+    k.extend_from_slice(id.as_bytes());
+    k
+}
+
+#[cfg(test)]
+mod tests;

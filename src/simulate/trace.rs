@@ -1,0 +1,241 @@
+//! The trace: a CSV file with a header naming its columns, one request per row.
+//!
+//! Columns (any order, names case-insensitive): `time` (RFC 3339 or Unix milliseconds),
+//! `ip`, `path` (required); `api_key` and/or `key_id`, `host`, `cost` (optional). An
+//! unknown or repeated column is an error at line 1, so a misspelt `apikey` cannot make
+//! every row anonymous. Empty cells mean "absent" (no key, no host, the route's cost).
+//! Every error names the line the row starts on (the header is line 1).
+
+use std::io::Read;
+use std::net::IpAddr;
+
+use super::SimError;
+use crate::config::rfc3339_ms;
+
+/// Below this a `time` is taken for Unix seconds (before March 1973 in milliseconds).
+const MIN_UNIX_MS: u64 = 100_000_000_000;
+
+/// One request of the trace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Row {
+    /// The line the row starts on.
+    pub(super) line: u64,
+    /// When the request arrives (Unix ms).
+    pub(super) time_ms: u64,
+    /// The client address.
+    pub(super) ip: IpAddr,
+    /// The key the request presents.
+    pub(super) key: Key,
+    /// The request path (query and fragment already cut off).
+    pub(super) path: String,
+    /// The `Host`, as sent (port and case are the router's business).
+    pub(super) host: Option<String>,
+    /// Units to spend instead of the route's `cost`.
+    pub(super) cost: Option<u32>,
+}
+
+/// The key of a row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Key {
+    /// No key.
+    None,
+    /// A raw API key, as a client would send it.
+    Api(String),
+    /// The id of one of the config's `[[keys]]`.
+    Id(String),
+}
+
+/// Where each column is in a record.
+#[derive(Debug, Default)]
+struct Columns {
+    time: Option<usize>,
+    ip: Option<usize>,
+    path: Option<usize>,
+    api_key: Option<usize>,
+    key_id: Option<usize>,
+    host: Option<usize>,
+    cost: Option<usize>,
+}
+
+/// Reads every row of `trace`, in file order.
+///
+/// # Errors
+/// `SimError::Line` for the first line that cannot be read.
+pub(super) fn read(mut trace: impl Read) -> Result<Vec<Row>, SimError> {
+    // The whole trace is read first: the csv crate does not count the blank lines it skips,
+    // so lines are counted here from each record's byte offset.
+    let mut data = Vec::new();
+    trace.read_to_end(&mut data).map_err(|e| SimError::Line {
+        line: 1,
+        reason: format!("cannot read: {e}"),
+    })?;
+    let mut lines = Lines::new(&data);
+    let mut csv = csv::ReaderBuilder::new()
+        .has_headers(true)
+        .trim(csv::Trim::All)
+        .from_reader(&data[..]);
+    let header = csv
+        .headers()
+        .map_err(|e| csv_error(&e, &mut lines))?
+        .clone();
+    let columns = Columns::from_header(&header)?;
+    let mut rows = Vec::new();
+    let mut record = csv::StringRecord::new();
+    loop {
+        match csv.read_record(&mut record) {
+            Ok(true) => {}
+            Ok(false) => break,
+            Err(e) => return Err(csv_error(&e, &mut lines)),
+        }
+        let line = record.position().map_or(0, |p| lines.at(p.byte()));
+        let row = columns
+            .row(&record, line)
+            .map_err(|reason| SimError::Line { line, reason })?;
+        rows.push(row);
+    }
+    Ok(rows)
+}
+
+/// Line numbers of byte offsets, asked in increasing order (one pass over the trace).
+struct Lines<'a> {
+    data: &'a [u8],
+    /// Bytes counted so far, and the line the byte at `byte` is on.
+    byte: usize,
+    line: u64,
+}
+
+impl<'a> Lines<'a> {
+    fn new(data: &'a [u8]) -> Self {
+        Self {
+            data,
+            byte: 0,
+            line: 1,
+        }
+    }
+
+    /// The 1-based line of the record starting at `offset` (not below the last offset
+    /// asked): a record's position is where the reader stood, before the blank lines it
+    /// skips, so those are stepped over first.
+    fn at(&mut self, offset: u64) -> u64 {
+        let mut end = usize::try_from(offset)
+            .unwrap_or(usize::MAX)
+            .min(self.data.len());
+        while matches!(self.data.get(end), Some(b'\n' | b'\r')) {
+            end += 1;
+        }
+        if end > self.byte {
+            let newlines = memchr::memchr_iter(b'\n', &self.data[self.byte..end]).count();
+            self.line += newlines as u64;
+            self.byte = end;
+        }
+        self.line
+    }
+}
+
+/// A CSV error as the line it happened on.
+fn csv_error(e: &csv::Error, lines: &mut Lines<'_>) -> SimError {
+    let line = e.position().map_or(1, |p| lines.at(p.byte()));
+    let reason = match e.kind() {
+        csv::ErrorKind::UnequalLengths {
+            expected_len, len, ..
+        } => format!("{len} fields, but the header has {expected_len}"),
+        csv::ErrorKind::Utf8 { .. } => "not valid UTF-8".to_string(),
+        _ => e.to_string(),
+    };
+    SimError::Line { line, reason }
+}
+
+// === impl Columns ===
+
+impl Columns {
+    /// The columns the header names.
+    fn from_header(header: &csv::StringRecord) -> Result<Self, SimError> {
+        let at_header = |reason: String| SimError::Line { line: 1, reason };
+        let mut c = Columns::default();
+        for (i, name) in header.iter().enumerate() {
+            let slot = match name.to_ascii_lowercase().as_str() {
+                "time" => &mut c.time,
+                "ip" => &mut c.ip,
+                "path" => &mut c.path,
+                "api_key" => &mut c.api_key,
+                "key_id" => &mut c.key_id,
+                "host" => &mut c.host,
+                "cost" => &mut c.cost,
+                _ => {
+                    return Err(at_header(format!(
+                        "unknown column {name:?} (columns: time, ip, path, api_key, key_id, host, cost)"
+                    )))
+                }
+            };
+            if slot.replace(i).is_some() {
+                return Err(at_header(format!("column {name:?} appears twice")));
+            }
+        }
+        for (name, col) in [("time", c.time), ("ip", c.ip), ("path", c.path)] {
+            if col.is_none() {
+                return Err(at_header(format!("no {name:?} column in the header")));
+            }
+        }
+        Ok(c)
+    }
+
+    /// The row of `record`, or why it cannot be read.
+    fn row(&self, record: &csv::StringRecord, line: u64) -> Result<Row, String> {
+        let cell = |col: Option<usize>| col.and_then(|i| record.get(i)).unwrap_or("");
+        let path = cell(self.path);
+        if path.is_empty() {
+            return Err("empty path".into());
+        }
+        // Routes match the path alone, as the proxy matches `uri.path()`.
+        let path = path.split(['?', '#']).next().unwrap_or(path);
+        let key = match (cell(self.api_key), cell(self.key_id)) {
+            ("", "") => Key::None,
+            (k, "") => Key::Api(k.to_string()),
+            ("", id) => Key::Id(id.to_string()),
+            _ => return Err("both api_key and key_id are set: give one".into()),
+        };
+        let host = Some(cell(self.host)).filter(|h| !h.is_empty());
+        Ok(Row {
+            line,
+            time_ms: time_ms(cell(self.time))?,
+            ip: ip(cell(self.ip))?,
+            key,
+            path: path.to_string(),
+            host: host.map(str::to_string),
+            cost: cost(cell(self.cost))?,
+        })
+    }
+}
+
+/// `time`: RFC 3339 (`2026-01-01T00:00:00.250Z`, any offset) or Unix milliseconds.
+fn time_ms(s: &str) -> Result<u64, String> {
+    if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
+        return match s.parse::<u64>() {
+            Ok(ms) if ms >= MIN_UNIX_MS => Ok(ms),
+            Ok(_) => Err(format!(
+                "time {s:?} looks like Unix seconds: give Unix milliseconds or RFC 3339"
+            )),
+            Err(_) => Err(format!("time {s:?} is out of range")),
+        };
+    }
+    rfc3339_ms(s).ok_or_else(|| {
+        format!("invalid time {s:?}: expected RFC 3339 (2026-01-01T00:00:00Z) or Unix milliseconds")
+    })
+}
+
+/// `ip`: an IPv4 or IPv6 address.
+fn ip(s: &str) -> Result<IpAddr, String> {
+    s.parse()
+        .map_err(|_| format!("invalid ip {s:?}: expected an IPv4 or IPv6 address"))
+}
+
+/// `cost`: empty (the route's cost) or a positive integer.
+fn cost(s: &str) -> Result<Option<u32>, String> {
+    if s.is_empty() {
+        return Ok(None);
+    }
+    match s.parse::<u32>() {
+        Ok(c) if c > 0 => Ok(Some(c)),
+        _ => Err(format!("invalid cost {s:?}: expected a positive integer")),
+    }
+}
