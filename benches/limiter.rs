@@ -28,6 +28,7 @@ const ALGORITHMS: [Algorithm; 5] = [
 
 fn limits(windows: Vec<WindowLimit>) -> ScopeLimits {
     ScopeLimits {
+        concurrent: None,
         windows,
         on_failure: OnFailure::Local,
         message: None,
@@ -247,6 +248,37 @@ fn report_memory() {
     }
 }
 
+/// The extra cost per request of concurrency scopes on the memory store: one slot taken
+/// and given back (`Inflight::acquire` + `release`), for 1 and 3 scopes (ip, key, tenant).
+fn concurrency(c: &mut Criterion) {
+    use throttle::limiter::OnFailure;
+    use throttle::store::slots::{Inflight, SlotRequest};
+    let inflight = Inflight::default();
+    let req = |scope, ident| SlotRequest {
+        scope,
+        ident,
+        limit: 1_000,
+        on_failure: OnFailure::Local,
+    };
+    let one = [req(Scope::Ip, ip(7))];
+    let three = [
+        req(Scope::Ip, ip(7)),
+        req(Scope::Key, Ident::Name("key_demo".into())),
+        req(Scope::Tenant, Ident::Name("acme".into())),
+    ];
+    let mut g = c.benchmark_group("concurrency");
+    for (name, reqs) in [("1_scope", &one[..]), ("3_scopes", &three[..])] {
+        g.bench_function(format!("acquire_release_{name}"), |b| {
+            b.iter(|| {
+                if let Ok(lease) = inflight.acquire(black_box(reqs), |r| r.limit) {
+                    inflight.release(&lease.entries);
+                }
+            })
+        });
+    }
+    g.finish();
+}
+
 fn main() {
     report_memory();
     let mut c = Criterion::default()
@@ -256,5 +288,6 @@ fn main() {
     single_scope(&mut c);
     layered(&mut c);
     client_ip(&mut c);
+    concurrency(&mut c);
     c.final_summary();
 }

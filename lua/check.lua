@@ -12,12 +12,17 @@
 --           'peek': decide every window, charge nothing.
 --           'refund': give back a charge made at ARGV[1] (Cluster: another scope rejected).
 --           'return': only give back leased tokens (below); no decision.
+--           'settle': a request admitted with the reserved cost ARGV[2] at `current`
+--           (below) learnt its true cost: charge or refund the difference, ARGV[4].
 -- ARGV[4]   lease_ms: the longest lease (each window's is at most a quarter of its
 --           period; fixed and sliding windows end theirs at the window's end); 0: none.
+--           'settle': delta = true cost - reserved cost instead (signed; > 0 a debt
+--           charged at now past the limit if need be, < 0 a refund).
 -- Then 12 values per window i (all integers, times in ms):
 --           algorithm (1 token_bucket, 2 sliding_window, 3 fixed_window, 4 sliding_log,
 --           5 leaky_bucket), window (1 s, 2 min, 3 h, 4 d, 5 mo), limit, capacity,
---           period_ms, offset_ms, current (refund only: the charge's `current`),
+--           period_ms, offset_ms, current (refund: the charge's `current`; settle: when
+--           the request was admitted, Unix ms),
 --           want (tokens to lease after an admitted 'check'; 0: none),
 --           ret, tag1, tag2, size (end the lease `tag1`, `tag2` of `size` tokens, as a
 --           'take' answered them, giving back `ret` unused tokens; size 0: no lease).
@@ -25,11 +30,12 @@
 -- Reply: one string of integers separated by spaces: now, all_allowed, then per window:
 --          allowed, remaining, current, reset_after_ms, retry_after_ms, granted,
 --          lease_until, tag1, tag2 -- the fields of the Rust `Decision`, then the lease
---          taken (granted 0: none). 'return' and 'refund': "now 1".
+--          taken (granted 0: none). 'return', 'refund' and 'settle': "now 1".
 -- Leases: a window leases min(want, remaining / 2) tokens, none below 2, charged at once,
 -- so a fleet never admits more than the limit; unused tokens come back through `ret`.
--- Writes: only when every window allows ('check'), each key with a TTL that ends when its
--- state is back to the initial value, so idle state expires by itself.
+-- Writes: only when every window allows ('check'), or a settle's (a debt charges past the
+-- limit), each key with a TTL that ends when its state is back to the initial value, so
+-- idle state expires by itself.
 
 local now = now_ms()
 local cost = tonumber(ARGV[2])
@@ -60,6 +66,16 @@ end
 if mode == 'refund' then
   for i = 1, #KEYS do
     ALG[ws[i].alg].refund(KEYS[i], ws[i], now, cost, ws[i].current)
+  end
+  return fmt(now) .. ' 1'
+end
+
+if mode == 'settle' then
+  local delta = tonumber(ARGV[4])
+  if delta ~= 0 then
+    for i = 1, #KEYS do
+      ALG[ws[i].alg].settle(KEYS[i], ws[i], now, cost, delta, ws[i].current)
+    end
   end
   return fmt(now) .. ' 1'
 end

@@ -137,4 +137,24 @@ local function clamp_remaining(r, limit)
   return r
 end
 
+-- Settling (see check.lua's 'settle' mode and `settle` in src/limiter/algorithm/).
+-- The most tokens a debt may leave a window holding or owing: 2^51 token-ms (at least
+-- the capacity), at most 2^32 - 1, so every product stays exact. Same as `max_debt`.
+local function max_debt(w)
+  return math.min(math.max(idiv(2251799813685248, w.period), w.capacity), 4294967295)
+end
+
+-- A counter raised by a debt of d tokens: never above max_debt (unless it already was).
+local function add_debt(count, d, w)
+  return math.max(count, math.min(count + d, max_debt(w)))
+end
+
+-- The units a bucket may give back for a refund of `back` tokens of a request of
+-- reserved `cost` admitted at `at`, at `now` (the replay may have wasted refill or drain
+-- since; see `refund_units` in src/limiter/algorithm/mod.rs).
+local function refund_units(w, back, cost, at, now)
+  local wasted = math.max(math.max(now - at, 0) * w.limit - (cost - back) * w.period, 0)
+  return math.max(back * w.period - wasted, 0)
+end
+
 local ALG = {}

@@ -19,6 +19,17 @@ local function log_live(key, w, now)
   return entries, used
 end
 
+-- Adds a member of `cost` scored `at`, named head:cost, or head.k:cost when taken.
+local function log_add(key, at, head, cost)
+  local tail = ':' .. fmt(cost)
+  local member, k = head .. tail, 0
+  while redis.call('ZSCORE', key, member) do
+    k = k + 1
+    member = head .. '.' .. k .. tail
+  end
+  redis.call('ZADD', key, fmt(at), member)
+end
+
 ALG[4] = {
   decide = function(key, w, now, cost)
     local entries, used = log_live(key, w, now)
@@ -89,6 +100,34 @@ ALG[4] = {
       redis.call('ZADD', key, fmt(tag1), prefix .. fmt(size - k))
       local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
       redis.call('PEXPIRE', key, math.max(tonumber(last[2]) + w.period - now, 1))
+    end
+  end,
+  -- Debt: one member of the debt at now. Refund: the request's own member (scored
+  -- `admitted`, of the reserved cost; the first by name if several) shrinks, or goes at
+  -- 0. See `settle` in sliding_log.rs.
+  settle = function(key, w, now, cost, delta, admitted)
+    if delta > 0 then
+      local entries, used = log_live(key, w, now)
+      local d = math.min(delta, max_debt(w))
+      redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(now - w.period))
+      log_add(key, now, fmt(now) .. ':' .. fmt(used + d), d)
+      local latest = now
+      if #entries > 0 then latest = math.max(entries[#entries][1], now) end
+      redis.call('PEXPIRE', key, latest + w.period - now)
+      return
+    end
+    local back = math.min(-delta, cost)
+    for _, m in ipairs(redis.call('ZRANGEBYSCORE', key, fmt(admitted), fmt(admitted))) do
+      local head, c = string.match(m, '^(.*):(%d+)$')
+      if tonumber(c) == cost then
+        redis.call('ZREM', key, m)
+        if cost - back > 0 then
+          log_add(key, admitted, head, cost - back)
+          local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+          redis.call('PEXPIRE', key, math.max(tonumber(last[2]) + w.period - now, 1))
+        end
+        return
+      end
     end
   end,
 }

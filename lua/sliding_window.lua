@@ -91,4 +91,26 @@ ALG[2] = {
     end
     redis.call('SET', key, fmt(start) .. ':' .. fmt(prev) .. ':' .. fmt(curr), 'KEEPTTL')
   end,
+  -- Debt: added to the current window's count. Refund: off the count of the window the
+  -- request was charged in (its `admitted` time): curr, prev, or nothing when older.
+  -- See `settle` in sliding_window.rs.
+  settle = function(key, w, now, cost, delta, admitted)
+    local s, e, prev, curr = sw_counts(key, w, now)
+    if delta > 0 then
+      curr = add_debt(curr, math.min(delta, max_debt(w)), w)
+    else
+      local back = math.min(-delta, cost)
+      local charged = bounds(w, admitted, w.offset)
+      if charged == s then
+        curr = math.max(curr - back, 0)
+      elseif s > 0 and charged == bounds(w, s - 1, w.offset) then
+        prev = math.max(prev - back, 0)
+      else
+        return
+      end
+    end
+    local _, next_end = bounds(w, e, w.offset)
+    redis.call('SET', key, fmt(s) .. ':' .. fmt(prev) .. ':' .. fmt(curr), 'PX',
+               math.max(next_end - now, 1))
+  end,
 }

@@ -4,6 +4,8 @@
 -- held_until the bucket refills to at most cap - held (as if every held token had been
 -- spent at once; see the Rust twin). A missing key is a full bucket. TTL: the time until
 -- the bucket is full again, so an expired key and a fresh one are the same thing.
+-- A debt (settle) below empty is an empty bucket at a `last` in the future, when the debt
+-- is paid off: no refill before it, and retry/reset count the wait from now.
 
 -- The level at `now` (never before the state's time), refilled and capped, the hold still
 -- in force then, and that time.
@@ -23,6 +25,21 @@ local function tb_level(key, w, now)
   return math.min(at_end + (t - mid) * w.limit, cap), cap, 0, 0, t
 end
 
+-- The signed level at `now` (below 0 while a debt is paid off: last in the future,
+-- refilling linearly up to it), cap, the hold in force at `now`, and whether the key is
+-- missing (a full bucket).
+local function tb_signed(key, w, now)
+  local cap = w.capacity * w.period
+  local level, last, held, hu = bucket_state(key)
+  if not level then return cap, cap, 0, 0, true end
+  if last > now then
+    if held == 0 or now >= hu then held, hu = 0, 0 end
+    return level - (last - now) * w.limit, cap, held, hu, false
+  end
+  local l, _, h, u = tb_level(key, w, now)
+  return l, cap, h, u, false
+end
+
 -- Ms from `now` until a bucket at `level` (holding `held` until `hu`) holds `target`.
 local function tb_time_to(w, level, cap, held, hu, now, target)
   if level >= target then return 0 end
@@ -34,9 +51,21 @@ local function tb_time_to(w, level, cap, held, hu, now, target)
   return d + div_ceil(target - at_end, w.limit)
 end
 
+-- Stores the signed `level` at `now`: below 0, an empty bucket until the debt is paid off.
+local function tb_put(key, w, level, now, cap, held, hu)
+  local at = now
+  if level < 0 then
+    at = now + div_ceil(-level, w.limit)
+    level = 0
+  end
+  bucket_set(key, level, at, held, hu, (at - now) + tb_time_to(w, level, cap, held, hu, at, cap))
+end
+
 ALG[1] = {
   decide = function(key, w, now, cost)
-    local level, cap, held, hu = tb_level(key, w, now)
+    local level, cap, held, hu, at = tb_level(key, w, now)
+    -- A bucket in debt is empty until `at` (in the future): no refill before it.
+    local wait = at - now
     local need = cost * w.period
     local current = w.capacity - idiv(level, w.period) + cost
     if level >= need then
@@ -47,12 +76,12 @@ ALG[1] = {
     end
     local retry
     if need > cap then
-      retry = tb_time_to(w, level, cap, held, hu, now, cap)
+      retry = wait + tb_time_to(w, level, cap, held, hu, at, cap)
       if retry < 1 then retry = 1 end
     else
-      retry = tb_time_to(w, level, cap, held, hu, now, need)
+      retry = wait + tb_time_to(w, level, cap, held, hu, at, need)
     end
-    return decision(0, w.limit, 0, current, tb_time_to(w, level, cap, held, hu, now, cap), retry), nil
+    return decision(0, w.limit, 0, current, wait + tb_time_to(w, level, cap, held, hu, at, cap), retry), nil
   end,
   write = function(key, w, now, cost, nxt, d)
     bucket_set(key, nxt[1], now, nxt[2], nxt[3], d.reset_after)
@@ -80,13 +109,31 @@ ALG[1] = {
   end,
   -- Ends a lease of `size` with k tokens unused, while its hold (ending at tag1) lasts:
   -- the unused tokens return to the level, the whole lease leaves the hold. Later: nothing.
+  -- (Signed: a bucket in debt pays it off with the tokens given back.)
   give_back = function(key, w, now, k, tag1, tag2, size)
     if now >= tag1 then return end
-    local level, cap, held, hu, at = tb_level(key, w, now)
+    local level, cap, held, hu = tb_signed(key, w, now)
     if held == 0 then return end
     level = level + math.min(math.min(k, size) * w.period, held)
     held = held - math.min(size * w.period, held)
     if held == 0 then hu = 0 end
-    bucket_set(key, level, at, held, hu, tb_time_to(w, level, cap, held, hu, now, cap))
+    tb_put(key, w, level, now, cap, held, hu)
+  end,
+  -- Debt: the level drops by it, below 0 if need be (never below -max_debt). Refund: it
+  -- rises by refund_units, at most to cap - held. See `settle` in token_bucket.rs.
+  settle = function(key, w, now, cost, delta, admitted)
+    local level, cap, held, hu, fresh = tb_signed(key, w, now)
+    if delta > 0 then
+      local floor = -max_debt(w) * w.period
+      if level <= floor then return end
+      level = math.max(level - math.min(delta, max_debt(w)) * w.period, floor)
+    else
+      if fresh then return end
+      local units = refund_units(w, math.min(-delta, cost), cost, admitted, now)
+      local top = cap - held
+      if units == 0 or level >= top then return end
+      level = math.min(level + units, top)
+    end
+    tb_put(key, w, level, now, cap, held, hu)
   end,
 }

@@ -1,6 +1,8 @@
 //! A tiny echo upstream for `throttle demo` and the tests: every request gets 200 and a
 //! JSON body with the method, path and the headers the upstream received, so one can
-//! see exactly what the gateway forwarded. `?delay_ms=N` makes it answer N ms late.
+//! see exactly what the gateway forwarded. `?delay_ms=N` makes it answer N ms late;
+//! `?usage=N` makes it report `X-Usage-Tokens: N`, like an LLM API reporting the tokens a
+//! request used (a route's `cost_header`).
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -121,5 +123,13 @@ async fn echo(
         "content-type",
         http::HeaderValue::from_static("application/json"),
     );
+    let usage = req
+        .uri()
+        .query()
+        .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("usage=")))
+        .and_then(|v| http::HeaderValue::from_str(v).ok());
+    if let Some(v) = usage {
+        resp.headers_mut().insert("x-usage-tokens", v);
+    }
     Ok(resp)
 }

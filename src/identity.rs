@@ -17,7 +17,7 @@ use crate::limiter::{Ident, Window};
 pub const MAX_KEY_LEN: usize = 256;
 
 /// What the request says about its key.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy)]
 pub enum Presented<'a> {
     /// No key header.
     Missing,
@@ -25,7 +25,23 @@ pub enum Presented<'a> {
     Key(&'a [u8]),
     /// A key header that cannot hold a valid key (empty Bearer, too long, bad bytes).
     Malformed,
+    /// A caller a trusted adapter has already identified (the Envoy rate-limit service's
+    /// `key_id` and `tenant` entries): used as is, nothing is looked up.
+    Known(&'a Arc<KeyInfo>),
 }
+
+impl PartialEq for Presented<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Self::Missing, Self::Missing) | (Self::Malformed, Self::Malformed) => true,
+            (Self::Key(a), Self::Key(b)) => a == b,
+            (Self::Known(a), Self::Known(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+}
+
+impl Eq for Presented<'_> {}
 
 /// A known key.
 #[derive(Debug, Clone)]

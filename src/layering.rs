@@ -20,7 +20,8 @@ const LAYERS: &[&[&str]] = &[
     &["store", "db", "routing"],
     &["admission"],
     &["reply", "reload"],
-    &["proxy", "admin", "sync"],
+    &["proxy", "admin", "sync", "rls"],
+    &["layer"], // the tower adapter reuses the proxy's request-target parsing
     &["server", "simulate"],
 ];
 

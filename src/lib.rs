@@ -13,9 +13,12 @@
 //! 4. `admission`: the one transport-neutral pipeline every entry point runs, with the
 //!    request lifetime and the database snapshot.
 //! 5. `reply` (the gateway's own HTTP answers) and `reload` (config hot reload).
-//! 6. The entry points: `proxy` (Pingora), `admin` (the admin listener and `/v1/check`)
-//!    and `sync` (the background link to PostgreSQL).
-//! 7. `server`, which assembles them; `main.rs` is the CLI.
+//! 6. The entry points: `proxy` (Pingora), `admin` (the admin listener and `/v1/check`),
+//!    `rls` (Envoy's rate-limit gRPC service) and `sync` (the background link to
+//!    PostgreSQL); then `layer`, the `tower::Layer` for embedding (it reuses the proxy's
+//!    path and authority parsing).
+//! 7. `server`, which assembles them, and `simulate` (`throttle simulate`); `main.rs` is
+//!    the CLI.
 //!
 //! ```
 //! use throttle::clock::ManualClock;
@@ -24,6 +27,7 @@
 //!
 //! let store = MemoryStore::with_clock(ManualClock::at(1_764_000_000_000));
 //! let limits = ScopeLimits {
+//!     concurrent: None,
 //!     windows: vec![WindowLimit::new(Window::Minute, 1)],
 //!     on_failure: OnFailure::Local,
 //!     message: None,
@@ -45,12 +49,14 @@ pub mod config;
 pub mod db;
 pub mod demo;
 pub mod identity;
+pub mod layer;
 pub mod lifecycle;
 pub mod limiter;
 pub mod metrics;
 pub mod proxy;
 pub mod reload;
 pub mod reply;
+pub mod rls;
 pub mod routing;
 pub mod server;
 pub mod simulate;

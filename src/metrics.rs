@@ -55,6 +55,9 @@ pub struct Metrics {
     pub lease_tokens_returned_total: IntCounter,
     /// `throttle_upstream_seconds{route}`.
     pub upstream_seconds: HistogramVec,
+    /// `throttle_cost_settled_total{direction}`: tokens settled after the response
+    /// (`charge`: the true cost was higher than reserved; `refund`: lower).
+    pub cost_settled: [IntCounter; 2],
 }
 
 // === impl Outcome ===
@@ -179,6 +182,15 @@ impl Metrics {
         registry.register(Box::new(local_decisions_total.clone()))?;
         registry.register(Box::new(lease_tokens_returned_total.clone()))?;
         let store_calls = store_calls_total.with_label_values(&["redis"]);
+        let cost_settled_total = IntCounterVec::new(
+            Opts::new(
+                "throttle_cost_settled_total",
+                "Tokens settled against a route's cost_header after the response, by direction (charge, refund).",
+            ),
+            &["direction"],
+        )?;
+        registry.register(Box::new(cost_settled_total.clone()))?;
+        let cost_settled = ["charge", "refund"].map(|d| cost_settled_total.with_label_values(&[d]));
         let local_decisions =
             ["lease", "over_limit_cache"].map(|r| local_decisions_total.with_label_values(&[r]));
         let decisions = Scope::ALL.map(|s| {
@@ -197,6 +209,7 @@ impl Metrics {
             local_decisions,
             lease_tokens_returned_total,
             upstream_seconds,
+            cost_settled,
         })
     }
 
@@ -209,6 +222,12 @@ impl Metrics {
                 .collect(),
             upstream_seconds: self.upstream_seconds.with_label_values(&[route]),
         }
+    }
+
+    /// Counts tokens settled: `delta` > 0 charged, < 0 refunded.
+    pub fn cost_settled(&self, delta: i64) {
+        let i = usize::from(delta < 0);
+        self.cost_settled[i].inc_by(delta.unsigned_abs());
     }
 
     /// Counts one decision of `scope`.

@@ -74,6 +74,7 @@ fn fixed_at_start(old: &Config, new: &Config) -> Vec<&'static str> {
     let fields = [
         ("server.listen", a.listen != b.listen),
         ("server.admin_listen", a.admin_listen != b.admin_listen),
+        ("server.rls_listen", a.rls_listen != b.rls_listen),
         ("server.instance_id", a.instance_id != b.instance_id),
         ("server.threads", a.threads != b.threads),
         ("server.grace_period_secs", a.grace_period != b.grace_period),
@@ -115,6 +116,7 @@ mod tests {
                 r#"[server]
 listen = "127.0.0.1:18080"
 admin_listen = "127.0.0.1:19090"
+rls_listen = "127.0.0.1:18081"
 instance_id = "b"
 threads = 3
 grace_period_secs = 9
@@ -141,6 +143,7 @@ per_second = 5
             [
                 "server.listen",
                 "server.admin_listen",
+                "server.rls_listen",
                 "server.instance_id",
                 "server.threads",
                 "server.grace_period_secs",

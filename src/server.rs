@@ -1,5 +1,6 @@
 //! Assembles the Pingora server: the proxy service, the admin service and background
-//! tasks (the memory store's sweeper, the demo upstream), from a validated `Config`.
+//! tasks (the memory store's sweeper, the demo upstream, the Envoy rate-limit service),
+//! from a validated `Config`.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
@@ -23,6 +24,7 @@ use crate::lifecycle::{self, Lifecycle};
 use crate::metrics::Metrics;
 use crate::proxy::listener::Edge;
 use crate::proxy::Gateway;
+use crate::rls::RlsListener;
 use crate::store::{LimitStore, MemoryStore, RedisStore, TieredStore};
 use crate::sync::{EventWriter, Refresher};
 
@@ -38,6 +40,9 @@ pub enum StartError {
     /// Upstreams could not be set up.
     #[error("upstreams: {0}")]
     Io(#[from] std::io::Error),
+    /// A listener of the gateway's own could not be bound.
+    #[error("{0}")]
+    Listen(String),
 }
 
 /// Extra pieces for `throttle demo`, `throttle run --upgrade` and in-process tests.
@@ -134,6 +139,8 @@ pub fn build(mut config: Config, extras: Extras) -> Result<Built, StartError> {
     });
     let listen = config.server.listen;
     let admin_listen = config.server.admin_listen;
+    let rls_listen = config.server.rls_listen;
+    let threads = config.server.threads;
     let db = Arc::new(Database::new(config.database_url.clone()));
     let mut core = Core::new(Runtime::from_config(config)?, store, metrics);
     core.upstream_override = demo_addr;
@@ -191,6 +198,19 @@ pub fn build(mut config: Config, extras: Extras) -> Result<Built, StartError> {
                 EventWriter::new(queue, url.to_string(), lifecycle.clone()),
             ));
         }
+    }
+    if let Some(addr) = rls_listen {
+        // Bound here, so that a taken port stops the start as the other listeners do;
+        // an upgrading process binds it once its predecessor lets go (see `rls`).
+        let rls = if extras.upgrade {
+            RlsListener::later(core.clone(), lifecycle.clone(), addr)
+        } else {
+            RlsListener::bind(core.clone(), lifecycle.clone(), addr)
+                .map_err(|e| StartError::Listen(format!("rls_listen {addr}: {e}")))?
+        };
+        let mut service = background_service("envoy rate-limit service", rls);
+        service.threads = Some(threads);
+        server.add_service(service);
     }
     if let Some(listener) = extras.demo_upstream {
         server.add_service(background_service(
@@ -353,7 +373,8 @@ impl BackgroundService for Heartbeat {
 }
 
 /// Gives leased tokens back to Redis when their lease ends, and all of them at shutdown
-/// (the process does not exit early before that is done).
+/// (the process does not exit early before that is done); renews the concurrency slots
+/// of requests in flight.
 struct LeaseReturns {
     redis: Arc<RedisStore>,
     lifecycle: Arc<Lifecycle>,
@@ -365,10 +386,15 @@ impl BackgroundService for LeaseReturns {
         let _finishing = self.lifecycle.finishing();
         let mut tick = tokio::time::interval(Duration::from_millis(100));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // Concurrency slots of requests in flight: their entries are renewed while they
+        // run (a dead gateway's expire by themselves).
+        let mut renew = tokio::time::interval(self.redis.renew_every());
+        renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 _ = shutdown.changed() => break,
                 _ = tick.tick() => self.redis.return_expired().await,
+                _ = renew.tick() => self.redis.renew_slots().await,
             }
         }
         self.redis.return_all().await;

@@ -71,6 +71,21 @@ pub(super) async fn check(core: &Core, session: &mut ServerSession) -> Reply {
             Rejection::RateLimited { governing, .. } => {
                 decision(Some(&governing), core.clock.now_ms(), false, false)
             }
+            // A full concurrency scope: the decision body, with no rate-limit headers.
+            Rejection::Concurrent { full, .. } => {
+                let body = CheckResponse {
+                    allowed: false,
+                    scope: Some(full.scope.as_str()),
+                    limit: Some(full.limit),
+                    remaining: Some(0),
+                    reset: None,
+                    retry_after: Some(1.0),
+                    window: Some("concurrent"),
+                };
+                let mut reply = json_reply(429, &body);
+                reply.headers = vec![("retry-after", http::HeaderValue::from_static("1"))];
+                reply
+            }
             other => reply::render(&other, core.clock.now_ms()),
         },
     }

@@ -42,7 +42,8 @@ pub(super) async fn identify(
     charged: Charged,
     now_ms: u64,
 ) -> Result<Option<Arc<KeyInfo>>, Rejection> {
-    let attempt = !matches!(presented, Presented::Missing);
+    // A `Known` caller is looked up by no secret: nothing to guess, nothing to count.
+    let attempt = matches!(presented, Presented::Key(_) | Presented::Malformed);
     if attempt && rt.config.auth_limits.is_some() {
         for ip in charged.addresses() {
             if core.is_suspect(ip, now_ms) {
@@ -76,6 +77,7 @@ pub fn lookup_key(
         Presented::Missing if auth == Auth::Required => Err(Rejection::MissingKey),
         Presented::Missing => Ok(None),
         Presented::Malformed => Err(Rejection::InvalidKey),
+        Presented::Known(info) => Ok(Some(info.clone())),
         Presented::Key(k) => match dynamic.keys.lookup(k) {
             // The snapshot holds the config's keys too, with the database's policies.
             Some(info) => Ok(Some(info)),

@@ -156,7 +156,8 @@ pub(super) fn record(core: &Core, client_ip: IpAddr, key: Option<&KeyInfo>, g: &
     };
     queue.push(Event {
         tenant_id: key.map(|k| k.tenant.clone()),
-        api_key_id: key.map(|k| k.key_id.clone()),
+        // A caller known only by its tenant (the Envoy rate-limit service) has no key id.
+        api_key_id: key.map(|k| k.key_id.clone()).filter(|id| !id.is_empty()),
         ip: client_ip,
         scope: g.scope.as_str(),
         limit_key: format!("{}:{ident}", g.scope.as_str()),

@@ -11,7 +11,10 @@
 //!    caller spends no key or tenant budget); failed lookups count against the client
 //!    address in `[limits.auth]`, and past that limit no key is looked at (429 `auth`);
 //! 4. key and tenant blocks (403);
-//! 5. the layered limits ip -> key -> tenant -> global, all-or-nothing (429 or 503).
+//! 5. concurrency slots (`concurrent = N` on ip, key, tenant), all-or-nothing (429
+//!    `concurrent`); a request refused here charges no rate window;
+//! 6. the layered limits ip -> key -> tenant -> global, all-or-nothing (429 or 503); a
+//!    refusal here gives the slots of step 5 back at once.
 //!
 //! An `Admission` is the request's lifetime: it keeps the `Arc` of the runtime config it
 //! was decided on (a reload between phases cannot mix two configs) and is finished exactly
@@ -19,6 +22,7 @@
 //! request holds.
 
 mod auth;
+pub mod concurrency;
 pub mod core;
 mod limits;
 pub mod snapshot;
@@ -32,7 +36,9 @@ pub use self::limits::build_check;
 use crate::config::{Auth, Mode};
 use crate::identity::{KeyInfo, Presented};
 use crate::limiter::{Scope, WindowDecision};
+use crate::metrics::Metrics;
 use crate::routing::RouteEntry;
+use crate::store::slots::Full;
 use crate::store::{Ending, Held, LimitStore};
 
 /// A request as every entry point describes it: plain data, no transport types.
@@ -74,6 +80,13 @@ pub enum Rejection {
     RateLimited {
         /// The rejecting window.
         governing: WindowDecision,
+        /// The scope's message template.
+        message: Option<String>,
+    },
+    /// 429: a scope has all its `concurrent` slots taken.
+    Concurrent {
+        /// The scope, its N and the count in flight including this request.
+        full: Full,
         /// The scope's message template.
         message: Option<String>,
     },
@@ -120,6 +133,10 @@ pub struct Admission {
     pub shadow_rejected: bool,
     /// The limiter clock reading the decision was made at.
     pub now_ms: u64,
+    /// Whether the store charged the rate windows (not when it failed open, or the local
+    /// fallback decided): only then is there a cost to settle.
+    charged: bool,
+    settled: bool,
     lifetime: Option<Lifetime>,
 }
 
@@ -146,6 +163,41 @@ impl Admission {
     /// The route's name for metrics (`none` without a route).
     pub fn route_name(&self) -> Option<&Arc<str>> {
         self.route.as_ref().map(|r| &r.route.name)
+    }
+
+    /// Settles the reserved cost against the request's true cost (`cost_header`), once:
+    /// every window that was charged is charged `actual - cost` more, or refunded
+    /// `cost - actual` (the store does it without blocking), and `rate`'s remaining count
+    /// follows, so the response's `X-RateLimit-Remaining` is the settled one. Answers the
+    /// difference applied (0: nothing to settle).
+    pub fn settle(&mut self, actual: u32, metrics: &Metrics) -> i64 {
+        if self.settled || !self.charged {
+            return 0;
+        }
+        self.settled = true;
+        let Some(l) = &mut self.lifetime else {
+            return 0;
+        };
+        let reserved = l.held.cost;
+        let delta = i64::from(actual) - i64::from(reserved);
+        if delta == 0 {
+            return 0;
+        }
+        let check =
+            limits::build_check(&self.runtime, self.client_ip, self.key.as_deref(), reserved);
+        l.store.settle(&check, delta, self.now_ms);
+        l.held.cost = actual;
+        metrics.cost_settled(delta);
+        if let Some(wd) = &mut self.rate {
+            let d = &mut wd.decision;
+            let moved = u32::try_from(delta.unsigned_abs()).unwrap_or(u32::MAX);
+            d.remaining = if delta > 0 {
+                d.remaining.saturating_sub(moved)
+            } else {
+                d.remaining.saturating_add(moved).min(d.limit)
+            };
+        }
+        delta
     }
 
     /// Ends the request: what it holds goes back to the store, once.
@@ -227,9 +279,19 @@ pub async fn admit(core: &Core, req: &AdmitRequest<'_>) -> Result<Admission, Ref
     let r = route.as_ref().map(|r| &r.route);
     let cost = req.cost.or(r.map(|r| r.cost)).unwrap_or(1).max(1);
     let mode = r.map_or(Mode::Enforce, |r| r.mode);
-    let out = limits::limit(core, rt, ip, key.as_deref(), cost, mode)
+    let slots = concurrency::acquire(core, rt, ip, key.as_deref(), mode)
         .await
         .map_err(refused)?;
+    let out = match limits::limit(core, rt, ip, key.as_deref(), cost, mode).await {
+        Ok(out) => out,
+        Err(rejection) => {
+            if !slots.is_empty() {
+                let held = Held { cost: 0, slots };
+                core.store.finish(held, Ending::Completed { status: 429 });
+            }
+            return Err(refused(rejection));
+        }
+    };
     Ok(Admission {
         client_ip: ip,
         route,
@@ -237,9 +299,13 @@ pub async fn admit(core: &Core, req: &AdmitRequest<'_>) -> Result<Admission, Ref
         rate: out.verdict.governing,
         shadow_rejected: out.shadow_rejected,
         now_ms,
+        charged: out.verdict.scopes_checked != 0
+            && !out.verdict.fallback
+            && out.verdict.failed_open == 0,
+        settled: false,
         lifetime: Some(Lifetime {
             store: core.store.clone(),
-            held: Held { cost },
+            held: Held { cost, slots },
         }),
         runtime,
     })

@@ -216,6 +216,7 @@ pub fn policy_tier(
         );
     }
     let key = ScopeLimits {
+        concurrent: base.and_then(|t| t.key.concurrent),
         windows,
         on_failure: base.map_or(config.store.on_failure, |t| t.key.on_failure),
         message: base.and_then(|t| t.key.message.clone()),
@@ -230,6 +231,7 @@ pub fn policy_tier(
     let tenant = match base {
         Some(t) => t.tenant.clone(),
         None => Arc::new(ScopeLimits {
+            concurrent: None,
             windows: Vec::new(),
             on_failure: config.store.on_failure,
             message: None,

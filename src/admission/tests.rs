@@ -159,6 +159,7 @@ fn kind(r: &Result<Admission, Refusal>) -> String {
         Ok(_) => "ok".into(),
         Err(f) => match &f.rejection {
             Rejection::RateLimited { governing, .. } => format!("429 {}", governing.scope.as_str()),
+            Rejection::Concurrent { full, .. } => format!("429 concurrent {}", full.scope.as_str()),
             Rejection::Blocked(s) => format!("403 {}", s.as_str()),
             Rejection::MissingKey => "401 missing".into(),
             Rejection::InvalidKey => "401 invalid".into(),
@@ -424,4 +425,35 @@ async fn a_failing_bare_store_fails_open() {
         kind(&admit(&core, &req("198.51.100.1", "/v1/x", Some("bad"))).await),
         "401 invalid"
     );
+}
+
+/// Concurrency slots: taken before the rate windows (a concurrency refusal charges
+/// none), held until the admission ends, and given back at once when a rate window
+/// refuses the request.
+#[tokio::test]
+async fn concurrency_slots_in_the_pipeline() {
+    let config = CONFIG.replace(
+        "key = { per_minute = 2 }",
+        "key = { per_minute = 2, concurrent = 1 }",
+    );
+    assert_ne!(config, CONFIG, "the test config changed");
+    let store = Arc::new(MemoryStore::with_clock(ManualClock::at(NOW)));
+    let core = core_with(&config, store.clone(), Arc::new(Metrics::new().unwrap()));
+    let key = req("198.51.100.1", "/v1/a", Some("good-key"));
+    let first = admit(&core, &key).await;
+    assert_eq!(kind(&first), "ok");
+    for _ in 0..3 {
+        assert_eq!(kind(&admit(&core, &key).await), "429 concurrent key");
+    }
+    first.unwrap().finish(Ending::ClientGone);
+    // The three refusals charged nothing: one of two is left.
+    let second = admit(&core, &key).await.unwrap();
+    assert_eq!(second.rate.unwrap().decision.remaining, 0);
+    drop(second); // a dropped admission gives its slot back too
+    let ident = crate::limiter::Ident::Name("k1".into());
+    assert_eq!(store.inflight().in_flight(Scope::Key, &ident), 0);
+    // The window refuses now; the slot the refused request took is back at once.
+    assert_eq!(kind(&admit(&core, &key).await), "429 key");
+    assert_eq!(store.inflight().in_flight(Scope::Key, &ident), 0);
+    assert!(store.inflight().is_empty());
 }

@@ -36,6 +36,7 @@ pub(crate) struct File {
 pub(crate) struct ServerFile {
     pub(crate) listen: Option<Spanned<String>>,
     pub(crate) admin_listen: Option<Spanned<String>>,
+    pub(crate) rls_listen: Option<Spanned<String>>,
     pub(crate) instance_id: Option<String>,
     pub(crate) threads: Option<Spanned<usize>>,
     pub(crate) grace_period_secs: Option<Spanned<u64>>,
@@ -75,6 +76,7 @@ pub(crate) struct StoreFile {
     pub(crate) instances: Option<Spanned<u32>>,
     pub(crate) key_prefix: Option<String>,
     pub(crate) lease_ms: Option<Spanned<u64>>,
+    pub(crate) concurrency_lease_secs: Option<Spanned<u64>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -138,6 +140,7 @@ pub(crate) struct ScopeFile {
     pub(crate) reset_jitter_secs: Option<u64>,
     pub(crate) message: Option<String>,
     pub(crate) admission: Option<AdmissionFile>,
+    pub(crate) concurrent: Option<Spanned<u64>>,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize)]
@@ -187,6 +190,7 @@ pub(crate) struct RouteFile {
     pub(crate) mode: ModeFile,
     pub(crate) connect_timeout_ms: Option<Spanned<u64>>,
     pub(crate) read_timeout_ms: Option<Spanned<u64>>,
+    pub(crate) cost_header: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -49,6 +49,8 @@ pub struct Server {
     pub listen: SocketAddr,
     /// Admin listener.
     pub admin_listen: SocketAddr,
+    /// The Envoy rate-limit service (gRPC) listener; `None`: not served.
+    pub rls_listen: Option<SocketAddr>,
     /// Instance id (defaults to hostname:pid).
     pub instance_id: String,
     /// Worker threads of the proxy service.
@@ -114,6 +116,10 @@ pub struct Store {
     /// The longest lease of quota taken from Redis (`lease_ms`, default 1000; each
     /// window's is at most a quarter of its period).
     pub lease: Duration,
+    /// How long a concurrency slot's entry lives in Redis without renewal
+    /// (`concurrency_lease_secs`, default 30): slots of a gateway that died free
+    /// themselves within it.
+    pub concurrency_lease: Duration,
 }
 
 /// `[tiers.NAME]`: the key and tenant limits of a plan.
@@ -171,6 +177,9 @@ pub struct Route {
     pub connect_timeout: Duration,
     /// Upstream read timeout.
     pub read_timeout: Duration,
+    /// `cost_header`: the response header carrying the request's true cost (lower-case);
+    /// the reserved `cost` is settled against it.
+    pub cost_header: Option<http::HeaderName>,
 }
 
 /// `[[keys]]`: a key known from the file.

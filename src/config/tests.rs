@@ -288,3 +288,40 @@ fn docker_compose_config_is_valid() {
     assert_eq!(c.store.backend, Backend::Redis);
     assert!(c.database_url.is_some() && c.auth_limits.is_some());
 }
+
+/// `rls_listen` is off by default, parsed when given, and refused (at its value) when it
+/// would share the proxy's or the admin API's socket, the defaults included.
+#[test]
+fn rls_listener_needs_a_socket_of_its_own() {
+    let server = |extra: &str| parse("x.toml", &with_route(&format!("[server]\n{extra}\n")));
+    assert_eq!(server("").unwrap().server.rls_listen, None);
+    let s = server("rls_listen = \"127.0.0.1:8081\"").unwrap();
+    assert_eq!(s.server.rls_listen, Some("127.0.0.1:8081".parse().unwrap()));
+    server("listen = \"127.0.0.1:0\"\nrls_listen = \"127.0.0.1:0\"").unwrap();
+    for (extra, names) in [
+        (
+            "rls_listen = \"127.0.0.1:8080\"",
+            "proxy listener's address",
+        ),
+        (
+            "rls_listen = \"0.0.0.0:8080\"",
+            "proxy listener 127.0.0.1:8080",
+        ),
+        (
+            "rls_listen = \"127.0.0.1:9090\"",
+            "admin listener's address",
+        ),
+        (
+            "admin_listen = \"127.0.0.1:9191\"\nrls_listen = \"[::]:9191\"",
+            "admin listener 127.0.0.1:9191",
+        ),
+    ] {
+        let e = server(extra).expect_err(extra);
+        let line = extra.lines().count() + 1;
+        assert_eq!(e.position, Some((line, 14)), "{e}");
+        assert!(e.message.starts_with("rls_listen "), "{e}");
+        assert!(e.message.contains(names), "{e}");
+    }
+    let e = server("rls_listen = \"localhost:8081\"").unwrap_err();
+    assert!(e.message.contains("expected IP:PORT"), "{e}");
+}

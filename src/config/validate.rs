@@ -50,11 +50,21 @@ pub(super) fn validate(name: &str, source: &str, raw: File) -> Result<Config, Co
         None => None,
     };
     let global_limits = match &raw.limits.global {
-        Some(s) => Some(Arc::new(scope(&cx, s, None, None, store.on_failure)?)),
+        Some(s) => Some(Arc::new(rate_only(
+            &cx,
+            s,
+            "[limits.global]",
+            store.on_failure,
+        )?)),
         None => None,
     };
     let auth_limits = match &raw.limits.auth {
-        Some(s) => Some(Arc::new(scope(&cx, s, None, None, store.on_failure)?)),
+        Some(s) => Some(Arc::new(rate_only(
+            &cx,
+            s,
+            "[limits.auth]",
+            store.on_failure,
+        )?)),
         None => None,
     };
     let mut tiers = HashMap::new();
@@ -103,6 +113,7 @@ pub(super) fn validate(name: &str, source: &str, raw: File) -> Result<Config, Co
 
 fn server(cx: &Ctx<'_>, s: &ServerFile) -> Result<Server, ConfigError> {
     let (listen, admin_listen) = listeners(cx, s)?;
+    let rls_listen = rls_listener(cx, s, listen, admin_listen)?;
     let threads = match &s.threads {
         Some(t) if *t.get_ref() == 0 => return Err(cx.err(t.span(), "threads must be at least 1")),
         Some(t) if *t.get_ref() > MAX_THREADS => {
@@ -120,6 +131,7 @@ fn server(cx: &Ctx<'_>, s: &ServerFile) -> Result<Server, ConfigError> {
     Ok(Server {
         listen,
         admin_listen,
+        rls_listen,
         instance_id: s.instance_id.clone().unwrap_or_else(default_instance_id),
         threads,
         grace_period: secs("grace_period_secs", &s.grace_period_secs, 0..=3600, 5)?,
@@ -163,6 +175,34 @@ fn listeners(cx: &Ctx<'_>, s: &ServerFile) -> Result<(SocketAddr, SocketAddr), C
         format!(
             "admin_listen {admin}{default} {what}: the admin API would answer on the public port"
         ),
+    ))
+}
+
+/// `rls_listen`, refused when it would bind the proxy's or the admin API's socket.
+fn rls_listener(
+    cx: &Ctx<'_>,
+    s: &ServerFile,
+    listen: SocketAddr,
+    admin: SocketAddr,
+) -> Result<Option<SocketAddr>, ConfigError> {
+    let Some(rls) = listen_addr(cx, s.rls_listen.as_ref())? else {
+        return Ok(None);
+    };
+    let taken = [("proxy", listen), ("admin", admin)]
+        .into_iter()
+        .find(|(_, other)| same_socket(rls, *other));
+    let Some((name, other)) = taken else {
+        return Ok(Some(rls));
+    };
+    let what = if rls == other {
+        format!("is the {name} listener's address")
+    } else {
+        format!("overlaps the {name} listener {other} (same port, an unspecified address)")
+    };
+    let span = s.rls_listen.as_ref().map_or(0..0, |v| v.span());
+    Err(cx.err(
+        span,
+        format!("rls_listen {rls} {what}: the rate-limit service needs a socket of its own"),
     ))
 }
 
@@ -264,6 +304,12 @@ fn store(cx: &Ctx<'_>, s: &StoreFile) -> Result<Store, ConfigError> {
         }
     }
     let lease_ms = bounded(cx, "lease_ms", s.lease_ms.as_ref(), 1..=MAX_LEASE_MS)?;
+    let conc_secs = bounded(
+        cx,
+        "concurrency_lease_secs",
+        s.concurrency_lease_secs.as_ref(),
+        1..=3_600,
+    )?;
     Ok(Store {
         backend,
         url: s.url.clone(),
@@ -277,6 +323,7 @@ fn store(cx: &Ctx<'_>, s: &StoreFile) -> Result<Store, ConfigError> {
         instances: s.instances.as_ref().map(|n| *n.get_ref()),
         key_prefix: s.key_prefix.clone().unwrap_or_else(|| "thr".to_string()),
         lease: Duration::from_millis(lease_ms.unwrap_or(1_000)),
+        concurrency_lease: Duration::from_secs(conc_secs.unwrap_or(30)),
     })
 }
 
@@ -347,11 +394,44 @@ fn scope(
             .map_err(|e| cx.err(v.span(), e.to_string()))?;
         windows.push(wl);
     }
+    let concurrent = match &s.concurrent {
+        None => None,
+        Some(c) => match u32::try_from(*c.get_ref()) {
+            Ok(n) if (1..=MAX_CONCURRENT).contains(&n) => Some(n),
+            _ => {
+                return Err(cx.err(
+                    c.span(),
+                    format!("concurrent must be between 1 and {MAX_CONCURRENT}"),
+                ))
+            }
+        },
+    };
     Ok(ScopeLimits {
+        concurrent,
         windows,
         on_failure: s.on_failure.map_or(default_failure, on_failure),
         message: s.message.clone().or_else(|| tier_message.cloned()),
     })
+}
+
+/// The largest `concurrent`: requests in flight of one identity.
+const MAX_CONCURRENT: u32 = 1_000_000;
+
+/// A scope table that takes rate windows only (`[limits.global]`, `[limits.auth]`): the
+/// contract puts `concurrent` on ip, key and tenant.
+fn rate_only(
+    cx: &Ctx<'_>,
+    s: &ScopeFile,
+    table: &str,
+    default_failure: OnFailure,
+) -> Result<ScopeLimits, ConfigError> {
+    if let Some(c) = &s.concurrent {
+        return Err(cx.err(
+            c.span(),
+            format!("concurrent applies to [limits.ip] and tier key / tenant tables, not {table}"),
+        ));
+    }
+    scope(cx, s, None, None, default_failure)
 }
 
 fn tier(
@@ -504,6 +584,17 @@ fn routes(cx: &Ctx<'_>, list: &[Spanned<RouteFile>]) -> Result<Vec<Route>, Confi
                 1_000,
             )?,
             read_timeout: upstream_timeout(cx, "read_timeout_ms", &r.read_timeout_ms, 30_000)?,
+            cost_header: match &r.cost_header {
+                None => None,
+                Some(h) => Some(
+                    http::HeaderName::from_bytes(h.get_ref().as_bytes()).map_err(|_| {
+                        cx.err(
+                            h.span(),
+                            format!("cost_header {:?} is not a header name", h.get_ref()),
+                        )
+                    })?,
+                ),
+            },
         });
     }
     Ok(out)

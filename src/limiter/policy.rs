@@ -100,6 +100,8 @@ pub struct ScopeLimits {
     pub on_failure: OnFailure,
     /// 429 message template (`{limit}`, `{window}`, `{retry_after}`, `{scope}`).
     pub message: Option<String>,
+    /// `concurrent = N`: at most N requests of one identity in flight at once.
+    pub concurrent: Option<u32>,
 }
 
 // === impl Scope ===

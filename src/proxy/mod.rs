@@ -237,9 +237,15 @@ impl ProxyHttp for Gateway {
         resp: &mut ResponseHeader,
         ctx: &mut RequestCtx,
     ) -> pingora::Result<()> {
-        let Some(a) = &ctx.admission else {
+        let Some(a) = &mut ctx.admission else {
             return Ok(());
         };
+        // Reserve, then settle: the upstream reports the request's true cost.
+        if let Some(name) = a.route.as_ref().and_then(|r| r.route.cost_header.as_ref()) {
+            if let Some(actual) = resp.headers.get(name).and_then(|v| true_cost(v.as_bytes())) {
+                a.settle(actual, &self.core.metrics);
+            }
+        }
         if let Some(wd) = &a.rate {
             let mut h = RateHeaders::new(wd, a.now_ms, a.shadow_rejected);
             h.retry_after = None; // a forwarded response was not rejected
@@ -475,4 +481,40 @@ fn forwarded_for(req: &RequestHeader, peer: IpAddr) -> HeaderValue {
     HeaderValue::from_bytes(&joined)
         .or_else(|_| HeaderValue::from_str(&peer_s))
         .unwrap_or(HeaderValue::from_static("0.0.0.0"))
+}
+
+/// A `cost_header` value: decimal digits only (at most 9, so it fits any window math), or
+/// nothing is settled.
+fn true_cost(v: &[u8]) -> Option<u32> {
+    let v = v.trim_ascii();
+    if v.is_empty() || v.len() > 9 || !v.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(v).ok()?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::true_cost;
+
+    #[test]
+    fn cost_header_values() {
+        let cases: &[(&[u8], Option<u32>)] = &[
+            (b"42", Some(42)),
+            (b" 7 ", Some(7)),
+            (b"0", Some(0)),
+            (b"999999999", Some(999_999_999)),
+            (b"1000000000", None),
+            (b"", None),
+            (b"-3", None),
+            (b"+3", None),
+            (b"3.5", None),
+            (b"1e3", None),
+            (b"12, 13", None),
+            (b"\xff", None),
+        ];
+        for (v, want) in cases {
+            assert_eq!(true_cost(v), *want, "{v:?}");
+        }
+    }
 }

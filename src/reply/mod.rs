@@ -9,7 +9,8 @@ use http::HeaderValue;
 
 use self::headers::{retry_after_secs, RateHeaders};
 use crate::admission::Rejection;
-use crate::limiter::WindowDecision;
+use crate::limiter::{Scope, WindowDecision};
+use crate::store::slots::Full;
 
 /// A rendered response.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,12 +40,37 @@ struct RateLimitedBody<'a> {
 const DEFAULT_MESSAGE: &str =
     "Rate limit exceeded: {limit} requests per {window} for this {scope}. Retry in {retry_after}s.";
 
+const DEFAULT_CONCURRENT_MESSAGE: &str =
+    "Concurrency limit exceeded: {limit} requests in flight at once for this {scope}. Retry in {retry_after}s.";
+
+/// The 429 of a full concurrency scope: `"window":"concurrent"`, `retry_after` 1.0,
+/// `Retry-After: 1` and no `X-RateLimit-*` (they describe rate windows).
+fn concurrent(full: &Full, template: Option<&str>) -> Reply {
+    let template = template.unwrap_or(DEFAULT_CONCURRENT_MESSAGE);
+    let message = fill(template, full.limit, "concurrent", 1, full.scope);
+    let body = serde_json::json!({
+        "error": "rate_limit_exceeded",
+        "scope": full.scope.as_str(),
+        "limit": full.limit,
+        "current": full.current,
+        "window": "concurrent",
+        "retry_after": 1.0,
+        "message": message,
+    });
+    json(
+        429,
+        body.to_string(),
+        vec![("retry-after", HeaderValue::from_static("1"))],
+    )
+}
+
 /// Renders the answer to `rejection` at `now_ms`.
 pub fn render(rejection: &Rejection, now_ms: u64) -> Reply {
     match rejection {
         Rejection::RateLimited { governing, message } => {
             rate_limited(governing, message.as_deref(), now_ms)
         }
+        Rejection::Concurrent { full, message } => concurrent(full, message.as_deref()),
         Rejection::Blocked(scope) => json(
             403,
             format!(r#"{{"error":"blocked","scope":"{}"}}"#, scope.as_str()),
@@ -109,6 +135,17 @@ fn rate_limited_body(g: &WindowDecision, template: &str) -> Vec<u8> {
 /// one pass (no placeholder value contains a brace, so this equals replacing them one
 /// after another).
 pub fn render_message(template: &str, wd: &WindowDecision) -> String {
+    fill(
+        template,
+        wd.decision.limit,
+        wd.window.noun(),
+        retry_after_secs(wd.decision.retry_after_ms),
+        wd.scope,
+    )
+}
+
+/// `render_message` on plain values.
+fn fill(template: &str, limit: u32, window: &str, retry_secs: u64, scope: Scope) -> String {
     let mut num = itoa::Buffer::new();
     let mut out = String::with_capacity(template.len() + 16);
     let mut rest = template;
@@ -116,13 +153,13 @@ pub fn render_message(template: &str, wd: &WindowDecision) -> String {
         out.push_str(&rest[..i]);
         let tail = &rest[i..];
         let (value, len): (&str, usize) = if tail.starts_with("{limit}") {
-            (num.format(wd.decision.limit), 7)
+            (num.format(limit), 7)
         } else if tail.starts_with("{window}") {
-            (wd.window.noun(), 8)
+            (window, 8)
         } else if tail.starts_with("{retry_after}") {
-            (num.format(retry_after_secs(wd.decision.retry_after_ms)), 13)
+            (num.format(retry_secs), 13)
         } else if tail.starts_with("{scope}") {
-            (wd.scope.as_str(), 7)
+            (scope.as_str(), 7)
         } else {
             ("{", 1)
         };

@@ -199,6 +199,8 @@ impl Replay {
                 report.refused("no_route", passed.scopes.iter().map(|s| s.scope));
                 return;
             }
+            // Rows end at once, so no slot is ever in use when the next row arrives.
+            Rejection::Concurrent { .. } => "concurrent",
             Rejection::Blocked(scope) => blocked(scope),
             Rejection::MissingKey => "missing_api_key",
             Rejection::InvalidKey => "invalid_api_key",

@@ -21,9 +21,10 @@ use async_trait::async_trait;
 use hashbrown::{DefaultHashBuilder, Equivalent, HashMap};
 use smallvec::SmallVec;
 
-use super::{LimitStore, StoreError};
+use super::slots::{Acquired, Inflight, SlotRequest};
+use super::{Ending, Held, LimitStore, StoreError};
 use crate::clock::{Clock, SystemClock};
-use crate::limiter::algorithm::{step, State};
+use crate::limiter::algorithm::{self, step, State};
 use crate::limiter::{
     Check, Ident, Scope, ScopeCheck, Verdict, Window, WindowDecision, WindowLimit,
 };
@@ -39,6 +40,7 @@ pub struct MemoryStore<C: Clock = SystemClock> {
     shards: Box<[Mutex<Shard>]>,
     hasher: DefaultHashBuilder,
     clock: C,
+    inflight: Inflight,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -89,12 +91,18 @@ impl<C: Clock> MemoryStore<C> {
             shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
             hasher: DefaultHashBuilder::default(),
             clock,
+            inflight: Inflight::default(),
         }
     }
 
     /// The store's clock.
     pub fn clock(&self) -> &C {
         &self.clock
+    }
+
+    /// Requests in flight per identity (`concurrent`).
+    pub fn inflight(&self) -> &Inflight {
+        &self.inflight
     }
 
     /// Decides `check` now; see the module docs for the atomicity argument.
@@ -154,6 +162,23 @@ impl<C: Clock> MemoryStore<C> {
             }
         }
         verdict
+    }
+
+    /// Settles `check` (a request admitted at `admitted_at_ms` with `check.cost`) at
+    /// `now_ms`: see `LimitStore::settle` and `algorithm::settle`. Each scope is settled
+    /// under its shard's lock, one scope at a time (a settle decides nothing, so it
+    /// needs no all-or-nothing).
+    pub fn settle_at(&self, check: &Check<'_>, delta: i64, admitted_at_ms: u64, now_ms: u64) {
+        if delta == 0 || check.peek {
+            return;
+        }
+        for s in &check.scopes {
+            let idx = self.hasher.hash_one((s.scope, &s.ident)) as usize % SHARDS;
+            self.shards[idx]
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .settle(s, now_ms, check.cost, delta, admitted_at_ms);
+        }
     }
 
     /// Evicts every slot whose state has returned to its initial value by `now_ms`.
@@ -216,6 +241,18 @@ impl<C: Clock> LimitStore for MemoryStore<C> {
 
     fn decide_locally(&self, check: &Check<'_>) -> Option<Verdict> {
         Some(self.decide(check))
+    }
+
+    async fn acquire(&self, slots: &[SlotRequest]) -> Result<Acquired, StoreError> {
+        Ok(self.inflight.acquire(slots, |r| r.limit))
+    }
+
+    fn settle(&self, check: &Check<'_>, delta: i64, admitted_at_ms: u64) {
+        self.settle_at(check, delta, admitted_at_ms, self.clock.now_ms());
+    }
+
+    fn finish(&self, held: Held, _ending: Ending) {
+        self.inflight.release(&held.slots.entries);
     }
 
     fn name(&self) -> &'static str {
@@ -350,6 +387,35 @@ impl Shard {
             }
             out
         })
+    }
+
+    /// Settles every window of `s` (see `algorithm::settle`). A refund for an identity
+    /// not held (evicted: back to its initial value) has nothing to give back to.
+    fn settle(
+        &mut self,
+        s: &ScopeCheck<'_>,
+        now_ms: u64,
+        cost: u32,
+        delta: i64,
+        admitted_at_ms: u64,
+    ) {
+        let key = KeyRef {
+            scope: s.scope,
+            ident: &s.ident,
+        };
+        if delta < 0 && !self.map.contains_key(&key) {
+            return;
+        }
+        self.with_slot(s, now_ms, |slot| {
+            for limit in &s.limits.windows {
+                let offset = s.ident.offset_ms(limit);
+                let state = window_state(&mut slot.windows, limit);
+                algorithm::settle(state, limit, now_ms, offset, cost, delta, admitted_at_ms);
+                // A debt may keep the state from its initial value for longer.
+                let idle = step(state, limit, now_ms, offset, 1, false).reset_after_ms;
+                slot.idle_at = slot.idle_at.max(now_ms.saturating_add(idle));
+            }
+        });
     }
 
     fn maybe_sweep(&mut self, now_ms: u64) {

@@ -8,10 +8,12 @@
 pub mod breaker;
 pub mod memory;
 pub mod redis;
+pub mod slots;
 pub mod tiered;
 
 use async_trait::async_trait;
 
+use self::slots::{Acquired, SlotLease, SlotRequest};
 use crate::limiter::{Check, Verdict};
 
 pub use self::redis::RedisStore;
@@ -32,12 +34,14 @@ pub enum StoreError {
     CircuitOpen,
 }
 
-/// What an admitted request holds in the store until it ends: today the cost it
-/// reserved; concurrency slots and costs to settle will live here.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// What an admitted request holds in the store until it ends: the cost it reserved and
+/// its concurrency slots.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Held {
     /// Units the request spent in every window it was charged.
     pub cost: u32,
+    /// Its concurrency slots (empty: none), given back by `finish`.
+    pub slots: SlotLease,
 }
 
 /// How an admitted request ended (see `admission::Admission::finish`).
@@ -90,7 +94,35 @@ pub trait LimitStore: Send + Sync + 'static {
         None
     }
 
-    /// Called exactly once for every admitted request when it ends, with what it holds.
+    /// Takes one concurrency slot for each of `slots` (`concurrent = N`), all-or-nothing:
+    /// `Ok(Err(full))` names a scope with all N taken, and then nothing is held. Default:
+    /// no concurrency limits (test stores).
+    ///
+    /// # Errors
+    /// `StoreError` when the store cannot decide.
+    async fn acquire(&self, slots: &[SlotRequest]) -> Result<Acquired, StoreError> {
+        let _ = slots;
+        Ok(Ok(SlotLease::default()))
+    }
+
+    /// Settles a request's cost once its true cost is known (a route's `cost_header`):
+    /// `delta` = true cost - reserved cost, applied to every window of `check` (the checks
+    /// the request was admitted on, with the reserved cost). `delta > 0` charges the extra
+    /// even past the limit (a debt later requests wait out); `delta < 0` refunds, never
+    /// leaving a state that admits more than an exact replay of the true costs would.
+    /// `admitted_at_ms` is the store clock reading the request was admitted at (Redis:
+    /// the script's `now`, also for a request admitted on a lease): refunds use it to
+    /// find the window (fixed, sliding) or log entry the charge went to, and a bucket
+    /// gives back less the longer ago it was (`limiter::algorithm::refund_units`). A
+    /// refund never exceeds the reserved cost; a debt is charged at the settle's time,
+    /// capped at `limiter::algorithm::max_debt`. Must not block: a round trip is
+    /// spawned. Default: nothing (test stores).
+    fn settle(&self, check: &Check<'_>, delta: i64, admitted_at_ms: u64) {
+        let _ = (check, delta, admitted_at_ms);
+    }
+
+    /// Called exactly once for every admitted request when it ends, with what it holds
+    /// (its slots go back here, and slots of a request another check refused).
     /// Must not block: work that needs a round trip is spawned. Default: nothing to do.
     fn finish(&self, held: Held, ending: Ending) {
         let _ = (held, ending);

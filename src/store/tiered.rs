@@ -15,6 +15,14 @@
 //! The local state is separate and never written back: when Redis answers again,
 //! decisions are shared again from the next request on (the breaker probes every
 //! `PROBE_EVERY`), and Redis never sees what was counted locally.
+//!
+//! Settles (`cost_header`) follow the breaker at the time of the settle: closed, to the
+//! shared store; otherwise a debt is charged to the local fallback (divided limits, the
+//! scopes whose `on_failure` is `local`), where this gateway's requests are decided
+//! now, and a refund is dropped: its charge may live in Redis, and refunding it locally
+//! would free tokens this process never charged. A request that straddles a recovery
+//! settles where the breaker points then (a refund reaching Redis for a charge made
+//! locally frees up to that refund there once).
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
@@ -24,6 +32,7 @@ use arrayvec::ArrayVec;
 use async_trait::async_trait;
 
 use super::breaker::{BreakerState, CircuitBreaker};
+use super::slots::{self, Acquired, Origin, SlotRequest};
 use super::{LimitStore, MemoryStore, StoreError};
 use crate::limiter::{Check, OnFailure, Scope, ScopeLimits, Verdict, WindowLimit};
 use crate::metrics::Metrics;
@@ -71,6 +80,19 @@ impl TieredStore {
         &self.fallback
     }
 
+    /// The limits of `check`'s `on_failure = "local"` scopes (by index), divided by the
+    /// live instance count.
+    fn divided(&self, check: &Check<'_>) -> ArrayVec<(usize, ScopeLimits), { Scope::COUNT }> {
+        let n = self.instances.load(Ordering::Relaxed).max(1);
+        check
+            .scopes
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.limits.on_failure == OnFailure::Local)
+            .map(|(i, s)| (i, divide(s.limits, n)))
+            .collect()
+    }
+
     fn degraded(
         &self,
         check: &Check<'_>,
@@ -83,14 +105,7 @@ impl TieredStore {
         {
             return Err(error.unwrap_or(StoreError::CircuitOpen));
         }
-        let n = self.instances.load(Ordering::Relaxed).max(1);
-        let divided: ArrayVec<(usize, ScopeLimits), { Scope::COUNT }> = check
-            .scopes
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| s.limits.on_failure == OnFailure::Local)
-            .map(|(i, s)| (i, divide(s.limits, n)))
-            .collect();
+        let divided = self.divided(check);
         let mut local = Check::new(check.cost);
         local.peek = check.peek;
         for (i, limits) in &divided {
@@ -122,6 +137,7 @@ pub fn divide(limits: &ScopeLimits, n: u32) -> ScopeLimits {
         })
         .collect();
     ScopeLimits {
+        concurrent: limits.concurrent.map(|c| (c / n.max(1)).max(1)),
         windows,
         on_failure: limits.on_failure,
         message: limits.message.clone(),
@@ -173,8 +189,67 @@ impl LimitStore for TieredStore {
         self.primary.decide_locally(check)
     }
 
+    async fn acquire(&self, slots: &[SlotRequest]) -> Result<Acquired, StoreError> {
+        let mut error = None;
+        if self.breaker.allow() {
+            match self.primary.acquire(slots).await {
+                Ok(v) => {
+                    self.breaker.success();
+                    self.metrics.fallback_active.set(0);
+                    return Ok(v);
+                }
+                Err(e) => {
+                    self.metrics
+                        .store_errors_total
+                        .with_label_values(&[self.primary.name()])
+                        .inc();
+                    self.breaker.failure();
+                    error = Some(e);
+                }
+            }
+        }
+        self.metrics
+            .fallback_active
+            .set(i64::from(self.breaker.state() != BreakerState::Closed));
+        // As for rate windows: closed refuses, open skips the scope, local takes a slot in
+        // this process with N divided by the live instance count.
+        if slots.iter().any(|s| s.on_failure == OnFailure::Closed) {
+            return Err(error.unwrap_or(StoreError::CircuitOpen));
+        }
+        let n = self.instances.load(Ordering::Relaxed).max(1);
+        let local: ArrayVec<SlotRequest, { slots::MAX_SLOTS }> = slots
+            .iter()
+            .filter(|s| s.on_failure == OnFailure::Local)
+            .cloned()
+            .collect();
+        Ok(self
+            .fallback
+            .inflight()
+            .acquire(&local, |r| (r.limit / n).max(1)))
+    }
+
+    fn settle(&self, check: &Check<'_>, delta: i64, admitted_at_ms: u64) {
+        if self.breaker.state() == BreakerState::Closed {
+            self.primary.settle(check, delta, admitted_at_ms);
+            return;
+        }
+        if delta <= 0 {
+            return; // a refund of a charge that may live in Redis (module docs)
+        }
+        let divided = self.divided(check);
+        let mut local = Check::new(check.cost);
+        for (i, limits) in &divided {
+            let s = &check.scopes[*i];
+            local.push(s.scope, s.ident.clone(), limits);
+        }
+        self.fallback.settle(&local, delta, admitted_at_ms);
+    }
+
     fn finish(&self, held: super::Held, ending: super::Ending) {
-        self.primary.finish(held, ending);
+        match held.slots.origin {
+            Origin::Local => self.fallback.finish(held, ending),
+            Origin::Remote => self.primary.finish(held, ending),
+        }
     }
 }
 

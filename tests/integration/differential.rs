@@ -34,6 +34,7 @@ impl Rng {
 
 fn limits(windows: Vec<WindowLimit>) -> ScopeLimits {
     ScopeLimits {
+        concurrent: None,
         windows,
         on_failure: OnFailure::Closed,
         message: None,
@@ -514,4 +515,314 @@ async fn rust_and_lua_agree_on_layered_leases() {
     )
     .await;
     assert_exercised("layered", &s, steps);
+}
+
+/// What a settle replay exercised.
+#[derive(Debug, Default)]
+struct SettleStats {
+    allowed: usize,
+    rejected: usize,
+    debts: usize,
+    refunds: usize,
+}
+
+/// Replays `steps` random checks, with random settles (debts and refunds) of earlier
+/// admitted requests, through the MemoryStore and the script at the same injected
+/// times, and compares every verdict. Checks go through `RedisStore::check`; settles
+/// send the production command (`wire::settle_command`) directly, so each completes
+/// before the next check (the store's own `settle` is spawned).
+#[allow(clippy::too_many_arguments)]
+async fn settle_replay(
+    redis: &RedisServer,
+    conn: &mut redis::aio::MultiplexedConnection,
+    prefix: &str,
+    scopes: &[(Scope, Ident, ScopeLimits)],
+    seed: u64,
+    steps: usize,
+    max_step_ms: u64,
+    start: u64,
+) -> SettleStats {
+    let sha = redis::Script::new(CHECK_LUA).get_hash().to_string();
+    let clock = Arc::new(ManualClock::at(start));
+    let memory = MemoryStore::with_clock(clock.clone());
+    let redis_store = RedisStore::new(
+        Target::Single(redis.url()),
+        std::time::Duration::from_secs(2),
+        prefix,
+    )
+    .with_clock(clock.clone());
+    let max_cost = scopes
+        .iter()
+        .flat_map(|(_, _, l)| l.windows.iter().map(|w| w.limit))
+        .min()
+        .unwrap();
+    // Costs scale with large limits, so the traffic reaches them.
+    let max_cost = max_cost.min(4).max(max_cost / 50);
+    let make = |cost| {
+        let mut check = Check::new(cost);
+        for (scope, ident, l) in scopes {
+            check.push(*scope, ident.clone(), l);
+        }
+        check
+    };
+    let mut rng = Rng(seed);
+    let mut pending: Vec<(u64, u32)> = Vec::new();
+    let mut stats = SettleStats::default();
+    for i in 0..steps {
+        clock.advance(std::time::Duration::from_millis(rng.below(max_step_ms)));
+        let now = clock.now_ms();
+        // Settle some earlier requests: at once, soon or late, in any order.
+        while !pending.is_empty() && rng.below(3) == 0 {
+            let (at, cost) = pending.swap_remove(rng.below(pending.len() as u64) as usize);
+            // Half refunds (true cost 0 to cost - 1), half debts (up to 3x the cost + 2).
+            let c = u64::from(cost);
+            let truth = if rng.below(2) == 0 {
+                rng.below(c)
+            } else {
+                c + 1 + rng.below(2 * c + 2)
+            } as i64;
+            let delta = truth - i64::from(cost);
+            let check = make(cost);
+            memory.settle_at(&check, delta, at, now);
+            let cmd = wire::settle_command(
+                &sha,
+                &now.to_string(),
+                cost,
+                delta,
+                at,
+                prefix,
+                &check.scopes,
+            );
+            let raw: Vec<u8> = cmd.query_async(conn).await.unwrap();
+            assert_eq!(wire::ints(&raw).unwrap(), [now as i64, 1]);
+            match delta.signum() {
+                1 => stats.debts += 1,
+                -1 => stats.refunds += 1,
+                _ => {}
+            }
+        }
+        let cost = 1 + rng.below(u64::from(max_cost)) as u32;
+        let check = make(cost);
+        let m: Verdict = memory.decide_at(&check, now);
+        let r: Verdict = redis_store.check(&check).await.unwrap();
+        assert_eq!(
+            m, r,
+            "step {i} (now {now}, cost {cost}) diverged:\n memory {m:?}\n redis  {r:?}"
+        );
+        if m.allowed {
+            stats.allowed += 1;
+            if rng.below(5) != 0 {
+                pending.push((now, cost));
+            }
+        } else {
+            stats.rejected += 1;
+        }
+    }
+    if std::env::var_os("LEASE_STATS").is_some() {
+        eprintln!("{prefix}: {stats:?}");
+    }
+    assert!(
+        stats.allowed > steps / 10
+            && stats.rejected > steps / 10
+            && stats.debts > steps / 40
+            && stats.refunds > steps / 40,
+        "{prefix}: sequence too one-sided: {stats:?}"
+    );
+    stats
+}
+
+/// Settles, every algorithm, on a short and a long window: checks after debts and
+/// refunds decide identically in Rust and Lua.
+#[tokio::test(flavor = "multi_thread")]
+async fn rust_and_lua_agree_on_settles_per_algorithm() {
+    let redis = RedisServer::start().await;
+    let mut conn = redis.client().await;
+    let _: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(CHECK_LUA)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let cases = [
+        (Algorithm::TokenBucket, Window::Second, 5, 1.5),
+        (Algorithm::TokenBucket, Window::Hour, 40, 1.0),
+        (Algorithm::TokenBucket, Window::Second, 3_000, 1.0),
+        (Algorithm::SlidingWindow, Window::Second, 6, 1.0),
+        (Algorithm::SlidingWindow, Window::Minute, 20, 1.0),
+        (Algorithm::FixedWindow, Window::Second, 5, 1.0),
+        (Algorithm::FixedWindow, Window::Minute, 20, 1.0),
+        (Algorithm::SlidingLog, Window::Second, 5, 1.0),
+        (Algorithm::SlidingLog, Window::Minute, 15, 1.0),
+        (Algorithm::LeakyBucket, Window::Second, 4, 1.0),
+        (Algorithm::LeakyBucket, Window::Minute, 30, 1.0),
+    ];
+    for (n, (alg, window, limit, burst)) in cases.into_iter().enumerate() {
+        let l = limits(vec![
+            WindowLimit::with_algorithm(window, limit, alg).with_burst(burst)
+        ]);
+        // About twice the limit's rate in reserved cost, more with debts.
+        let step = (window.period_ms() * 2 / u64::from(limit)).max(2);
+        let scopes = [(Scope::Ip, Ident::Ip("198.51.100.1".parse().unwrap()), l)];
+        settle_replay(
+            &redis,
+            &mut conn,
+            &format!("s{n}"),
+            &scopes,
+            0x5E771E + n as u64,
+            400,
+            step,
+            1_764_000_000_123,
+        )
+        .await;
+    }
+}
+
+/// Settles on calendar months with reset offsets, and on layered checks (several scopes
+/// and windows, mixed algorithms): Rust and Lua agree.
+#[tokio::test(flavor = "multi_thread")]
+async fn rust_and_lua_agree_on_layered_and_monthly_settles() {
+    let redis = RedisServer::start().await;
+    let mut conn = redis.client().await;
+    let _: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(CHECK_LUA)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    for (n, alg) in [Algorithm::FixedWindow, Algorithm::SlidingWindow]
+        .into_iter()
+        .enumerate()
+    {
+        let l = limits(vec![
+            WindowLimit::with_algorithm(Window::Month, 30, alg).with_jitter_ms(5 * 86_400_000)
+        ]);
+        let scopes = [(Scope::Tenant, Ident::Name("acme".into()), l)];
+        settle_replay(
+            &redis,
+            &mut conn,
+            &format!("sm{n}"),
+            &scopes,
+            177 + n as u64,
+            400,
+            24 * 3_600_000,
+            1_767_000_000_000,
+        )
+        .await;
+    }
+    let scopes = [
+        (
+            Scope::Ip,
+            Ident::Ip("2001:db8::7".parse().unwrap()),
+            limits(vec![
+                WindowLimit::new(Window::Second, 8),
+                WindowLimit::new(Window::Minute, 100),
+            ]),
+        ),
+        (
+            Scope::Key,
+            Ident::Name("key_a".into()),
+            limits(vec![
+                WindowLimit::with_algorithm(Window::Second, 5, Algorithm::LeakyBucket),
+                WindowLimit::with_algorithm(Window::Minute, 60, Algorithm::SlidingLog),
+            ]),
+        ),
+        (
+            Scope::Tenant,
+            Ident::Name("acme".into()),
+            limits(vec![WindowLimit::with_algorithm(
+                Window::Minute,
+                50,
+                Algorithm::SlidingWindow,
+            )]),
+        ),
+        (
+            Scope::Global,
+            Ident::Global,
+            limits(vec![WindowLimit::with_algorithm(
+                Window::Second,
+                6,
+                Algorithm::FixedWindow,
+            )]),
+        ),
+    ];
+    settle_replay(
+        &redis,
+        &mut conn,
+        "sl",
+        &scopes,
+        991,
+        600,
+        1_000,
+        1_764_000_000_000,
+    )
+    .await;
+}
+
+/// `RedisStore::settle` through the trait: a debt refuses later requests until paid off,
+/// a refund gives back, one spawned round trip each (counted as store calls).
+#[tokio::test(flavor = "multi_thread")]
+async fn redis_store_settles_through_the_trait() {
+    let redis = RedisServer::start().await;
+    let clock = Arc::new(ManualClock::at(1_764_000_060_000));
+    let metrics = Arc::new(throttle::metrics::Metrics::new().unwrap());
+    let store = RedisStore::new(
+        Target::Single(redis.url()),
+        std::time::Duration::from_secs(2),
+        "st",
+    )
+    .with_clock(clock.clone())
+    .with_metrics(metrics.clone());
+    let store: &dyn LimitStore = &store;
+    let keyl = limits(vec![
+        WindowLimit::new(Window::Second, 10),
+        WindowLimit::with_algorithm(Window::Minute, 100, Algorithm::SlidingLog),
+    ]);
+    let minutel = limits(vec![keyl.windows[1]]);
+    let check = |cost, peek| {
+        let mut c = Check::new(cost);
+        c.push(Scope::Key, Ident::Name("k".into()), &keyl);
+        c.peek = peek;
+        c
+    };
+    // The same key's minute window alone.
+    let mut minute = Check::new(1);
+    minute.push(Scope::Key, Ident::Name("k".into()), &minutel);
+    minute.peek = true;
+    let at = clock.now_ms();
+    assert!(store.check(&check(4, false)).await.unwrap().allowed);
+    let calls = metrics.store_calls.get();
+    // True cost 16: the bucket (6 left) owes 6 tokens: 600 ms, then 100 ms per token.
+    store.settle(&check(4, false), 12, at);
+    assert_eq!(
+        metrics.store_calls.get(),
+        calls + 1,
+        "one call, counted when sent"
+    );
+    let retry = |v: Verdict| v.governing.map(|g| g.decision.retry_after_ms);
+    let mut v = store.check(&check(1, true)).await.unwrap();
+    for _ in 0..200 {
+        if !v.allowed {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        v = store.check(&check(1, true)).await.unwrap();
+    }
+    assert_eq!((v.allowed, retry(v)), (false, Some(700)));
+    clock.advance(std::time::Duration::from_millis(700));
+    assert!(store.check(&check(1, false)).await.unwrap().allowed);
+    // A refund of 4 (true cost 0) a second later: the log's own entry goes (17 - 4 = 13
+    // left counted), the bucket, refilled since, gets nothing back.
+    clock.advance(std::time::Duration::from_secs(1));
+    let remaining = |v: Verdict| v.governing.unwrap().decision.remaining;
+    assert_eq!(remaining(store.check(&minute).await.unwrap()), 82);
+    store.settle(&check(4, false), -16, at);
+    let mut r = 82;
+    for _ in 0..200 {
+        r = remaining(store.check(&minute).await.unwrap());
+        if r != 82 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(r, 86);
 }

@@ -15,6 +15,7 @@ use crate::support::redis::RedisServer;
 
 fn limits(windows: Vec<WindowLimit>) -> ScopeLimits {
     ScopeLimits {
+        concurrent: None,
         windows,
         on_failure: OnFailure::Closed,
         message: None,
@@ -411,4 +412,84 @@ async fn sliding_log_members_stay_unique() {
     assert_eq!(members.len(), 6, "{members:?}");
     let peek = call(&mut c, "u", &one, T, Mode::Peek, 0, &[want(0)]).await;
     assert_eq!(peek[4], 13, "every member counted (12 + 1): {members:?}");
+}
+
+/// Settles write keys with TTLs (a debt's key lives until it is paid off), a token
+/// bucket in debt is an empty bucket at a future time, and a sliding log's refund keeps
+/// one member per request.
+#[tokio::test(flavor = "multi_thread")]
+async fn settled_keys_keep_ttls() {
+    let redis = RedisServer::start().await;
+    let mut c = redis.client().await;
+    let _: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(CHECK_LUA)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let sha = redis::Script::new(CHECK_LUA).get_hash().to_string();
+    const T: u64 = 1_764_000_060_000;
+    for (n, alg) in [
+        Algorithm::TokenBucket,
+        Algorithm::SlidingWindow,
+        Algorithm::FixedWindow,
+        Algorithm::SlidingLog,
+        Algorithm::LeakyBucket,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let prefix = format!("st{n}");
+        let l = limits(vec![WindowLimit::with_algorithm(Window::Second, 10, alg)]);
+        let mut ch = Check::new(4);
+        ch.push(Scope::Key, Ident::Name("k".into()), &l);
+        let key = wire::key(
+            &prefix,
+            Scope::Key,
+            &Ident::Name("k".into()),
+            Window::Second,
+        );
+        let store = RedisStore::new(
+            Target::Single(redis.url()),
+            std::time::Duration::from_secs(2),
+            &prefix,
+        )
+        .with_clock(Arc::new(ManualClock::at(T)));
+        assert!(store.check(&ch).await.unwrap().allowed);
+        for (at, delta) in [(T + 10, 30), (T + 20, -3)] {
+            let cmd = wire::settle_command(&sha, &at.to_string(), 4, delta, T, &prefix, &ch.scopes);
+            let raw: Vec<u8> = cmd.query_async(&mut c).await.unwrap();
+            assert_eq!(wire::ints(&raw).unwrap(), [at as i64, 1]);
+            let ttl: i64 = redis::cmd("PTTL")
+                .arg(&key)
+                .query_async(&mut c)
+                .await
+                .unwrap();
+            assert!(ttl > 500, "{alg:?}: PTTL {ttl} after a settle of {delta}");
+        }
+        match alg {
+            Algorithm::TokenBucket => {
+                // 6.1 left at T + 10 - 30: 23.9 owed, paid off at T + 2 400. The refund at
+                // T + 20 (true cost 1: 3 back; 20 ms of refill is below 1 token): 20.8
+                // owed, paid off at T + 2 100.
+                let v: String = redis::cmd("GET")
+                    .arg(&key)
+                    .query_async(&mut c)
+                    .await
+                    .unwrap();
+                assert_eq!(v, format!("0:{}", T + 2_100));
+            }
+            Algorithm::SlidingLog => {
+                let members: Vec<String> = redis::cmd("ZRANGE")
+                    .arg(&key)
+                    .arg(0)
+                    .arg(-1)
+                    .query_async(&mut c)
+                    .await
+                    .unwrap();
+                assert_eq!(members, [format!("{T}:4:1"), format!("{}:34:30", T + 10)]);
+            }
+            _ => {}
+        }
+    }
 }

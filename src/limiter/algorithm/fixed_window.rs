@@ -9,8 +9,12 @@
 //! the window, so every leased token is spent in the window that was charged for it.
 //! `give_back` subtracts unused tokens while that window lasts; after it, nothing (its
 //! tokens went with it).
+//!
+//! Settling: a debt is added to the window current at the settle (past the limit if need
+//! be: rejected until the window ends); a refund comes off the window the request was
+//! charged in, only while it is current. See `settle`.
 
-use super::{bounds, to_u32, Lease};
+use super::{add_debt, bounds, to_u32, Lease, Settle};
 use crate::limiter::decision::Decision;
 use crate::limiter::policy::WindowLimit;
 
@@ -98,11 +102,38 @@ pub fn give_back(c: &mut Counter, k: u64, tag1: u64) {
     }
 }
 
+/// Settles a request at `now`.
+///
+/// Debt: added to the current window's count (a replay charges it there too), past the
+/// limit if need be: `step` rejects until the window ends, `remaining` never underflows.
+///
+/// Refund: the request was charged in the window containing its `at`. While that window
+/// is current, the replay's count is this count less the refund, so giving it back is
+/// exact. Once it is over, no later window holds the request's charge: nothing.
+pub fn settle(c: &mut Counter, limit: &WindowLimit, now: u64, offset: u64, s: Settle) {
+    let (start, _) = bounds(limit.window, now, offset);
+    let count = if c.start == start { c.count } else { 0 };
+    match s {
+        Settle::Debt(d) => {
+            *c = Counter {
+                start,
+                count: add_debt(count, d, limit),
+            }
+        }
+        Settle::Refund { back, at, .. } => {
+            if c.start == start && bounds(limit.window, at, offset).0 == start {
+                c.count = count.saturating_sub(to_u32(back));
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::limiter::algorithm::testkit::{
-        admitted_between, assert_leases_safe, assert_retry_exact, run_table,
+        admitted_between, assert_exact_at, assert_leases_safe, assert_retry_exact,
+        assert_settles_safe, run_table,
     };
     use crate::limiter::algorithm::{self as alg, bounds, days_from_civil, Lease, State};
     use crate::limiter::policy::{Algorithm, Window};
@@ -239,6 +270,61 @@ mod tests {
                 }
                 assert!(per_window.values().all(|n| *n <= u64::from(limit)));
             }
+        }
+    }
+
+    /// A debt lifts the current window's count past the limit: rejected until the
+    /// window ends, exactly.
+    #[test]
+    fn debt_waits_for_the_window_end() {
+        let l = lim(Window::Minute, 10);
+        let mut s = State::initial(Algorithm::FixedWindow);
+        assert!(alg::step(&mut s, &l, 60_500, 0, 4, true).allowed);
+        alg::settle(&mut s, &l, 61_000, 0, 4, 10, 60_500); // true cost 14
+        assert_eq!(count(&s), (60_000, 14));
+        let d = assert_exact_at(&s, &l, 61_000, 1);
+        assert_eq!((d.retry_after_ms, d.current), (59_000, 15));
+        // Settled in a later window: charged to the window current then.
+        alg::settle(&mut s, &l, 125_000, 0, 4, 3, 60_500);
+        assert_eq!(count(&s), (120_000, 3));
+        // u32 counts saturate (a debt beyond max_debt is forgiven).
+        alg::settle(&mut s, &l, 125_000, 0, 1, i64::MAX, 125_000);
+        alg::settle(&mut s, &l, 125_000, 0, 1, i64::MAX, 125_000);
+        assert_eq!(count(&s), (120_000, u32::MAX));
+        assert_eq!(assert_exact_at(&s, &l, 125_000, 1).retry_after_ms, 55_000);
+    }
+
+    /// A refund restores exactly the replay while the request's window is current;
+    /// after it, nothing (the next window never held the request's charge).
+    #[test]
+    fn refund_restores_the_replay_in_its_window() {
+        let l = lim(Window::Minute, 10);
+        let mut s = State::initial(Algorithm::FixedWindow);
+        assert!(alg::step(&mut s, &l, 60_500, 0, 4, true).allowed);
+        assert!(alg::step(&mut s, &l, 61_000, 0, 5, true).allowed);
+        alg::settle(&mut s, &l, 70_000, 0, 4, -3, 60_500); // true cost 1
+        let mut r = State::initial(Algorithm::FixedWindow);
+        assert!(alg::step(&mut r, &l, 60_500, 0, 1, true).allowed);
+        assert!(alg::step(&mut r, &l, 61_000, 0, 5, true).allowed);
+        assert_eq!(s, r);
+        // Admitted at the end of one window, settled in the next: nothing.
+        assert!(alg::step(&mut s, &l, 119_000, 0, 4, true).allowed);
+        assert!(alg::step(&mut s, &l, 120_100, 0, 2, true).allowed);
+        alg::settle(&mut s, &l, 120_500, 0, 4, -4, 119_000);
+        assert_eq!(count(&s), (120_000, 2));
+    }
+
+    /// Random requests settled at random times, both ways: a replay with the true costs
+    /// (debts as forced charges when settled) admits every admitted request, and
+    /// `retry_after` stays exact throughout.
+    #[test]
+    fn settles_never_admit_more_than_a_replay() {
+        for (limit, window, offset) in [
+            (20, Window::Second, 0),
+            (100, Window::Minute, 7_000),
+            (30, Window::Month, 3 * 86_400_000),
+        ] {
+            assert_settles_safe(&lim(window, limit), offset);
         }
     }
 }

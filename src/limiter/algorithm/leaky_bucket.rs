@@ -9,8 +9,12 @@
 //! (a plain early charge would let the meter drain empty during the lease, and the
 //! lease's tokens then come on top of an empty meter's full allowance). `give_back`
 //! takes unused tokens out and releases them from the hold while it lasts; later, nothing.
+//!
+//! Settling: a debt pours more in, above the limit if need be (`step` then rejects until
+//! the meter has drained to `limit - cost`, exactly); a refund takes out what
+//! `refund_units` allows, never below the hold. See `settle`.
 
-use super::{div_ceil, hold_end, to_u32, Hold, Lease};
+use super::{div_ceil, hold_end, refund_units, to_u32, Hold, Lease, Settle};
 use crate::limiter::decision::Decision;
 use crate::limiter::policy::WindowLimit;
 
@@ -171,11 +175,42 @@ pub fn give_back(
     *hold = h.sub(release);
 }
 
+/// Settles a request on the meter (holding `hold`) at `now`.
+///
+/// Debt: the debt is poured in at once, past the limit if need be (never above
+/// `max_debt`). A replay pours the same at the same time: it is never fuller.
+///
+/// Refund: `refund_units` come out (all of it when the request settles before its true
+/// cost's worth of drain; less after, down to nothing once the reserved cost's worth has
+/// drained), never below the hold. Why it never admits more than the replay: see
+/// `refund_units` (the replay's meter may have run empty and wasted drain since).
+pub fn settle(m: &mut Meter, hold: &mut Hold, limit: &WindowLimit, now: u64, s: Settle) {
+    let period = limit.window.period_ms();
+    let rate = u64::from(limit.limit);
+    let (level, h, at) = m.level_at(*hold, rate, now);
+    let next = match s {
+        Settle::Debt(d) => {
+            let top = super::max_debt(limit).saturating_mul(period);
+            level.max(level.saturating_add(d.saturating_mul(period)).min(top))
+        }
+        Settle::Refund { back, cost, at } => {
+            let units = refund_units(back, cost, at, now, period, rate);
+            level.saturating_sub(units).max(h.units).min(level)
+        }
+    };
+    *m = Meter {
+        level: next,
+        last: at,
+    };
+    *hold = h;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::limiter::algorithm::testkit::{
-        assert_leases_safe, assert_retry_exact, run_table, worst_bucket_excess,
+        assert_exact_at, assert_leases_safe, assert_retry_exact, assert_settles_safe, run_table,
+        worst_bucket_excess,
     };
     use crate::limiter::algorithm::{self as alg, Lease, State};
     use crate::limiter::policy::{Algorithm, Window};
@@ -304,6 +339,75 @@ mod tests {
             for run in assert_leases_safe(&l, 0) {
                 assert!(worst_bucket_excess(&l, &run.admitted) <= 0);
             }
+        }
+    }
+
+    fn remaining(s: &State, l: &WindowLimit, now: u64, cost: u32) -> (bool, u32, u64) {
+        let d = alg::step(&mut s.clone(), l, now, 0, cost, false);
+        (d.allowed, d.remaining, d.retry_after_ms)
+    }
+
+    /// A debt fills the meter past its limit; retry waits for the drain, exactly.
+    #[test]
+    fn debt_waits_exactly() {
+        let l = lim(Window::Second, 10); // drains 1 token per 100 ms
+        let mut s = State::initial(Algorithm::LeakyBucket);
+        assert!(alg::step(&mut s, &l, T, 0, 2, true).allowed);
+        alg::settle(&mut s, &l, T, 0, 2, 20, T); // true cost 22
+        let d = assert_exact_at(&s, &l, T, 1);
+        assert_eq!(
+            (d.retry_after_ms, d.reset_after_ms, d.current),
+            (1_300, 2_200, 23)
+        );
+        assert_eq!(assert_exact_at(&s, &l, T + 1_000, 4).retry_after_ms, 600);
+        assert_eq!(remaining(&s, &l, T, 11), (false, 0, 2_200));
+    }
+
+    /// A refund settled soon restores exactly the replay with the true cost; a late one
+    /// less (the replay's meter may have run empty), never below the hold.
+    #[test]
+    fn refund_restores_the_replay() {
+        let l = lim(Window::Second, 10);
+        let mut s = State::initial(Algorithm::LeakyBucket);
+        assert!(alg::step(&mut s, &l, T, 0, 8, true).allowed);
+        alg::settle(&mut s, &l, T + 50, 0, 8, -5, T); // true cost 3
+        let mut r = State::initial(Algorithm::LeakyBucket);
+        assert!(alg::step(&mut r, &l, T, 0, 3, true).allowed);
+        for (at, cost) in [(T + 50, 1), (T + 50, 8), (T + 60, 9)] {
+            assert_eq!(remaining(&s, &l, at, cost), remaining(&r, &l, at, cost));
+        }
+        // 5 in at T (true 1) drains to 3 by T + 200, the replay's to 0 (wasting 100 ms);
+        // both pour 5 then: 8 and 5. Refund 4: 200 ms x 10/s - 1 = 1 may have been
+        // wasted: 3 out, 5, the replay's level.
+        let (mut s, mut r) = (State::initial(l.algorithm), State::initial(l.algorithm));
+        assert!(alg::step(&mut s, &l, T, 0, 5, true).allowed);
+        assert!(alg::step(&mut r, &l, T, 0, 1, true).allowed);
+        assert!(alg::step(&mut s, &l, T + 200, 0, 5, true).allowed);
+        assert!(alg::step(&mut r, &l, T + 200, 0, 5, true).allowed);
+        alg::settle(&mut s, &l, T + 200, 0, 5, -4, T);
+        assert_eq!(remaining(&s, &l, T + 200, 5), remaining(&r, &l, T + 200, 5));
+        assert!(!alg::step(&mut s, &l, T + 200, 0, 6, false).allowed);
+        // A hold keeps its floor.
+        let l = lim(Window::Second, 100);
+        let mut s = State::initial(Algorithm::LeakyBucket);
+        assert!(alg::step(&mut s, &l, T, 0, 10, true).allowed);
+        assert_eq!(alg::take(&mut s, &l, T, 0, 10, T + 250).granted, 10);
+        alg::settle(&mut s, &l, T, 0, 10, -10, T);
+        assert_eq!(remaining(&s, &l, T, 1).1, 89);
+    }
+
+    /// Random requests settled at random times, both ways: a replay with the true costs
+    /// (debts as forced charges when settled) admits every admitted request, and
+    /// `retry_after` stays exact throughout.
+    #[test]
+    fn settles_never_admit_more_than_a_replay() {
+        for (limit, window) in [
+            (20, Window::Second),
+            (100, Window::Minute),
+            (6, Window::Hour),
+            (3_000, Window::Second),
+        ] {
+            assert_settles_safe(&lim(window, limit), 0);
         }
     }
 }

@@ -153,7 +153,7 @@ impl State {
     }
 
     /// A held bucket whose hold is over back to its plain variant.
-    fn settle(&mut self) {
+    fn drop_empty_hold(&mut self) {
         match self {
             State::TokenBucketHeld(x) if x.1.units == 0 => *self = State::TokenBucket(x.0),
             State::LeakyBucketHeld(x) if x.1.units == 0 => *self = State::LeakyBucket(x.0),
@@ -197,7 +197,7 @@ pub fn step(
             leaky_bucket::step(m, h, limit, now_ms, cost, commit)
         }
     };
-    state.settle();
+    state.drop_empty_hold();
     d
 }
 
@@ -234,7 +234,7 @@ pub fn take(
         }
         State::TokenBucket(_) | State::LeakyBucket(_) => Lease::default(), // unsettled above
     };
-    state.settle();
+    state.drop_empty_hold();
     lease
 }
 
@@ -273,7 +273,121 @@ pub fn give_back(
         // Nothing held: nothing to give back.
         State::TokenBucket(_) | State::LeakyBucket(_) => {}
     }
-    state.settle();
+    state.drop_empty_hold();
+}
+
+/// Settles a request admitted at `admitted_at_ms` with the reserved `cost` on this
+/// window, at `now_ms`, once its true cost (`cost + delta`) is known: `delta > 0`
+/// charges the debt at `now_ms` even past the limit; `delta < 0` refunds what the
+/// algorithm can refund safely (see the module docs). `lua/check.lua`'s 'settle' mode
+/// is the twin. A state of the wrong variant is reset for a debt, left alone for a refund.
+#[allow(clippy::too_many_arguments)]
+pub fn settle(
+    state: &mut State,
+    limit: &WindowLimit,
+    now_ms: u64,
+    offset_ms: u64,
+    cost: u32,
+    delta: i64,
+    admitted_at_ms: u64,
+) {
+    if delta == 0 {
+        return;
+    }
+    if !state.matches(limit.algorithm) {
+        if delta < 0 {
+            return;
+        }
+        *state = State::initial(limit.algorithm);
+    }
+    let s = Settle::new(limit, cost, delta, admitted_at_ms);
+    match state {
+        State::TokenBucket(b) => token_bucket::settle(b, &mut Hold::default(), limit, now_ms, s),
+        State::LeakyBucket(m) => leaky_bucket::settle(m, &mut Hold::default(), limit, now_ms, s),
+        State::FixedWindow(c) => fixed_window::settle(c, limit, now_ms, offset_ms, s),
+        State::SlidingWindow(c) => sliding_window::settle(c, limit, now_ms, offset_ms, s),
+        State::SlidingLog(l) => sliding_log::settle(l, limit, now_ms, s),
+        State::TokenBucketHeld(x) => {
+            let (b, h) = &mut **x;
+            token_bucket::settle(b, h, limit, now_ms, s);
+        }
+        State::LeakyBucketHeld(x) => {
+            let (m, h) = &mut **x;
+            leaky_bucket::settle(m, h, limit, now_ms, s);
+        }
+    }
+    state.drop_empty_hold();
+}
+
+/// One settle of one window, normalized: a debt or a refund, in tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settle {
+    /// Charge this many tokens more, at once (at most `max_debt`).
+    Debt(u64),
+    /// Give back up to `back` tokens of a request admitted at `at` with reserved cost
+    /// `cost` (so its true cost is `cost - back`).
+    Refund {
+        /// Tokens to give back (`<= cost`).
+        back: u64,
+        /// The reserved cost.
+        cost: u64,
+        /// When the request was admitted (store clock, Unix ms).
+        at: u64,
+    },
+}
+
+impl Settle {
+    /// `delta` (non-zero) for a request of reserved `cost` admitted at `at`.
+    pub fn new(limit: &WindowLimit, cost: u32, delta: i64, at: u64) -> Settle {
+        let cost = u64::from(cost.max(1));
+        if delta > 0 {
+            Settle::Debt(delta.unsigned_abs().min(max_debt(limit)))
+        } else {
+            Settle::Refund {
+                back: delta.unsigned_abs().min(cost),
+                cost,
+                at,
+            }
+        }
+    }
+}
+
+/// The most tokens a debt may leave a window holding (counters, the log's debt entry)
+/// or owing (buckets): `2^51` token-ms (at least the capacity), at most `u32::MAX`. A
+/// debt beyond it is forgiven; it keeps `count x window_ms` and the bucket levels exact
+/// in a Lua double (`lua/prelude.lua` `max_debt`).
+pub fn max_debt(limit: &WindowLimit) -> u64 {
+    (MAX_EXACT_PRODUCT / 2 / limit.window.period_ms())
+        .max(u64::from(limit.capacity))
+        .min(u64::from(u32::MAX))
+}
+
+/// A counter raised by a debt of `d` tokens: never above `max_debt` (unless it already
+/// was), saturating.
+pub(crate) fn add_debt(count: u32, d: u64, limit: &WindowLimit) -> u32 {
+    let raised = (u64::from(count) + d).min(max_debt(limit));
+    to_u32(raised.max(u64::from(count)))
+}
+
+/// The units (tokens x period_ms) a bucket may give back for a refund of `back` of a
+/// request of reserved `cost` admitted at `at`, at `now`, refilling (token bucket) or
+/// draining (leaky bucket) `rate` units per ms.
+///
+/// Why not all of `back`: the replay (the request cost its true `c = cost - back`) may
+/// have reached the bucket's cap (token: full; leaky: empty) since `at` and wasted
+/// refill (drain) that our bucket, `back` tokens lower (fuller), still counts. The
+/// replay's distance to its cap right after the request was at least `c` tokens (it
+/// had room for the request), and only refill (drain) shrinks that distance: requests,
+/// debts, lease takes (which move the hold with the level) and give-backs never do. So
+/// the replay wasted at most `elapsed x rate - c x period`, and giving back `back x
+/// period` less that never lifts our bucket above the replay's.
+pub(crate) fn refund_units(back: u64, cost: u64, at: u64, now: u64, period: u64, rate: u64) -> u64 {
+    let c = (cost - back).saturating_mul(period);
+    let wasted = now
+        .saturating_sub(at)
+        .saturating_mul(rate)
+        .saturating_sub(c);
+    back.saturating_mul(period).saturating_sub(wasted)
 }
 
 /// Tokens to lease after an admitted request, as `lua/check.lua` sizes them: what was

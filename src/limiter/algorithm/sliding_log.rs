@@ -9,10 +9,13 @@
 //! (an entry at now would leave the window too early). Entries are kept in time order, so
 //! a lease's future entry counts from the take on and `retry_after` stays exact.
 //! `give_back` shrinks (or removes) that entry.
+//!
+//! Settling: a debt is a new entry at the settle's time; a refund shrinks the request's
+//! own entry (at its admission time, of its reserved cost). See `settle`.
 
 use std::collections::VecDeque;
 
-use super::{to_u32, Lease};
+use super::{to_u32, Lease, Settle};
 use crate::limiter::decision::Decision;
 use crate::limiter::policy::WindowLimit;
 
@@ -153,11 +156,58 @@ pub fn give_back(log: &mut Log, k: u64, tag1: u64, size: u64) {
     log.total -= back;
 }
 
+/// Settles a request at `now`.
+///
+/// Debt: one entry of the debt at `now` (as a replay's forced charge), past the limit if
+/// need be: `step` rejects until enough of the oldest entries have left the window, and
+/// `retry_after` stays exact (the entries are in time order).
+///
+/// Refund: the request's own entry (at its admission time `at`, of its reserved cost)
+/// shrinks by the refund, or goes at 0: the log is then exactly the replay's. Not the
+/// newest entry: taken off a later entry, the refund would outlive the request's own
+/// entry, and once that has left the window the log would count less than the replay
+/// (which still counts the later entry in full). An entry equal in time
+/// and cost is equivalent (Lua picks the first by member name). None (a lease paid for
+/// the request, or it was pruned): nothing.
+pub fn settle(log: &mut Log, limit: &WindowLimit, now: u64, s: Settle) {
+    let len = limit.window.period_ms();
+    match s {
+        Settle::Debt(d) => {
+            while log
+                .entries
+                .front()
+                .is_some_and(|(t, _)| t.saturating_add(len) <= now)
+            {
+                if let Some((_, c)) = log.entries.pop_front() {
+                    log.total -= u64::from(c);
+                }
+            }
+            log.insert(now, to_u32(d));
+        }
+        Settle::Refund { back, cost, at } => {
+            let from = log.entries.partition_point(|(t, _)| *t < at);
+            let Some(i) = (from..log.entries.len())
+                .take_while(|i| log.entries[*i].0 == at)
+                .find(|i| u64::from(log.entries[*i].1) == cost)
+            else {
+                return;
+            };
+            if back >= cost {
+                log.entries.remove(i);
+            } else {
+                log.entries[i].1 = to_u32(cost - back);
+            }
+            log.total -= back;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::limiter::algorithm::testkit::{
-        admitted_between, assert_leases_safe, assert_retry_exact, run_table,
+        admitted_between, assert_exact_at, assert_leases_safe, assert_retry_exact,
+        assert_settles_safe, run_table,
     };
     use crate::limiter::algorithm::{self as alg, Lease, State};
     use crate::limiter::policy::{Algorithm, Window};
@@ -344,6 +394,67 @@ mod tests {
                     assert!(sum <= u64::from(limit), "{sum} in the window ending {t}");
                 }
             }
+        }
+    }
+
+    /// A debt is an entry at the settle's time: rejected until enough of the oldest
+    /// entries have left the window, exactly.
+    #[test]
+    fn debt_is_an_entry_at_the_settle() {
+        let l = lim(Window::Second, 5);
+        let mut s = State::initial(Algorithm::SlidingLog);
+        assert!(alg::step(&mut s, &l, 1_000, 0, 1, true).allowed);
+        alg::settle(&mut s, &l, 1_100, 0, 1, 7, 1_000); // true cost 8
+        assert_eq!(entries(&s), [(1_000, 1), (1_100, 7)]);
+        // 1 + 7 + 1 - 5 = 4 to free: the debt entry must leave, at 2 100.
+        let d = assert_exact_at(&s, &l, 1_100, 1);
+        assert_eq!(
+            (d.retry_after_ms, d.reset_after_ms, d.current),
+            (1_000, 1_000, 9)
+        );
+        run_rows(
+            &l,
+            &mut s,
+            &[(2_099, 1, false, 0, 1), (2_100, 5, true, 0, 0)],
+        );
+    }
+
+    /// A refund shrinks the request's own entry, not the newest: the log is then the
+    /// replay's. Shrinking the newest instead would count 2 less than the replay once
+    /// the request's entry has left (at 2 000).
+    #[test]
+    fn refund_shrinks_the_requests_own_entry() {
+        let l = lim(Window::Second, 5);
+        let mut s = State::initial(Algorithm::SlidingLog);
+        assert!(alg::step(&mut s, &l, 1_000, 0, 2, true).allowed); // true cost 0
+        assert!(alg::step(&mut s, &l, 1_200, 0, 2, true).allowed);
+        assert!(alg::step(&mut s, &l, 1_300, 0, 1, true).allowed);
+        alg::settle(&mut s, &l, 1_400, 0, 2, -2, 1_000);
+        assert_eq!(entries(&s), [(1_200, 2), (1_300, 1)]);
+        // And partly: the entry keeps the rest.
+        alg::settle(&mut s, &l, 1_400, 0, 2, -1, 1_200);
+        assert_eq!(entries(&s), [(1_200, 1), (1_300, 1)]);
+        // No entry of that time and cost (a lease paid, or pruned): nothing.
+        alg::settle(&mut s, &l, 1_400, 0, 3, -1, 1_300);
+        assert_eq!(entries(&s), [(1_200, 1), (1_300, 1)]);
+        run_rows(
+            &l,
+            &mut s,
+            &[(2_100, 4, false, 0, 100), (2_200, 4, true, 0, 0)],
+        );
+    }
+
+    /// Random requests settled at random times, both ways: a replay with the true costs
+    /// (debts as forced charges when settled) admits every admitted request, and
+    /// `retry_after` stays exact throughout.
+    #[test]
+    fn settles_never_admit_more_than_a_replay() {
+        for (limit, window) in [
+            (20, Window::Second),
+            (60, Window::Minute),
+            (6, Window::Hour),
+        ] {
+            assert_settles_safe(&lim(window, limit), 0);
         }
     }
 }

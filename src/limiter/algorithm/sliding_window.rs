@@ -14,8 +14,11 @@
 //! replay allows. `give_back` subtracts unused tokens from the window charged for them:
 //! `curr` while the state is still that window's, `prev` once it moved to the next one,
 //! nothing later (the weight of that window is gone).
+//!
+//! Settling: a debt is added to the current window's count; a refund comes off the
+//! count of the window the request was charged in (`curr` or `prev`). See `settle`.
 
-use super::{bounds, div_ceil, to_u32, Lease};
+use super::{add_debt, bounds, div_ceil, to_u32, Lease, Settle};
 use crate::limiter::decision::Decision;
 use crate::limiter::policy::WindowLimit;
 
@@ -153,11 +156,54 @@ pub fn give_back(c: &mut Counters, limit: &WindowLimit, offset: u64, k: u64, tag
     }
 }
 
+/// Settles a request at `now`.
+///
+/// Debt: added to the current window's count (a replay charges it there too), past the
+/// limit if need be; `step` then rejects until the weighted count has room again (in
+/// this window or the next, exactly), with no underflow.
+///
+/// Refund: the request was charged in the window containing its `at`: if that is the
+/// current window, `curr` gives it back; if the previous one, `prev` (whose weight is
+/// fading); older, nothing (it no longer counts). The replay's count of that window is
+/// ours less the refund and the estimate grows with both counts, so the state never
+/// admits more than the replay.
+pub fn settle(c: &mut Counters, limit: &WindowLimit, now: u64, offset: u64, s: Settle) {
+    let (start, _) = bounds(limit.window, now, offset);
+    let (prev, curr) = counts(c, limit, start, offset);
+    *c = match s {
+        Settle::Debt(d) => Counters {
+            start,
+            prev,
+            curr: add_debt(curr, d, limit),
+        },
+        Settle::Refund { back, at, .. } => {
+            let charged = bounds(limit.window, at, offset).0;
+            let back = to_u32(back);
+            if charged == start {
+                Counters {
+                    start,
+                    prev,
+                    curr: curr.saturating_sub(back),
+                }
+            } else if start > 0 && charged == bounds(limit.window, start - 1, offset).0 {
+                Counters {
+                    start,
+                    prev: prev.saturating_sub(back),
+                    curr,
+                }
+            } else {
+                return;
+            }
+        }
+    };
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::limiter::algorithm::testkit::{
-        admitted_between, assert_leases_safe, assert_retry_exact, run_table,
+        admitted_between, assert_exact_at, assert_leases_safe, assert_retry_exact,
+        assert_settles_safe, run_table,
     };
     use crate::limiter::algorithm::{self as alg, Lease, State};
     use crate::limiter::policy::{Algorithm, Window};
@@ -286,6 +332,65 @@ mod tests {
             (30, Window::Month, 3 * 86_400_000),
         ] {
             assert_leases_safe(&lim(window, limit), offset);
+        }
+    }
+
+    /// A debt lifts the current window's count past the limit: rejected until its
+    /// weight has faded in the next window, exactly.
+    #[test]
+    fn debt_waits_for_the_weight_to_fade() {
+        let l = lim(Window::Minute, 10);
+        let mut s = State::initial(Algorithm::SlidingWindow);
+        assert!(alg::step(&mut s, &l, 100_000, 0, 2, true).allowed);
+        alg::settle(&mut s, &l, 100_000, 0, 2, 15, 100_000); // true cost 17
+        assert_eq!(counters(&s), (60_000, 0, 17));
+        // 17 x (180 000 - t) / 60 000 + 1 <= 10 from t = 148 236 on.
+        assert_eq!(assert_exact_at(&s, &l, 100_000, 1).retry_after_ms, 48_236);
+        assert_eq!(assert_exact_at(&s, &l, 130_000, 1).retry_after_ms, 18_236);
+        // Many windows' worth: the window after next.
+        alg::settle(&mut s, &l, 100_000, 0, 1, 1_000_000, 100_000);
+        assert_eq!(assert_exact_at(&s, &l, 100_000, 1).retry_after_ms, 80_000);
+    }
+
+    /// A refund comes off the count of the window the request was charged in: curr in
+    /// that window, prev in the next (restoring the replay exactly), nothing later.
+    #[test]
+    fn refund_comes_off_the_charged_window() {
+        let l = lim(Window::Minute, 10);
+        let mut s = State::initial(Algorithm::SlidingWindow);
+        let mut r = State::initial(Algorithm::SlidingWindow);
+        assert!(alg::step(&mut s, &l, 110_000, 0, 3, true).allowed);
+        assert!(alg::step(&mut r, &l, 110_000, 0, 3, true).allowed);
+        assert!(alg::step(&mut s, &l, 119_000, 0, 6, true).allowed); // true cost 2
+        assert!(alg::step(&mut r, &l, 119_000, 0, 2, true).allowed);
+        // The same window: curr.
+        let mut same = s.clone();
+        alg::settle(&mut same, &l, 119_500, 0, 6, -4, 119_000);
+        assert_eq!(same, r);
+        // The next window: prev, whose weight is fading.
+        assert!(alg::step(&mut s, &l, 150_000, 0, 1, true).allowed);
+        assert!(alg::step(&mut r, &l, 150_000, 0, 1, true).allowed);
+        alg::settle(&mut s, &l, 150_000, 0, 6, -4, 119_000);
+        assert_eq!(counters(&s), (120_000, 5, 1));
+        assert_eq!(s, r);
+        // Two windows on: nothing.
+        assert!(alg::step(&mut s, &l, 185_000, 0, 1, true).allowed);
+        let before = s.clone();
+        alg::settle(&mut s, &l, 185_000, 0, 3, -3, 110_000);
+        assert_eq!(s, before);
+    }
+
+    /// Random requests settled at random times, both ways: a replay with the true costs
+    /// (debts as forced charges when settled) admits every admitted request, and
+    /// `retry_after` stays exact throughout.
+    #[test]
+    fn settles_never_admit_more_than_a_replay() {
+        for (limit, window, offset) in [
+            (20, Window::Second, 0),
+            (100, Window::Minute, 7_000),
+            (30, Window::Month, 3 * 86_400_000),
+        ] {
+            assert_settles_safe(&lim(window, limit), offset);
         }
     }
 }

@@ -1,6 +1,6 @@
 //! Shared helpers for the algorithm tables.
 
-use super::{give_back, lease_len, lease_size, step, take, Lease, State};
+use super::{give_back, lease_len, lease_size, settle, step, take, Lease, State};
 use crate::limiter::policy::WindowLimit;
 
 /// A tiny deterministic PRNG (xorshift64*), so randomized tests replay exactly.
@@ -282,4 +282,164 @@ pub(crate) fn assert_leases_safe(limit: &WindowLimit, offset: u64) -> Vec<LeaseR
         sum(|r| r.rejections)
     );
     runs
+}
+
+/// One event of a settle run, as the replay sees it.
+#[derive(Debug, Clone, Copy)]
+enum Event {
+    /// An admitted request: index into `SettleRun::requests`.
+    Request(usize),
+    /// A debt, charged at `at` (a forced charge).
+    Debt { at: u64, tokens: i64 },
+}
+
+/// What `run_settles` did.
+#[derive(Debug, Default)]
+pub(crate) struct SettleRun {
+    /// Admitted requests: (at, reserved cost, true cost once settled).
+    requests: Vec<(u64, u32, Option<u32>)>,
+    events: Vec<Event>,
+    pub(crate) debts: usize,
+    pub(crate) refunds: usize,
+    /// Rejections whose `retry_after` was checked.
+    pub(crate) rejections: usize,
+}
+
+/// Random traffic with random settles: each admitted request learns a true cost from 0
+/// to twice its reserved cost plus 2, and settles at once, a little later, much later,
+/// or never. After every rejection checks that `retry_after` is exact (on copies).
+pub(crate) fn run_settles(limit: &WindowLimit, offset: u64, seed: u64, steps: usize) -> SettleRun {
+    let period = limit.window.period_ms();
+    let lim = u64::from(limit.limit);
+    let mut rng = Rng(seed);
+    let mut state = State::initial(limit.algorithm);
+    let mut now = 1_764_000_000_000u64 + rng.below(period);
+    let mut run = SettleRun::default();
+    // Unsettled requests: (index, settle no earlier than).
+    let mut pending: Vec<(usize, u64)> = Vec::new();
+    // Costs scale with large limits, so the traffic reaches them within the run.
+    let max_cost = lim.min(4).max(lim / 200);
+    let gap = (period * (1 + max_cost) / 2 / lim.max(1)).max(1);
+    for _ in 0..steps {
+        now += match rng.below(10) {
+            0 => rng.below(gap * 6 + 1),
+            1..=3 => 0,
+            _ => rng.below(gap + 1),
+        };
+        // Settle what is due (in random order), sometimes.
+        let mut i = 0;
+        while i < pending.len() {
+            let (idx, due) = pending[i];
+            if due > now || rng.below(3) == 0 {
+                i += 1;
+                continue;
+            }
+            pending.swap_remove(i);
+            let (at, cost, _) = run.requests[idx];
+            let truth = rng.below(2 * u64::from(cost) + 3) as u32;
+            let delta = i64::from(truth) - i64::from(cost);
+            settle(&mut state, limit, now, offset, cost, delta, at);
+            run.requests[idx].2 = Some(truth);
+            if delta > 0 {
+                run.debts += 1;
+                run.events.push(Event::Debt {
+                    at: now,
+                    tokens: delta,
+                });
+            } else if delta < 0 {
+                run.refunds += 1;
+            }
+        }
+        let cost = 1 + rng.below(max_cost) as u32;
+        let d = step(&mut state, limit, now, offset, cost, true);
+        if !d.allowed {
+            run.rejections += 1;
+            assert!(d.retry_after_ms >= 1, "{d:?}");
+            let at = now + d.retry_after_ms;
+            assert!(
+                step(&mut state.clone(), limit, at, offset, cost, false).allowed,
+                "not admitted at retry: now={now} {d:?} {state:?}"
+            );
+            assert!(
+                !step(&mut state.clone(), limit, at - 1, offset, cost, false).allowed,
+                "admitted early: now={now} {d:?} {state:?}"
+            );
+            continue;
+        }
+        run.requests.push((now, cost, None));
+        run.events.push(Event::Request(run.requests.len() - 1));
+        if rng.below(8) != 0 {
+            let later = [0, 0, gap / 2, gap * 3, period / 3, period * 2][rng.below(6) as usize];
+            pending.push((run.requests.len() - 1, now + rng.below(later + 1)));
+        }
+    }
+    run
+}
+
+/// The settle safety rule: a fresh state fed every admitted request at its true cost
+/// (its reserved cost when it never settled or was a debt) and every debt as a forced
+/// charge at its settle time admits every request.
+pub(crate) fn assert_settled_replay_admits(limit: &WindowLimit, offset: u64, run: &SettleRun) {
+    let mut replay = State::initial(limit.algorithm);
+    for e in &run.events {
+        match *e {
+            Event::Debt { at, tokens } => settle(&mut replay, limit, at, offset, 1, tokens, at),
+            Event::Request(i) => {
+                let (at, cost, truth) = run.requests[i];
+                let cost = truth.map_or(cost, |t| t.min(cost));
+                if cost == 0 {
+                    continue; // free in the replay
+                }
+                let d = step(&mut replay, limit, at, offset, cost, true);
+                assert!(
+                    d.allowed,
+                    "request {i} (at {at}, cost {cost}) is over the limit in the replay: {d:?}"
+                );
+            }
+        }
+    }
+}
+
+/// Runs `run_settles` on several seeds, checks the replay rule and that the runs saw
+/// debts, refunds and rejections.
+pub(crate) fn assert_settles_safe(limit: &WindowLimit, offset: u64) {
+    let (mut debts, mut refunds, mut rejections) = (0, 0, 0);
+    for seed in 1..=12u64 {
+        let run = run_settles(
+            limit,
+            offset,
+            seed * 0x2545_F491 + u64::from(limit.limit),
+            1_500,
+        );
+        assert_settled_replay_admits(limit, offset, &run);
+        debts += run.debts;
+        refunds += run.refunds;
+        rejections += run.rejections;
+    }
+    assert!(
+        debts > 100 && refunds > 100 && rejections > 100,
+        "too one-sided: {debts} debts, {refunds} refunds, {rejections} rejections"
+    );
+}
+
+/// A request at `now + retry_after` is admitted and one a millisecond earlier is not
+/// (on copies of `state`); returns the decision at `now`.
+pub(crate) fn assert_exact_at(
+    state: &State,
+    limit: &WindowLimit,
+    now: u64,
+    cost: u32,
+) -> crate::limiter::Decision {
+    let d = step(&mut state.clone(), limit, now, 0, cost, false);
+    assert!(!d.allowed, "admitted at {now}: {d:?}");
+    let at = now + d.retry_after_ms;
+    assert!(
+        step(&mut state.clone(), limit, at, 0, cost, false).allowed,
+        "{d:?}"
+    );
+    assert!(
+        !step(&mut state.clone(), limit, at - 1, 0, cost, false).allowed,
+        "{d:?}"
+    );
+    d
 }

@@ -11,8 +11,16 @@
 //! twice (a plain early charge would let a full bucket refill during the lease, and the
 //! lease's tokens then come on top of a full bucket). `give_back` returns unused tokens
 //! to the level and releases them from the hold while the hold lasts; later, nothing.
+//!
+//! Settling: a debt may take the bucket below empty. Levels are unsigned, so a negative
+//! level `-x` at `now` is kept as an empty bucket at `last = now + ceil(x / rate)` in
+//! the future (rounded up: at most a millisecond's refill more is charged). There is no
+//! refill before `last`, so no request is admitted until then, and `retry_after` and
+//! `reset_after` count the wait from `now` to `last`. A refund raises the level by what
+//! `refund_units` allows (the replay may have been full and wasted refill since the
+//! request), at most to the capacity less any hold; see `settle`.
 
-use super::{div_ceil, hold_end, to_u32, Hold, Lease};
+use super::{div_ceil, hold_end, refund_units, to_u32, Hold, Lease, Settle};
 use crate::limiter::decision::Decision;
 use crate::limiter::policy::WindowLimit;
 
@@ -54,6 +62,39 @@ impl Bucket {
         let at_end = grow(self.level, self.last, mid).min(held_cap);
         (grow(at_end, mid, t).min(cap), Hold::NONE, t)
     }
+
+    /// The level at `now` as a signed number (negative while a debt is paid off: `last`
+    /// in the future, refilling linearly up to it), and the hold in force at `now`.
+    fn signed_level(&self, hold: Hold, rate: u64, cap: u64, now: u64) -> (i128, Hold) {
+        if self.last == u64::MAX {
+            return (i128::from(cap), Hold::NONE);
+        }
+        if self.last > now {
+            let owed = i128::from(self.last - now) * i128::from(rate);
+            let h = if hold.units > 0 && now < hold.until {
+                hold
+            } else {
+                Hold::NONE
+            };
+            return (i128::from(self.level) - owed, h);
+        }
+        let (level, h, _) = self.level_at(hold, rate, cap, now);
+        (i128::from(level), h)
+    }
+
+    /// The bucket at signed `level` at `now`: below 0, empty until the debt is paid off.
+    fn from_signed(level: i128, rate: u64, now: u64) -> Bucket {
+        match u64::try_from(level) {
+            Ok(level) => Bucket { level, last: now },
+            Err(_) => {
+                let owed = u64::try_from(level.unsigned_abs()).unwrap_or(u64::MAX);
+                Bucket {
+                    level: 0,
+                    last: now.saturating_add(div_ceil(owed, rate)).min(u64::MAX - 1),
+                }
+            }
+        }
+    }
 }
 
 /// Ms from `now` until a bucket at `level` (with `hold`) holds `target` (<= cap) units.
@@ -83,7 +124,9 @@ pub fn step(
     let period = limit.window.period_ms();
     let rate = u64::from(limit.limit);
     let cap = u64::from(limit.capacity).saturating_mul(period);
-    let (level, h, _) = b.level_at(*hold, rate, cap, now);
+    let (level, h, at) = b.level_at(*hold, rate, cap, now);
+    // A bucket in debt is empty until `at` (in the future): no refill before it.
+    let wait = at - now;
     let need = u64::from(cost).saturating_mul(period);
     let used_tokens = u64::from(limit.capacity) - level / period;
     let current = used_tokens + u64::from(cost);
@@ -107,16 +150,16 @@ pub fn step(
     }
     let retry = if need > cap {
         // Never admissible (cost above capacity): point at the next full bucket.
-        time_to(level, h, rate, cap, now, cap).max(1)
+        (wait + time_to(level, h, rate, cap, at, cap)).max(1)
     } else {
-        time_to(level, h, rate, cap, now, need)
+        wait + time_to(level, h, rate, cap, at, need)
     };
     Decision {
         allowed: false,
         limit: limit.limit,
         remaining: 0,
         current,
-        reset_after_ms: time_to(level, h, rate, cap, now, cap),
+        reset_after_ms: wait + time_to(level, h, rate, cap, at, cap),
         retry_after_ms: retry,
     }
 }
@@ -173,24 +216,63 @@ pub fn give_back(
     if now >= tag1 {
         return;
     }
-    let (level, h, at) = b.level_at(*hold, rate, cap, now);
+    // Signed: a bucket in debt (settle) pays it off with the tokens given back.
+    let (level, h) = b.signed_level(*hold, rate, cap, now);
     if h.units == 0 {
         return;
     }
     let back = k.min(size).saturating_mul(period).min(h.units);
     let release = size.saturating_mul(period).min(h.units);
-    *b = Bucket {
-        level: level + back,
-        last: at,
-    };
+    *b = Bucket::from_signed(level + i128::from(back), rate, now);
     *hold = h.sub(release);
+}
+
+/// Settles a request on the bucket (holding `hold`) at `now`.
+///
+/// Debt: the level drops by the debt, below 0 if need be (an empty bucket until the
+/// debt is paid off, see the module docs), never below `-max_debt`. A replay charges the
+/// same debt at the same time: it stays at least as full as this bucket.
+///
+/// Refund: the level rises by `refund_units` (all of it when the request settles
+/// before its true cost's worth of refill; less after, down to nothing once the
+/// reserved cost's worth has refilled), at most to the capacity less the hold. Why it
+/// never admits more than the replay: see `refund_units`. A bucket in debt pays it off
+/// first (the signed level).
+pub fn settle(b: &mut Bucket, hold: &mut Hold, limit: &WindowLimit, now: u64, s: Settle) {
+    if b.last == u64::MAX && matches!(s, Settle::Refund { .. }) {
+        return; // a full bucket: nothing to give back to
+    }
+    let period = limit.window.period_ms();
+    let rate = u64::from(limit.limit);
+    let cap = u64::from(limit.capacity).saturating_mul(period);
+    let (level, h) = b.signed_level(*hold, rate, cap, now);
+    let next = match s {
+        Settle::Debt(d) => {
+            let floor = -i128::from(super::max_debt(limit).saturating_mul(period));
+            if level <= floor {
+                return;
+            }
+            (level - i128::from(d.saturating_mul(period))).max(floor)
+        }
+        Settle::Refund { back, cost, at } => {
+            let units = refund_units(back, cost, at, now, period, rate);
+            let top = i128::from(cap.saturating_sub(h.units));
+            if units == 0 || level >= top {
+                return;
+            }
+            (level + i128::from(units)).min(top)
+        }
+    };
+    *b = Bucket::from_signed(next, rate, now);
+    *hold = h;
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::limiter::algorithm::testkit::{
-        assert_leases_safe, assert_retry_exact, run_table, worst_bucket_excess,
+        assert_exact_at, assert_leases_safe, assert_retry_exact, assert_settles_safe, run_table,
+        worst_bucket_excess,
     };
     use crate::limiter::algorithm::{self as alg, Lease, State};
     use crate::limiter::policy::{Algorithm, Window};
@@ -374,6 +456,123 @@ mod tests {
             for run in assert_leases_safe(&l, 0) {
                 assert!(worst_bucket_excess(&l, &run.admitted) <= 0);
             }
+        }
+    }
+
+    fn remaining(s: &State, l: &WindowLimit, now: u64, cost: u32) -> (bool, u32, u64) {
+        let d = alg::step(&mut s.clone(), l, now, 0, cost, false);
+        (d.allowed, d.remaining, d.retry_after_ms)
+    }
+
+    /// A debt takes the bucket below empty: empty until it is paid off (an empty bucket
+    /// at a `last` in the future), and retry/reset count the wait, exactly.
+    #[test]
+    fn debt_waits_exactly() {
+        let l = lim(Window::Second, 10, 1.0); // 1 token per 100 ms
+        let mut s = State::initial(Algorithm::TokenBucket);
+        assert!(alg::step(&mut s, &l, T, 0, 2, true).allowed);
+        // True cost 22: 8 left - 20 = 12 tokens owed, paid off at T + 1 200.
+        alg::settle(&mut s, &l, T, 0, 2, 20, T);
+        assert_eq!(
+            s,
+            State::TokenBucket(Bucket {
+                level: 0,
+                last: T + 1_200
+            })
+        );
+        let d = assert_exact_at(&s, &l, T, 1);
+        assert_eq!((d.retry_after_ms, d.reset_after_ms), (1_300, 2_200));
+        assert_eq!(assert_exact_at(&s, &l, T + 1_250, 3).retry_after_ms, 250);
+        // Never admissible (above capacity): the next full bucket.
+        assert_eq!(remaining(&s, &l, T, 11), (false, 0, 2_200));
+        // A refund while in debt pays part of it off: an admitted-at-once refund of 2
+        // (true cost 0) 100 ms later gives back 2 tokens less the 1 refilled since.
+        alg::settle(&mut s, &l, T + 100, 0, 2, -2, T);
+        assert_eq!(
+            s,
+            State::TokenBucket(Bucket {
+                level: 0,
+                last: T + 1_100
+            })
+        );
+        // A debt beyond max_debt is forgiven (the bucket stays exact in Lua).
+        let mut s = State::initial(Algorithm::TokenBucket);
+        alg::settle(&mut s, &l, T, 0, 1, i64::MAX, T);
+        let owed = alg::max_debt(&l) - 10;
+        assert_eq!(
+            s,
+            State::TokenBucket(Bucket {
+                level: 0,
+                last: T + owed * 100
+            })
+        );
+    }
+
+    /// A refund settled soon restores exactly the replay with the true cost.
+    #[test]
+    fn refund_restores_the_replay() {
+        let l = lim(Window::Second, 10, 1.0);
+        let mut s = State::initial(Algorithm::TokenBucket);
+        assert!(alg::step(&mut s, &l, T, 0, 8, true).allowed);
+        alg::settle(&mut s, &l, T + 50, 0, 8, -5, T); // true cost 3
+        let mut r = State::initial(Algorithm::TokenBucket);
+        assert!(alg::step(&mut r, &l, T, 0, 3, true).allowed);
+        for (at, cost) in [(T + 50, 1), (T + 50, 8), (T + 60, 8)] {
+            assert_eq!(remaining(&s, &l, at, cost), remaining(&r, &l, at, cost));
+        }
+        assert_eq!(remaining(&s, &l, T + 50, 7), (true, 0, 0));
+    }
+
+    /// A refund gives back less once the replay could have been full and wasted refill:
+    /// `level + refund` capped would admit a token more than the replay here.
+    #[test]
+    fn refund_never_lifts_above_a_replay_that_was_full() {
+        let l = lim(Window::Second, 10, 1.0);
+        let mut s = State::initial(Algorithm::TokenBucket);
+        let mut r = State::initial(Algorithm::TokenBucket);
+        assert!(alg::step(&mut s, &l, T, 0, 5, true).allowed); // true cost 1
+        assert!(alg::step(&mut r, &l, T, 0, 1, true).allowed);
+        // By T + 200 the replay is full (one token's refill wasted); both spend 5.
+        assert!(alg::step(&mut s, &l, T + 200, 0, 5, true).allowed);
+        assert!(alg::step(&mut r, &l, T + 200, 0, 5, true).allowed);
+        assert_eq!(remaining(&r, &l, T + 200, 1).1, 4);
+        // 4 back would make 6; 200 ms x 10/s - 1 = 1 may have been wasted: 3 back.
+        alg::settle(&mut s, &l, T + 200, 0, 5, -4, T);
+        assert_eq!(remaining(&s, &l, T + 200, 1), remaining(&r, &l, T + 200, 1));
+        assert!(!alg::step(&mut s, &l, T + 200, 0, 6, false).allowed);
+        // Settled after the reserved cost's worth of refill: nothing comes back.
+        let before = s.clone();
+        assert!(alg::step(&mut s, &l, T + 700, 0, 1, true).allowed);
+        let after_step = s.clone();
+        alg::settle(&mut s, &l, T + 700, 0, 5, -5, T + 200);
+        assert_eq!(s, after_step, "{before:?}");
+    }
+
+    /// A refund never lifts a holding bucket above capacity - held.
+    #[test]
+    fn refund_stops_at_the_hold() {
+        let l = lim(Window::Second, 100, 1.0);
+        let mut s = State::initial(Algorithm::TokenBucket);
+        assert!(alg::step(&mut s, &l, T, 0, 10, true).allowed);
+        assert_eq!(alg::take(&mut s, &l, T, 0, 10, T + 250).granted, 10);
+        alg::settle(&mut s, &l, T, 0, 10, -10, T);
+        // 80 + 10 back: 90 = capacity - held.
+        assert_eq!(remaining(&s, &l, T, 1).1, 89);
+        assert!(!alg::step(&mut s, &l, T, 0, 91, false).allowed);
+    }
+
+    /// Random requests settled at random times, both ways: a replay with the true costs
+    /// (debts as forced charges when settled) admits every admitted request, and
+    /// `retry_after` stays exact throughout.
+    #[test]
+    fn settles_never_admit_more_than_a_replay() {
+        for (limit, window, burst) in [
+            (20, Window::Second, 1.0),
+            (100, Window::Minute, 1.5),
+            (6, Window::Hour, 2.0),
+            (3_000, Window::Second, 1.0),
+        ] {
+            assert_settles_safe(&lim(window, limit, burst), 0);
         }
     }
 }

@@ -8,6 +8,7 @@ use crate::limiter::{Algorithm, OnFailure, ScopeLimits, WindowLimit};
 
 fn limits(windows: Vec<WindowLimit>) -> ScopeLimits {
     ScopeLimits {
+        concurrent: None,
         windows,
         on_failure: OnFailure::Local,
         message: None,
@@ -158,5 +159,97 @@ fn eviction_never_hands_an_active_client_a_fresh_bucket() {
 fn empty_check_is_unlimited() {
     let store = MemoryStore::new();
     assert_eq!(store.decide(&Check::new(1)), Verdict::UNLIMITED);
+    assert!(store.is_empty());
+}
+
+/// `settle` through the trait, on every window of every scope: a debt refuses later
+/// requests (exactly until it is paid off) and keeps the identity from eviction; a
+/// refund gives back to every window; a refund for an identity not held does nothing.
+#[tokio::test]
+async fn settle_charges_and_refunds_every_window() {
+    let clock = ManualClock::at(T0 - T0 % 60_000);
+    let now = clock.now_ms();
+    let keyl = limits(vec![
+        WindowLimit::new(Window::Second, 10), // token bucket
+        WindowLimit::with_algorithm(Window::Minute, 100, Algorithm::FixedWindow),
+    ]);
+    let ipl = limits(vec![WindowLimit::with_algorithm(
+        Window::Minute,
+        50,
+        Algorithm::SlidingLog,
+    )]);
+    let check = |cost| {
+        let mut c = Check::new(cost);
+        c.push(Scope::Ip, ip(1), &ipl);
+        c.push(Scope::Key, Ident::Name("k".into()), &keyl);
+        c
+    };
+    let fixedl = limits(vec![keyl.windows[1]]);
+    let mem = MemoryStore::with_clock(clock.clone());
+    let store: &dyn LimitStore = &mem;
+    assert!(store.check(&check(4)).await.unwrap().allowed);
+    // True cost 16: 12 more on every window. The bucket (6 left) owes 6: 600 ms, then
+    // 100 ms per token.
+    store.settle(&check(4), 12, now);
+    let v = store.check(&check(1)).await.unwrap();
+    let g = v.governing.unwrap();
+    assert_eq!(
+        (v.allowed, g.scope, g.decision.retry_after_ms),
+        (false, Scope::Key, 700)
+    );
+    clock.advance(Duration::from_millis(699));
+    assert!(!store.check(&check(1)).await.unwrap().allowed);
+    clock.advance(Duration::from_millis(1));
+    let v = store.check(&check(1)).await.unwrap();
+    assert!(v.allowed);
+    // The minute windows hold 4 + 12 + 1.
+    clock.advance(Duration::from_secs(1));
+    let minute = |v: Verdict| v.governing.unwrap().decision.remaining;
+    let peek = || {
+        let mut c = Check::new(1);
+        c.push(Scope::Ip, ip(1), &ipl);
+        c.peek = true;
+        c
+    };
+    assert_eq!(minute(store.check(&peek()).await.unwrap()), 32); // 50 - 17 - 1
+                                                                 // A refund of the first request (its true cost 0 after all: 4 back, not 15): the
+                                                                 // log's entry and the fixed window give it back; the bucket, refilled since, not.
+    store.settle(&check(4), -15, now);
+    assert_eq!(minute(store.check(&peek()).await.unwrap()), 36);
+    let mut fixed = Check::new(1);
+    fixed.push(Scope::Key, Ident::Name("k".into()), &fixedl);
+    fixed.peek = true;
+    assert_eq!(minute(store.check(&fixed).await.unwrap()), 86); // 100 - 13 - 1
+                                                                // Unknown identity: nothing created.
+    let mut other = Check::new(4);
+    other.push(Scope::Ip, ip(2), &ipl);
+    let before = mem.len();
+    store.settle(&other, -3, now);
+    assert_eq!(mem.len(), before);
+}
+
+/// A debt keeps an identity from eviction until it is paid off; refunds of unknown
+/// identities create nothing.
+#[test]
+fn debt_outlives_eviction_and_refunds_create_nothing() {
+    let clock = ManualClock::at(T0);
+    let store = MemoryStore::with_clock(clock.clone());
+    let l = limits(vec![WindowLimit::new(Window::Second, 10)]);
+    let check = |n: u32| {
+        let mut c = Check::new(1);
+        c.push(Scope::Ip, ip(n), &l);
+        c
+    };
+    store.settle_at(&check(1), -1, T0, T0);
+    assert!(store.is_empty());
+    assert!(store.decide(&check(1)).allowed);
+    store.settle_at(&check(1), 40, T0, T0); // 9 left - 40: 3.1 s to pay off, 1 s to fill
+    store.sweep_at(T0 + 4_099);
+    assert_eq!(store.len(), 1);
+    let v = store.decide_at(&check(1), T0 + 4_099);
+    assert_eq!(v.governing.unwrap().decision.remaining, 8);
+    store.sweep_at(T0 + 4_100);
+    assert_eq!(store.len(), 1);
+    store.sweep_at(T0 + 10_000);
     assert!(store.is_empty());
 }

@@ -559,6 +559,7 @@ mod tests {
 
     fn limits(limit: u32, admission: Admission) -> ScopeLimits {
         ScopeLimits {
+            concurrent: None,
             windows: vec![WindowLimit::new(Window::Minute, limit).with_admission(admission)],
             on_failure: OnFailure::Local,
             message: None,
@@ -724,6 +725,7 @@ mod tests {
     fn covered_windows_spend_and_undo() {
         let local = Local::new(1_000);
         let l = ScopeLimits {
+            concurrent: None,
             windows: vec![
                 WindowLimit::new(Window::Second, 10),
                 WindowLimit::new(Window::Minute, 100),

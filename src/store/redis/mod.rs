@@ -13,6 +13,10 @@
 //!
 //! Time: the script reads `redis.call('TIME')`, so gateway clock skew cannot matter. Only
 //! `with_clock` (tests) passes a time. Every call carries the `timeout_ms` deadline.
+//!
+//! Settles (`LimitStore::settle`) are 'settle' calls spawned in the background, like
+//! Cluster refunds: one per request on a single node or Sentinel, one per scope on
+//! Cluster.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -26,9 +30,11 @@ use redis::cluster_async::ClusterConnection;
 use redis::sentinel::{SentinelClient, SentinelServerType};
 use redis::{RedisResult, Script, ScriptInvocation};
 
+pub mod concurrency;
 pub mod local;
 pub mod wire;
 
+use self::concurrency::RemoteSlots;
 use self::local::{Local, Outcome, Plan, Return, WindowPlan};
 use self::wire::{LeaseArgs, Mode, Reply};
 use super::{LimitStore, StoreError};
@@ -86,6 +92,8 @@ pub struct RedisStore {
     local: Option<Local>,
     lease_ms: u64,
     metrics: Option<Arc<Metrics>>,
+    /// Concurrency slots this gateway holds (see `concurrency`).
+    slots: RemoteSlots,
 }
 
 // === impl RedisStore ===
@@ -106,6 +114,7 @@ impl RedisStore {
             local: None,
             lease_ms: 0,
             metrics: None,
+            slots: RemoteSlots::new(concurrency::DEFAULT_LEASE_MS),
         }
     }
 
@@ -126,7 +135,15 @@ impl RedisStore {
             ));
         };
         Ok(Self::new(target, c.timeout, &c.key_prefix)
-            .with_local_admission(c.lease.as_millis() as u64))
+            .with_local_admission(c.lease.as_millis() as u64)
+            .with_concurrency_lease(c.concurrency_lease.as_millis() as u64))
+    }
+
+    /// How long a concurrency slot's entry lives without renewal (`[store]
+    /// concurrency_lease_secs`).
+    pub fn with_concurrency_lease(mut self, lease_ms: u64) -> Self {
+        self.slots = RemoteSlots::new(lease_ms);
+        self
     }
 
     /// Decides locally when it can: the over-limit cache, and leases of at most
@@ -459,19 +476,57 @@ impl RedisStore {
     /// Runs an `EVALSHA` of the script, loading it first when Redis does not have it
     /// (`NOSCRIPT`: a restart, a failover, `SCRIPT FLUSH`).
     async fn run(&self, conn: &mut Conn, cmd: &redis::Cmd) -> RedisResult<Vec<u8>> {
-        match query(conn, cmd).await {
-            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-                let mut load = redis::cmd("SCRIPT");
-                load.arg("LOAD").arg(CHECK_LUA);
-                let _: String = match conn {
-                    Conn::Single(c) => load.query_async(c).await?,
-                    Conn::Cluster(c) => load.query_async(c).await?,
-                    Conn::Sentinel(c) => load.query_async(c).await?,
-                };
-                query(conn, cmd).await
-            }
-            other => other,
+        run_script(conn, cmd).await
+    }
+
+    /// Spawns the 'settle' calls of `check` (see `LimitStore::settle`): one on a single
+    /// node or behind Sentinel, one per scope (one slot each) on Cluster, each within
+    /// the deadline and counted as a store call. Built here, synchronously, so the task
+    /// owns everything it sends. Skipped without a connection (none was made, or it was
+    /// dropped after an error) or outside a Tokio runtime: the settle is lost, as a
+    /// failed call's would be.
+    fn spawn_settle(&self, check: &Check<'_>, delta: i64, admitted_at_ms: u64) {
+        let Some(conn) = self.conn.load_full() else {
+            tracing::debug!("settle skipped: no connection to Redis");
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let now = self.now_arg();
+        let settle = |scopes: &[ScopeCheck<'_>]| {
+            wire::settle_command(
+                self.script.get_hash(),
+                &now,
+                check.cost,
+                delta,
+                admitted_at_ms,
+                &self.prefix,
+                scopes,
+            )
+        };
+        let cmds: Vec<redis::Cmd> = if matches!(*conn, Conn::Cluster(_)) {
+            check
+                .scopes
+                .iter()
+                .map(|s| settle(std::slice::from_ref(s)))
+                .collect()
+        } else {
+            vec![settle(&check.scopes)]
+        };
+        for _ in &cmds {
+            self.count_call();
         }
+        let timeout = self.timeout;
+        let mut conn = (*conn).clone();
+        runtime.spawn(async move {
+            for cmd in cmds {
+                let result = tokio::time::timeout(timeout, run_script(&mut conn, &cmd)).await;
+                if !matches!(result, Ok(Ok(_))) {
+                    tracing::debug!("settling a request's cost did not complete");
+                }
+            }
+        });
     }
 
     /// Gives back the charges of scopes whose request another scope rejected. Runs in the
@@ -523,6 +578,24 @@ impl RedisStore {
     }
 }
 
+/// Runs an `EVALSHA` of the script, loading it first when Redis does not have it
+/// (`NOSCRIPT`: a restart, a failover, `SCRIPT FLUSH`).
+async fn run_script(conn: &mut Conn, cmd: &redis::Cmd) -> RedisResult<Vec<u8>> {
+    match query(conn, cmd).await {
+        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+            let mut load = redis::cmd("SCRIPT");
+            load.arg("LOAD").arg(CHECK_LUA);
+            let _: String = match conn {
+                Conn::Single(c) => load.query_async(c).await?,
+                Conn::Cluster(c) => load.query_async(c).await?,
+                Conn::Sentinel(c) => load.query_async(c).await?,
+            };
+            query(conn, cmd).await
+        }
+        other => other,
+    }
+}
+
 async fn eval(conn: &mut Conn, inv: &ScriptInvocation<'_>) -> RedisResult<Vec<u8>> {
     match conn {
         Conn::Single(c) => inv.invoke_async(c).await,
@@ -556,6 +629,34 @@ impl LimitStore for RedisStore {
             self.conn.store(None);
         }
         result
+    }
+
+    async fn acquire(
+        &self,
+        slots: &[super::slots::SlotRequest],
+    ) -> Result<super::slots::Acquired, StoreError> {
+        if slots.is_empty() {
+            return Ok(Ok(super::slots::SlotLease::default()));
+        }
+        let result = self.acquire_slots(slots).await;
+        self.healthy.store(result.is_ok(), Ordering::Relaxed);
+        if result.is_err() && !matches!(self.target, Target::Single(_)) {
+            self.conn.store(None);
+        }
+        result
+    }
+
+    fn settle(&self, check: &Check<'_>, delta: i64, admitted_at_ms: u64) {
+        if delta == 0 || check.is_empty() || check.peek {
+            return;
+        }
+        self.spawn_settle(check, delta, admitted_at_ms);
+    }
+
+    fn finish(&self, held: super::Held, _ending: super::Ending) {
+        if held.slots.origin == super::slots::Origin::Remote {
+            self.release_slots(&held.slots);
+        }
     }
 
     fn name(&self) -> &'static str {

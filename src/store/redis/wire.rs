@@ -9,10 +9,11 @@ use crate::limiter::{
 };
 use crate::store::StoreError;
 
-/// ARGV values before the windows: now (or ''), cost, mode, lease_ms.
+/// ARGV values before the windows: now (or ''), cost, mode, lease_ms (settle: delta).
 pub const HEADER_ARGS: usize = 4;
 /// ARGV values per window: algorithm, window, limit, capacity, period_ms, offset_ms,
-/// current (refunds only), want, then the lease to give back: ret, tag1, tag2, size.
+/// current (refunds; settles: the admission time), want, then the lease to give back:
+/// ret, tag1, tag2, size.
 pub const ARGS_PER_WINDOW: usize = 12;
 /// Reply values before the windows: now, all_allowed.
 pub const REPLY_HEADER: usize = 2;
@@ -20,7 +21,7 @@ pub const REPLY_HEADER: usize = 2;
 /// then the lease taken: granted, lease_until, tag1, tag2.
 pub const REPLY_PER_WINDOW: usize = 9;
 
-/// ARGV[3]: what the script does.
+/// `ARGV[3]`: what the script does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
     /// Decide every window; charge all of them only if all allow.
@@ -31,6 +32,9 @@ pub enum Mode {
     Refund,
     /// Only give back unused leased tokens.
     Return,
+    /// Settle a request's cost: `ARGV[4]` is `delta` (true - reserved cost, signed) and
+    /// each window's `current` the admission time.
+    Settle,
 }
 
 /// A lease of one window, as the script took it: `granted` tokens charged at once,
@@ -74,13 +78,14 @@ pub struct Reply {
 // === impl Mode ===
 
 impl Mode {
-    /// The ARGV[3] string.
+    /// The `ARGV[3]` string.
     pub fn as_str(self) -> &'static str {
         match self {
             Mode::Check => "check",
             Mode::Peek => "peek",
             Mode::Refund => "refund",
             Mode::Return => "return",
+            Mode::Settle => "settle",
         }
     }
 }
@@ -213,6 +218,39 @@ pub fn command(
     cmd
 }
 
+/// An `EVALSHA` settling a request admitted at `admitted_at_ms` with reserved `cost` on
+/// every window of `scopes`: `delta` = true cost - `cost` (see `LimitStore::settle`).
+/// The reply is "now 1".
+#[allow(clippy::too_many_arguments)]
+pub fn settle_command(
+    sha: &str,
+    now: &str,
+    cost: u32,
+    delta: i64,
+    admitted_at_ms: u64,
+    prefix: &str,
+    scopes: &[ScopeCheck<'_>],
+) -> redis::Cmd {
+    let windows: usize = scopes.iter().map(|s| s.limits.windows.len()).sum();
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(sha).arg(windows);
+    for s in scopes {
+        for w in &s.limits.windows {
+            cmd.arg(key(prefix, s.scope, &s.ident, w.window));
+        }
+    }
+    cmd.arg(now).arg(cost).arg(Mode::Settle.as_str()).arg(delta);
+    let none = LeaseArgs::default();
+    for s in scopes {
+        for w in &s.limits.windows {
+            for v in window_args(w, &s.ident, admitted_at_ms, &none) {
+                cmd.arg(v);
+            }
+        }
+    }
+    cmd
+}
+
 /// Decodes a reply for `scopes`' windows.
 ///
 /// # Errors
@@ -296,7 +334,13 @@ mod tests {
             ARGS_PER_WINDOW
         );
         assert!(lua.contains(&argv), "check.lua does not read `{argv}`");
-        for m in [Mode::Check, Mode::Peek, Mode::Refund, Mode::Return] {
+        for m in [
+            Mode::Check,
+            Mode::Peek,
+            Mode::Refund,
+            Mode::Return,
+            Mode::Settle,
+        ] {
             assert!(lua.contains(&format!("'{}'", m.as_str())), "{m:?}");
         }
         for (a, name) in [
@@ -314,6 +358,9 @@ mod tests {
                 algorithm_code(a)
             );
         }
+        // 'settle' reads delta from ARGV[4] and the admission time from `current`.
+        assert!(lua.contains("local delta = tonumber(ARGV[4])"));
+        assert!(lua.contains(".settle(KEYS[i], ws[i], now, cost, delta, ws[i].current)"));
         let reply = lua.matches("reply[#reply + 1] = fmt(d.").count()
             + lua.matches("reply[#reply + 1] = fmt(l[").count();
         assert_eq!(reply, REPLY_PER_WINDOW);

@@ -7,6 +7,7 @@ use crate::limiter::{Ident, Scope, Window};
 struct FakeStore {
     up: AtomicBool,
     calls: AtomicUsize,
+    settles: AtomicUsize,
     inner: MemoryStore,
 }
 
@@ -23,10 +24,15 @@ impl LimitStore for FakeStore {
     fn name(&self) -> &'static str {
         "fake"
     }
+    fn settle(&self, check: &Check<'_>, delta: i64, admitted_at_ms: u64) {
+        self.settles.fetch_add(1, Ordering::SeqCst);
+        self.inner.settle(check, delta, admitted_at_ms);
+    }
 }
 
 fn limits(limit: u32, on_failure: OnFailure) -> ScopeLimits {
     ScopeLimits {
+        concurrent: None,
         windows: vec![WindowLimit::new(Window::Hour, limit)],
         on_failure,
         message: None,
@@ -37,6 +43,7 @@ fn setup(instances: u32) -> (Arc<FakeStore>, TieredStore) {
     let fake = Arc::new(FakeStore {
         up: AtomicBool::new(true),
         calls: AtomicUsize::new(0),
+        settles: AtomicUsize::new(0),
         inner: MemoryStore::new(),
     });
     let metrics = Arc::new(Metrics::new().unwrap());
@@ -113,6 +120,7 @@ async fn closed_refuses_and_open_skips() {
 #[test]
 fn divide_rounds_down_to_at_least_one() {
     let l = ScopeLimits {
+        concurrent: None,
         windows: vec![WindowLimit::new(Window::Second, 10).with_burst(2.0)],
         on_failure: OnFailure::Local,
         message: None,
@@ -120,4 +128,42 @@ fn divide_rounds_down_to_at_least_one() {
     let d = divide(&l, 3);
     assert_eq!((d.windows[0].limit, d.windows[0].capacity), (3, 6));
     assert_eq!(divide(&l, 100).windows[0].limit, 1);
+}
+
+/// Settles follow the breaker: closed, to the shared store; open, a debt is charged to
+/// the local fallback at the divided limit and a refund is dropped.
+#[tokio::test(start_paused = true)]
+async fn settles_follow_the_breaker() {
+    let (fake, t) = setup(4);
+    let l = limits(40, OnFailure::Local);
+    let c = check(&l, None);
+    assert!(t.check(&c).await.unwrap().allowed);
+    t.settle(&c, 5, 0);
+    assert_eq!(fake.settles.load(Ordering::SeqCst), 1);
+    let v = t.check(&c).await.unwrap();
+    assert_eq!(
+        v.governing.unwrap().decision.remaining,
+        33,
+        "40 - 1 - 5 - 1"
+    );
+    fake.up.store(false, Ordering::SeqCst);
+    for _ in 0..FAILURES_TO_OPEN {
+        assert!(t.check(&c).await.unwrap().fallback);
+    }
+    assert_eq!(t.breaker().state(), BreakerState::Open);
+    // 10 per hour locally, 3 charged by the failing checks: a debt of 4 leaves 3.
+    t.settle(&c, 4, 0);
+    t.settle(&c, -4, 0); // dropped: its charge may live in the shared store
+    assert_eq!(fake.settles.load(Ordering::SeqCst), 1);
+    let admitted = (0..10)
+        .filter(|_| t.fallback().decide(&divided(&l)).allowed)
+        .count();
+    assert_eq!(admitted, 3);
+}
+
+fn divided(l: &ScopeLimits) -> Check<'static> {
+    let d: &'static ScopeLimits = Box::leak(Box::new(divide(l, 4)));
+    let mut c = Check::new(1);
+    c.push(Scope::Key, Ident::Name("k".into()), d);
+    c
 }

@@ -1,0 +1,88 @@
+//! Concurrency slots of the pipeline (`concurrent = N` on ip, key and tenant): taken
+//! all-or-nothing before any rate window is charged, so a request this refuses charges no
+//! window; given back when the request ends, or at once when a rate window refuses it.
+
+use std::net::IpAddr;
+
+use super::core::{Core, Runtime};
+use super::Rejection;
+use crate::config::Mode;
+use crate::identity::KeyInfo;
+use crate::limiter::{Ident, OnFailure, Scope, ScopeLimits};
+use crate::metrics::Outcome;
+use crate::store::slots::{SlotLease, SlotRequest, SlotRequests};
+
+/// The slots a caller needs: one per scope with `concurrent`, in scope order.
+pub fn slot_requests(rt: &Runtime, client_ip: IpAddr, key: Option<&KeyInfo>) -> SlotRequests {
+    let mut out = SlotRequests::new();
+    let mut push = |scope: Scope, ident: &Ident, limits: &ScopeLimits| {
+        if let Some(limit) = limits.concurrent {
+            out.push(SlotRequest {
+                scope,
+                ident: ident.clone(),
+                limit,
+                on_failure: limits.on_failure,
+            });
+        }
+    };
+    if let Some(l) = &rt.config.ip_limits {
+        push(Scope::Ip, &Ident::Ip(client_ip), l);
+    }
+    if let Some(k) = key {
+        push(Scope::Key, &k.key_ident, &k.tier.key);
+        push(Scope::Tenant, &k.tenant_ident, &k.tenant_tier.tenant);
+    }
+    out
+}
+
+/// Takes the caller's slots (an empty lease when no scope has `concurrent`).
+///
+/// # Errors
+/// 429 `concurrent` when a scope has all its slots taken (enforce mode; in shadow mode
+/// the request goes on without slots), 503 when a fail-closed scope's store is away.
+pub(super) async fn acquire(
+    core: &Core,
+    rt: &Runtime,
+    client_ip: IpAddr,
+    key: Option<&KeyInfo>,
+    mode: Mode,
+) -> Result<SlotLease, Rejection> {
+    let reqs = slot_requests(rt, client_ip, key);
+    if reqs.is_empty() {
+        return Ok(SlotLease::default());
+    }
+    match core.store.acquire(&reqs).await {
+        Ok(Ok(lease)) => Ok(lease),
+        Ok(Err(full)) => {
+            if mode == Mode::Shadow {
+                core.metrics.decision(full.scope, Outcome::ShadowRejected);
+                return Ok(SlotLease::default());
+            }
+            core.metrics.decision(full.scope, Outcome::Rejected);
+            let message = reqs
+                .iter()
+                .position(|r| r.scope == full.scope)
+                .and_then(|_| scope_message(rt, key, full.scope));
+            Err(Rejection::Concurrent { full, message })
+        }
+        Err(e) => {
+            // The store answers an error only for a fail-closed scope (see `TieredStore`).
+            tracing::debug!(error = %e, "concurrency slots: store failed");
+            for r in reqs.iter().filter(|r| r.on_failure == OnFailure::Closed) {
+                core.metrics.decision(r.scope, Outcome::FailedClosed);
+            }
+            Err(Rejection::Unavailable)
+        }
+    }
+}
+
+/// The 429 message template of `scope` for this caller.
+fn scope_message(rt: &Runtime, key: Option<&KeyInfo>, scope: Scope) -> Option<String> {
+    let limits = match scope {
+        Scope::Ip => rt.config.ip_limits.as_deref(),
+        Scope::Key => key.map(|k| &*k.tier.key),
+        Scope::Tenant => key.map(|k| &*k.tenant_tier.tenant),
+        _ => None,
+    };
+    limits.and_then(|l| l.message.clone())
+}

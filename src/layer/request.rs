@@ -1,0 +1,181 @@
+//! From an `http::Request` to the pipeline's plain data, and from the pipeline's answers
+//! back to `http` types: the layer's half of what `proxy::target` does for Pingora.
+
+use std::borrow::Cow;
+
+use bytes::Bytes;
+use http::header::{CACHE_CONTROL, CONTENT_TYPE, HOST};
+use http::request::Parts;
+use http::uri::PathAndQuery;
+use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode, Uri, Version};
+
+use crate::admission::{Admission, Rejection};
+use crate::proxy::path::{self, Normalized};
+use crate::proxy::target::parse_authority;
+use crate::reply::headers::RateHeaders;
+use crate::reply::Reply;
+
+/// Where a request goes, as the routes see it.
+pub(super) struct Routed<'a> {
+    /// Lower-case host without port and trailing dot.
+    pub(super) host: Option<Cow<'a, str>>,
+    /// The normalized path.
+    pub(super) path: Normalized<'a>,
+    /// The URI the inner service must see, when normalization changed the path.
+    pub(super) uri: Option<Uri>,
+}
+
+/// The host and normalized path of `parts`.
+///
+/// # Errors
+/// 400 `invalid_path` or `invalid_host`, as the proxy answers them.
+pub(super) fn routed(parts: &Parts, allow_params: bool) -> Result<Routed<'_>, Rejection> {
+    let path = path::normalize(parts.uri.path(), allow_params).map_err(|e| {
+        tracing::debug!(error = %e, "invalid path");
+        Rejection::InvalidPath
+    })?;
+    let authority = match parts.uri.authority() {
+        Some(a) => Some(a.as_str().as_bytes()),
+        None => single_host(&parts.headers, parts.version)?,
+    };
+    let host = match authority {
+        Some(a) => Some(parse_authority(a).ok_or(Rejection::InvalidHost)?.0),
+        None => None,
+    };
+    let uri = match &path.forward {
+        Cow::Owned(p) => Some(with_path(&parts.uri, p).ok_or(Rejection::InvalidPath)?),
+        Cow::Borrowed(_) => None,
+    };
+    Ok(Routed { host, path, uri })
+}
+
+/// The one `Host` of a request: several are refused, and none for HTTP/1.1.
+fn single_host(headers: &HeaderMap, version: Version) -> Result<Option<&[u8]>, Rejection> {
+    let mut hosts = headers.get_all(HOST).iter();
+    match (hosts.next(), hosts.next()) {
+        (Some(h), None) => Ok(Some(h.as_bytes())),
+        (Some(_), Some(_)) => Err(Rejection::InvalidHost),
+        (None, _) if version == Version::HTTP_11 => Err(Rejection::InvalidHost),
+        (None, _) => Ok(None),
+    }
+}
+
+/// `uri` with its path replaced by `path` (query, scheme and authority kept).
+fn with_path(uri: &Uri, path: &str) -> Option<Uri> {
+    let pq = match uri.query() {
+        Some(q) => format!("{path}?{q}"),
+        None => path.to_string(),
+    };
+    let mut parts = uri.clone().into_parts();
+    parts.path_and_query = Some(PathAndQuery::from_maybe_shared(pq).ok()?);
+    Uri::from_parts(parts).ok()
+}
+
+/// The headers the inner service gets: the client's `X-Throttle-*` removed (only the
+/// layer sets them), the key's tenant and id added.
+pub(super) fn identity_headers(headers: &mut HeaderMap, a: &Admission) {
+    if headers
+        .keys()
+        .any(|n| n.as_str().starts_with("x-throttle-"))
+    {
+        let doomed: Vec<HeaderName> = headers
+            .keys()
+            .filter(|n| n.as_str().starts_with("x-throttle-"))
+            .cloned()
+            .collect();
+        for name in doomed {
+            headers.remove(name);
+        }
+    }
+    if let Some((tenant, key_id)) = a.key.as_ref().and_then(|k| k.headers.clone()) {
+        headers.insert(HeaderName::from_static("x-throttle-tenant"), tenant);
+        headers.insert(HeaderName::from_static("x-throttle-key-id"), key_id);
+    }
+}
+
+/// Adds the admitted request's `X-RateLimit-*` to the inner service's response.
+pub(super) fn rate_headers(headers: &mut HeaderMap, a: &Admission) {
+    if let Some(wd) = &a.rate {
+        let mut h = RateHeaders::new(wd, a.now_ms, a.shadow_rejected);
+        h.retry_after = None; // an admitted response was not rejected
+        insert_all(headers, h.pairs());
+    }
+}
+
+/// The gateway's own answer as a response: the JSON body, `Content-Type`,
+/// `Cache-Control: no-store` and the reply's headers.
+pub(super) fn respond<B: From<Bytes>>(reply: Reply) -> Response<B> {
+    let mut resp = Response::new(B::from(reply.body));
+    *resp.status_mut() =
+        StatusCode::from_u16(reply.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let h = resp.headers_mut();
+    h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    h.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    insert_all(h, reply.headers);
+    resp
+}
+
+/// Inserts `(name, value)` pairs; the names are the reply module's lower-case constants.
+fn insert_all(h: &mut HeaderMap, pairs: impl IntoIterator<Item = (&'static str, HeaderValue)>) {
+    for (name, value) in pairs {
+        if let Ok(name) = HeaderName::from_bytes(name.as_bytes()) {
+            h.insert(name, value);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parts(uri: &str, hosts: &[&str], version: Version) -> Parts {
+        let mut b = http::Request::builder().uri(uri).version(version);
+        for h in hosts {
+            b = b.header(HOST, *h);
+        }
+        b.body(()).unwrap().into_parts().0
+    }
+
+    /// Host from the URI's authority first, else the one `Host`; lower-cased, no port.
+    #[test]
+    fn host_from_authority_or_header() {
+        let p = parts("http://API.example.com:8443/v1/x", &[], Version::HTTP_2);
+        assert_eq!(
+            routed(&p, false).unwrap().host.as_deref(),
+            Some("api.example.com")
+        );
+        let p = parts("/v1/x", &["Api.Example.com."], Version::HTTP_11);
+        assert_eq!(
+            routed(&p, false).unwrap().host.as_deref(),
+            Some("api.example.com")
+        );
+        let p = parts("/v1/x", &[], Version::HTTP_10);
+        assert_eq!(routed(&p, false).unwrap().host, None);
+    }
+
+    /// No `Host` on HTTP/1.1, several, or a malformed one: 400 `invalid_host`.
+    #[test]
+    fn bad_hosts_are_refused() {
+        for (hosts, version) in [
+            (&[][..], Version::HTTP_11),
+            (&["a.example", "b.example"][..], Version::HTTP_11),
+            (&["user@a.example"][..], Version::HTTP_11),
+        ] {
+            let p = parts("/x", hosts, version);
+            assert!(matches!(routed(&p, false), Err(Rejection::InvalidHost)));
+        }
+    }
+
+    /// The inner service sees the normalized path (query kept); ambiguous paths are 400.
+    #[test]
+    fn path_is_normalized_for_the_inner_service() {
+        let p = parts("/v1//%73earch?q=1", &["h"], Version::HTTP_11);
+        let r = routed(&p, false).unwrap();
+        assert_eq!(r.path.route, "/v1/search");
+        assert_eq!(r.uri.unwrap().to_string(), "/v1/search?q=1");
+        let p = parts("/v1/search", &["h"], Version::HTTP_11);
+        assert!(routed(&p, false).unwrap().uri.is_none());
+        let p = parts("/public/%2e%2e/v1/secret", &["h"], Version::HTTP_11);
+        assert!(matches!(routed(&p, false), Err(Rejection::InvalidPath)));
+    }
+}

@@ -1,0 +1,192 @@
+//! `ThrottleService`: admits a request, calls the inner service, and finishes the
+//! admission when the inner service's response future resolves, fails or is dropped.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::request::Parts;
+use http::{Request, Response};
+
+use super::request::{self, Routed};
+use super::{Caller, Shared};
+use crate::admission::{self, Admission, AdmitRequest, Refusal, Target};
+use crate::config::PathParameters;
+use crate::identity::api_key_from;
+use crate::metrics::RouteCounters;
+use crate::reply::{self, error_reply};
+use crate::routing::RouteEntry;
+use crate::store::Ending;
+
+/// The future of a [`ThrottleService`] call: admission, then the inner service's.
+pub type ResponseFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
+
+/// The service [`ThrottleLayer`](super::ThrottleLayer) wraps around `S`.
+#[derive(Clone)]
+pub struct ThrottleService<S> {
+    inner: S,
+    shared: Arc<Shared>,
+}
+
+// === impl ThrottleService ===
+
+impl<S> ThrottleService<S> {
+    pub(super) fn new(inner: S, shared: Arc<Shared>) -> Self {
+        Self { inner, shared }
+    }
+
+    /// The wrapped service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+}
+
+impl<S: std::fmt::Debug> std::fmt::Debug for ThrottleService<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ThrottleService")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, ReqBody, ResBody> tower::Service<Request<ReqBody>> for ThrottleService<S>
+where
+    S: tower::Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send,
+    ReqBody: Send + 'static,
+    ResBody: From<Bytes> + Send + 'static,
+{
+    type Response = Response<ResBody>;
+    type Error = S::Error;
+    type Future = ResponseFuture<Response<ResBody>, S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+        // The instance polled ready is the one called (tower's clone-and-swap).
+        let ready = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, ready);
+        Box::pin(serve(self.shared.clone(), inner, req))
+    }
+}
+
+/// One request through the layer.
+async fn serve<S, ReqBody, ResBody>(
+    shared: Arc<Shared>,
+    mut inner: S,
+    req: Request<ReqBody>,
+) -> Result<Response<ResBody>, S::Error>
+where
+    S: tower::Service<Request<ReqBody>, Response = Response<ResBody>>,
+    ResBody: From<Bytes>,
+{
+    let (mut parts, body) = req.into_parts();
+    let admission = match admit(&shared, &parts).await {
+        Ok((a, uri)) => {
+            if let Some(uri) = uri {
+                parts.uri = uri;
+            }
+            a
+        }
+        Err(refusal) => {
+            let reply = match &refusal {
+                Some(r) => reply::render(&r.rejection, shared.core.clock.now_ms()),
+                None => error_reply(500, "client_address_unavailable"),
+            };
+            let route = refusal.as_ref().and_then(|r| r.route.as_ref());
+            route_counters(&shared, route).request(reply.status);
+            return Ok(request::respond(reply));
+        }
+    };
+    request::identity_headers(&mut parts.headers, &admission);
+    parts.extensions.insert(caller(&admission));
+    let started = tokio::time::Instant::now();
+    let result = inner.call(Request::from_parts(parts, body)).await;
+    let status = result.as_ref().map_or(0, |r| r.status().as_u16());
+    let counters = route_counters(&shared, admission.route.as_ref());
+    counters.request(status);
+    counters
+        .upstream_seconds
+        .observe(started.elapsed().as_secs_f64());
+    match result {
+        Ok(mut resp) => {
+            request::rate_headers(resp.headers_mut(), &admission);
+            admission.finish(Ending::Completed { status });
+            Ok(resp)
+        }
+        Err(e) => {
+            admission.finish(Ending::UpstreamFailed);
+            Err(e)
+        }
+    }
+}
+
+/// Runs the pipeline for `parts`: the admission and the URI the inner service must see
+/// (a normalized path), or the refusal (None: no peer address to decide on).
+async fn admit(
+    shared: &Shared,
+    parts: &Parts,
+) -> Result<(Admission, Option<http::Uri>), Option<Refusal>> {
+    let core = &shared.core;
+    let Some(peer) = (shared.peer)(&parts.extensions) else {
+        tracing::error!(
+            "no peer address in the request's extensions: see ThrottleLayer::with_peer"
+        );
+        return Err(None);
+    };
+    let rt = core.runtime();
+    let xff = parts
+        .headers
+        .get_all("x-forwarded-for")
+        .iter()
+        .map(|v| v.as_bytes());
+    let client_ip = rt.resolver.resolve(peer, xff);
+    let allow_params = rt.config.server.path_parameters == PathParameters::Allow;
+    drop(rt);
+    let Routed { host, path, uri } = match request::routed(parts, allow_params) {
+        Ok(r) => r,
+        // An IP block still answers 403 before a malformed target's 400.
+        Err(rejection) => {
+            let refusal = admission::ip_blocked(core, client_ip).unwrap_or(rejection.into());
+            return Err(Some(refusal));
+        }
+    };
+    let request = AdmitRequest {
+        client_ip,
+        target: Target::Match {
+            host: host.as_deref(),
+            path: &path.route,
+        },
+        key: api_key_from(&parts.headers),
+        cost: None,
+        also_charge: None,
+    };
+    match admission::admit(core, &request).await {
+        Ok(a) => Ok((a, uri)),
+        Err(refusal) => Err(Some(refusal)),
+    }
+}
+
+/// The admitted request as the inner service's extension.
+fn caller(a: &Admission) -> Caller {
+    Caller {
+        client_ip: a.client_ip,
+        route: a.route_name().cloned(),
+        key_id: a.key.as_ref().map(|k| k.key_id.clone()),
+        tenant: a.key.as_ref().map(|k| k.tenant.clone()),
+    }
+}
+
+/// `throttle_requests_total` of `route` (`none` without one).
+fn route_counters<'a>(shared: &'a Shared, route: Option<&'a Arc<RouteEntry>>) -> &'a RouteCounters {
+    match route {
+        Some(r) => r
+            .counters
+            .get_or_init(|| shared.core.metrics.route(&r.route.name)),
+        None => &shared.unrouted,
+    }
+}

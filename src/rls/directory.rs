@@ -1,0 +1,232 @@
+//! Callers named without a secret: the `key_id` and `tenant` entries of the Envoy
+//! rate-limit service. Envoy (its ext_authz, a JWT filter) has identified the caller, so
+//! the key is found by its id, and a tenant alone is a caller too.
+//!
+//! The index is built from one runtime and one database snapshot (the config's keys, then
+//! the database's, which win, as in a key lookup) and rebuilt when either is swapped, on
+//! the first call that needs it: O(keys) once per snapshot, then one map lookup per call.
+//!
+//! A tenant's tier is the one its keys carry as their tenant tier (the tenants table, else
+//! `[[tenants]]`, else the key's own tier); a tenant without keys takes its `[[tenants]]`
+//! tier. A tenant with no tier of its own whose keys are in different tiers has no single
+//! answer and is refused, as is a tenant the gateway does not know.
+
+use std::collections::hash_map::Entry;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use arc_swap::ArcSwapOption;
+
+use crate::admission::{Core, Dynamic, Runtime};
+use crate::config::Tier;
+use crate::identity::KeyInfo;
+use crate::limiter::ScopeLimits;
+
+/// Key ids and tenants of the current snapshots, indexed.
+#[derive(Default)]
+pub(super) struct Directory {
+    index: ArcSwapOption<Index>,
+}
+
+/// The index of one (runtime, database snapshot) pair.
+struct Index {
+    runtime: Arc<Runtime>,
+    dynamic: Arc<Dynamic>,
+    keys: HashMap<Arc<str>, Arc<KeyInfo>>,
+    tenants: HashMap<Arc<str>, Option<Arc<KeyInfo>>>,
+}
+
+// === impl Directory ===
+
+impl Directory {
+    /// The key whose id is `id`.
+    pub(super) fn key(&self, core: &Core, id: &str) -> Option<Arc<KeyInfo>> {
+        self.index(core).keys.get(id).cloned()
+    }
+
+    /// The caller known only as `tenant`: its tenant limits, no key limits, no key id.
+    ///
+    /// # Errors
+    /// Why there is no such caller (an `INVALID_ARGUMENT` message).
+    pub(super) fn tenant(&self, core: &Core, tenant: &str) -> Result<Arc<KeyInfo>, String> {
+        match self.index(core).tenants.get(tenant) {
+            Some(Some(caller)) => Ok(caller.clone()),
+            Some(None) => Err(format!(
+                "tenant {tenant:?} has no tier of its own and its keys are in different tiers: \
+                 send its api_key or key_id too"
+            )),
+            None => Err(format!(
+                "unknown tenant {tenant:?}: no [[tenants]] entry and no key of it"
+            )),
+        }
+    }
+
+    fn index(&self, core: &Core) -> Arc<Index> {
+        let (runtime, dynamic) = (core.runtime(), core.dynamic());
+        if let Some(i) = self.index.load_full() {
+            if Arc::ptr_eq(&i.runtime, &runtime) && Arc::ptr_eq(&i.dynamic, &dynamic) {
+                return i;
+            }
+        }
+        let i = Arc::new(Index::build(runtime, dynamic));
+        self.index.store(Some(i.clone()));
+        i
+    }
+}
+
+// === impl Index ===
+
+impl Index {
+    fn build(runtime: Arc<Runtime>, dynamic: Arc<Dynamic>) -> Self {
+        let mut keys = HashMap::new();
+        for (_, k) in runtime.keys.iter().chain(dynamic.keys.iter()) {
+            keys.insert(k.key_id.clone(), k.clone());
+        }
+        // Each tenant's tier, None when its keys disagree.
+        let mut tiers: HashMap<Arc<str>, Option<Arc<Tier>>> = HashMap::new();
+        for k in keys.values() {
+            match tiers.entry(k.tenant.clone()) {
+                Entry::Vacant(e) => {
+                    e.insert(Some(k.tenant_tier.clone()));
+                }
+                Entry::Occupied(mut e) => {
+                    if e.get()
+                        .as_ref()
+                        .is_some_and(|t| t.name != k.tenant_tier.name)
+                    {
+                        e.insert(None);
+                    }
+                }
+            }
+        }
+        let config = &runtime.config;
+        for (tenant, tier) in &config.tenants {
+            if let Some(tier) = config.tiers.get(tier) {
+                tiers
+                    .entry(Arc::from(tenant.as_str()))
+                    .or_insert_with(|| Some(tier.clone()));
+            }
+        }
+        let tenants = tiers
+            .into_iter()
+            .map(|(tenant, tier)| {
+                let caller = tier.map(|t| tenant_caller(&tenant, t));
+                (tenant, caller)
+            })
+            .collect();
+        Self {
+            runtime,
+            dynamic,
+            keys,
+            tenants,
+        }
+    }
+}
+
+/// A caller of `tenant` with no key: the tenant scope under `tier`, and no key scope (its
+/// key limits have no windows) and no key id (none is logged with its violations).
+fn tenant_caller(tenant: &str, tier: Arc<Tier>) -> Arc<KeyInfo> {
+    let no_key_limits = ScopeLimits {
+        windows: Vec::new(),
+        concurrent: None,
+        message: None,
+        on_failure: tier.key.on_failure,
+    };
+    let keyless = Arc::new(Tier {
+        name: tier.name.clone(),
+        key: Arc::new(no_key_limits),
+        key_settings: tier.key_settings,
+        tenant: tier.tenant.clone(),
+    });
+    KeyInfo::new("", tenant, keyless, tier)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::admission::build_check;
+    use crate::config;
+    use crate::limiter::Scope;
+
+    const CONFIG: &str = r#"
+[tiers.free]
+key = { per_minute = 5 }
+tenant = { per_hour = 100 }
+[tiers.pro]
+key = { per_minute = 50 }
+tenant = { per_hour = 1000 }
+[[routes]]
+name = "api"
+path_prefix = "/"
+upstreams = ["127.0.0.1:9000"]
+[[keys]]
+id = "k_acme"
+key = "acme-key"
+tenant = "acme"
+tier = "free"
+[[keys]]
+id = "k_mixed_free"
+key = "mixed-key-1"
+tenant = "mixed"
+tier = "free"
+[[keys]]
+id = "k_mixed_pro"
+key = "mixed-key-2"
+tenant = "mixed"
+tier = "pro"
+[[keys]]
+id = "k_declared"
+key = "declared-key"
+tenant = "declared"
+tier = "free"
+[[tenants]]
+id = "declared"
+tier = "pro"
+[[tenants]]
+id = "keyless"
+tier = "pro"
+"#;
+
+    fn index() -> Index {
+        let runtime = Runtime::from_config(config::parse("x.toml", CONFIG).unwrap()).unwrap();
+        Index::build(Arc::new(runtime), Arc::new(Dynamic::default()))
+    }
+
+    fn tier_of(i: &Index, tenant: &str) -> Option<String> {
+        let caller = i.tenants.get(tenant)?.as_ref()?;
+        Some(caller.tenant_tier.name.clone())
+    }
+
+    /// Keys are found by id; nothing else is.
+    #[test]
+    fn finds_keys_by_id() {
+        let i = index();
+        assert_eq!(&*i.keys["k_acme"].tenant, "acme");
+        assert!(!i.keys.contains_key("acme-key"));
+    }
+
+    /// A tenant's tier: its declared tier, else the one its keys share; keys in
+    /// different tiers leave it without one; unknown tenants are absent.
+    #[test]
+    fn resolves_tenant_tiers() {
+        let i = index();
+        assert_eq!(tier_of(&i, "acme").as_deref(), Some("free"));
+        assert_eq!(tier_of(&i, "declared").as_deref(), Some("pro"));
+        assert_eq!(tier_of(&i, "keyless").as_deref(), Some("pro"));
+        assert!(matches!(i.tenants.get("mixed"), Some(None)));
+        assert!(!i.tenants.contains_key("nobody"));
+    }
+
+    /// A tenant-only caller is checked on the tenant scope alone, under its tenant's name.
+    #[test]
+    fn tenant_caller_has_no_key_scope() {
+        let i = index();
+        let caller = i.tenants["acme"].clone().unwrap();
+        assert!(caller.key_id.is_empty());
+        let rt = i.runtime.clone();
+        let check = build_check(&rt, "10.0.0.1".parse().unwrap(), Some(&caller), 1);
+        let scopes: Vec<Scope> = check.scopes.iter().map(|s| s.scope).collect();
+        assert_eq!(scopes, [Scope::Tenant]);
+        assert_eq!(check.scopes[0].limits.windows.len(), 1);
+    }
+}

@@ -1,0 +1,268 @@
+//! The Envoy rate-limit service (`[server] rls_listen`): `envoy.service.ratelimit.v3.
+//! RateLimitService/ShouldRateLimit` over gRPC, one more adapter over the admission
+//! pipeline. A call is admitted like a proxied request or a `/v1/check` and counts against
+//! the same buckets (one store, one state).
+//!
+//! Reading a request (`request`):
+//! - all entries of all descriptors are merged into one admission request, decided
+//!   all-or-nothing across scopes (the layered ip -> key -> tenant -> global check);
+//! - `remote_address` -> the `ip` scope (required); `api_key` -> the key (the raw key,
+//!   hashed and looked up as the proxy does); `key_id` -> the key of that id; `tenant` ->
+//!   the tenant (alone: its tenant limits only; with a key: it must be the key's tenant);
+//!   `route` -> that route's `cost`, `mode` and `auth` (none: no route, cost 1, enforce);
+//! - `hits_addend` is the cost; 0 (unset) means the default: the route's `cost`, else 1.
+//!   A descriptor's own `hits_addend` overrides the request's; descriptors must agree;
+//! - `domain` is not used. Unknown entries, conflicting values, a missing or unparseable
+//!   `remote_address`, an unknown route or tenant, `is_negative_hits` and descriptor limit
+//!   overrides are `INVALID_ARGUMENT` with a message saying what is wrong.
+//!
+//! Answering (`answer`): `OK` or `OVER_LIMIT`, one status per descriptor (all the same: the
+//! governing window of the one admission), the `X-RateLimit-*` headers (and `Retry-After`
+//! on a denial) in `response_headers_to_add`. A blocked IP, key or tenant, a missing or
+//! invalid key (an unknown `key_id` is an invalid key) and a fail-closed store are
+//! `OVER_LIMIT` as well, with the proxy's JSON body as `raw_body`. Failed key lookups count
+//! against `remote_address` in `[limits.auth]`, never against Envoy's own address. A
+//! `key_id` or `tenant` names a caller Envoy has identified, so it satisfies `auth =
+//! "required"` as a valid key does.
+//!
+//! A call ends when it is answered: whatever the admission holds (a concurrency slot) is
+//! given back at once, since Envoy never says when its request ends.
+//!
+//! The listener is plaintext HTTP/2 (gRPC), meant for a sidecar or a private network. It
+//! runs as a background service on its own runtime with `server.threads` threads, stops
+//! accepting on shutdown and drains the calls in flight. On a zero-downtime upgrade the new
+//! process binds the port as soon as the old one lets go of it.
+
+mod answer;
+mod directory;
+mod request;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
+    RateLimitService, RateLimitServiceServer,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use pingora::server::ShutdownWatch;
+use pingora::services::background::BackgroundService;
+use tonic::transport::server::TcpIncoming;
+use tonic::{Request, Response, Status};
+
+use self::directory::Directory;
+use self::request::Caller;
+use crate::admission::{self, AdmitRequest, Core, Rejection, Target};
+use crate::config::Auth;
+use crate::identity::{validate_key, Presented};
+use crate::lifecycle::Lifecycle;
+use crate::store::Ending;
+
+/// Largest request accepted: a few descriptors are a few hundred bytes.
+const MAX_REQUEST: usize = 64 * 1024;
+
+/// How often an upgrading process tries the port its predecessor still holds.
+const REBIND_EVERY: Duration = Duration::from_millis(20);
+
+/// The `RateLimitService` implementation.
+pub struct Rls {
+    core: Arc<Core>,
+    directory: Directory,
+}
+
+/// The gRPC listener, a Pingora background service.
+pub struct RlsListener {
+    rls: Arc<Rls>,
+    addr: SocketAddr,
+    /// The socket bound at start (None: bind it once free, on an upgrade).
+    bound: Mutex<Option<std::net::TcpListener>>,
+    lifecycle: Arc<Lifecycle>,
+}
+
+// === impl Rls ===
+
+impl Rls {
+    /// The service over `core`.
+    pub fn new(core: Arc<Core>) -> Self {
+        Self {
+            core,
+            directory: Directory::default(),
+        }
+    }
+
+    /// Decides `req` (see the module docs).
+    ///
+    /// # Errors
+    /// `INVALID_ARGUMENT` for a malformed request.
+    pub async fn decide(&self, req: &RateLimitRequest) -> Result<RateLimitResponse, Status> {
+        let asked = request::read(req).map_err(invalid)?;
+        let known = match (asked.caller, asked.tenant) {
+            (Caller::KeyId(id), _) => self.directory.key(&self.core, id),
+            (Caller::Anonymous, Some(t)) => {
+                Some(self.directory.tenant(&self.core, t).map_err(invalid)?)
+            }
+            _ => None,
+        };
+        let key = match (asked.caller, &known) {
+            (_, Some(k)) => Presented::Known(k),
+            (Caller::ApiKey(k), None) => validate_key(k.as_bytes()),
+            // An unknown id is an invalid key: refused as the proxy refuses one.
+            (Caller::KeyId(_), None) => Presented::Malformed,
+            (Caller::Anonymous, None) => Presented::Missing,
+        };
+        if let Some(t) = asked.tenant {
+            self.same_tenant(key, t)?;
+        }
+        let request = AdmitRequest {
+            client_ip: asked.client_ip,
+            target: asked.route.map_or(Target::Any, Target::Named),
+            key,
+            cost: asked.cost,
+            also_charge: None,
+        };
+        match admission::admit(&self.core, &request).await {
+            Ok(a) => {
+                let response = answer::admitted(&a, asked.descriptors);
+                a.finish(Ending::Completed { status: 200 });
+                Ok(response)
+            }
+            Err(refusal) => match refusal.rejection {
+                Rejection::UnknownRoute(name) => Err(invalid(format!("unknown route {name:?}"))),
+                other => {
+                    let now_ms = self.core.clock.now_ms();
+                    Ok(answer::refused(&other, now_ms, asked.descriptors))
+                }
+            },
+        }
+    }
+
+    /// Refuses a `tenant` entry that is not the tenant of the key sent with it (an invalid
+    /// key is left to admission, which refuses it).
+    fn same_tenant(&self, key: Presented<'_>, tenant: &str) -> Result<(), Status> {
+        let owner = match key {
+            Presented::Known(k) => Some(k.clone()),
+            Presented::Key(_) => {
+                let (rt, dynamic) = (self.core.runtime(), self.core.dynamic());
+                admission::lookup_key(&rt, &dynamic, key, Auth::Optional)
+                    .ok()
+                    .flatten()
+            }
+            Presented::Missing | Presented::Malformed => None,
+        };
+        match owner {
+            Some(k) if *k.tenant != *tenant => Err(invalid(format!(
+                "tenant {tenant:?} conflicts with the key's tenant {:?}",
+                &*k.tenant
+            ))),
+            _ => Ok(()),
+        }
+    }
+}
+
+#[async_trait]
+impl RateLimitService for Rls {
+    async fn should_rate_limit(
+        &self,
+        request: Request<RateLimitRequest>,
+    ) -> Result<Response<RateLimitResponse>, Status> {
+        self.decide(request.get_ref()).await.map(Response::new)
+    }
+}
+
+fn invalid(message: String) -> Status {
+    tracing::debug!(%message, "malformed rate-limit request");
+    Status::invalid_argument(message)
+}
+
+// === impl RlsListener ===
+
+impl RlsListener {
+    /// The service on `addr`, bound now.
+    ///
+    /// # Errors
+    /// When `addr` cannot be bound.
+    pub fn bind(
+        core: Arc<Core>,
+        lifecycle: Arc<Lifecycle>,
+        addr: SocketAddr,
+    ) -> std::io::Result<Self> {
+        let listener = std::net::TcpListener::bind(addr)?;
+        listener.set_nonblocking(true)?;
+        let mut l = Self::later(core, lifecycle, addr);
+        l.bound = Mutex::new(Some(listener));
+        Ok(l)
+    }
+
+    /// The service on `addr`, bound once it is free: a process taking over from another
+    /// (a zero-downtime upgrade) gets the port when the old process stops serving it.
+    pub fn later(core: Arc<Core>, lifecycle: Arc<Lifecycle>, addr: SocketAddr) -> Self {
+        Self {
+            rls: Arc::new(Rls::new(core)),
+            addr,
+            bound: Mutex::new(None),
+            lifecycle,
+        }
+    }
+
+    /// The bound socket, or None when shutdown came first or binding failed for good.
+    async fn listener(&self, shutdown: &mut ShutdownWatch) -> Option<tokio::net::TcpListener> {
+        let bound = self
+            .bound
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(l) = bound {
+            return tokio::net::TcpListener::from_std(l)
+                .map_err(|e| tracing::error!(error = %e, "rate-limit service cannot listen"))
+                .ok();
+        }
+        let mut tick = tokio::time::interval(REBIND_EVERY);
+        let mut waiting = false;
+        loop {
+            tokio::select! {
+                _ = shutdown.changed() => return None,
+                _ = tick.tick() => match tokio::net::TcpListener::bind(self.addr).await {
+                    Ok(l) => return Some(l),
+                    Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+                        if !waiting {
+                            tracing::info!(addr = %self.addr, "rate-limit service waits for its port");
+                            waiting = true;
+                        }
+                    }
+                    Err(e) => {
+                        tracing::error!(addr = %self.addr, error = %e, "rate-limit service cannot listen");
+                        return None;
+                    }
+                },
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl BackgroundService for RlsListener {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        // The process does not exit early (an idle drain) while calls are being answered.
+        let _finishing = self.lifecycle.finishing();
+        let Some(listener) = self.listener(&mut shutdown).await else {
+            return;
+        };
+        let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+        let service = RateLimitServiceServer::from_arc(self.rls.clone())
+            .max_decoding_message_size(MAX_REQUEST);
+        let stop = async move {
+            let _ = shutdown.changed().await;
+        };
+        tracing::info!(addr = %self.addr, "rate-limit service listening");
+        let served = tonic::transport::Server::builder()
+            .serve_with_incoming_shutdown(service, incoming, stop)
+            .await;
+        if let Err(e) = served {
+            tracing::error!(error = %e, "rate-limit service stopped");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

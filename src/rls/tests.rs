@@ -1,0 +1,175 @@
+//! The adapter over the pipeline, without a process or a socket: a memory store on a
+//! manual clock, requests as Envoy builds them.
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use tonic::Code as GrpcCode;
+
+use super::*;
+use crate::clock::ManualClock;
+use crate::metrics::Metrics;
+use crate::store::MemoryStore;
+
+const CONFIG: &str = r#"
+[limits.ip]
+per_minute = 100
+
+[tiers.free]
+key = { per_minute = 3 }
+tenant = { per_hour = 4 }
+
+[[keys]]
+id = "k1"
+key = "key-one"
+tenant = "acme"
+tier = "free"
+
+[[keys]]
+id = "k2"
+key = "key-two"
+tenant = "other"
+tier = "free"
+
+[[routes]]
+name = "heavy"
+path_prefix = "/heavy"
+upstreams = ["127.0.0.1:1"]
+auth = "optional"
+cost = 2
+
+[[routes]]
+name = "private"
+path_prefix = "/private"
+upstreams = ["127.0.0.1:1"]
+auth = "required"
+"#;
+
+fn rls() -> Rls {
+    let config = crate::config::parse("t.toml", CONFIG).unwrap();
+    let core = Core::with_clock(
+        admission::Runtime::from_config(config).unwrap(),
+        Arc::new(MemoryStore::new()),
+        Arc::new(Metrics::new().unwrap()),
+        Arc::new(ManualClock::at(1_764_000_000_000)),
+    );
+    Rls::new(Arc::new(core))
+}
+
+/// One descriptor with `entries`, plus `remote_address` 10.0.0.1.
+fn one(entries: &[(&str, &str)]) -> RateLimitRequest {
+    let mut all = vec![("remote_address", "10.0.0.1")];
+    all.extend_from_slice(entries);
+    RateLimitRequest {
+        domain: "edge".into(),
+        descriptors: vec![RateLimitDescriptor {
+            entries: all
+                .iter()
+                .map(|(k, v)| Entry {
+                    key: k.to_string(),
+                    value: v.to_string(),
+                })
+                .collect(),
+            ..Default::default()
+        }],
+        hits_addend: 0,
+    }
+}
+
+/// (overall code, governing limit name, remaining).
+async fn ask(rls: &Rls, req: &RateLimitRequest) -> (Code, String, u32) {
+    let r = rls.decide(req).await.unwrap();
+    let s = &r.statuses[0];
+    let name = s
+        .current_limit
+        .as_ref()
+        .map_or(String::new(), |l| l.name.clone());
+    (r.overall_code(), name, s.limit_remaining)
+}
+
+fn body(r: &RateLimitResponse) -> serde_json::Value {
+    serde_json::from_slice(&r.raw_body).unwrap()
+}
+
+/// `api_key` and `key_id` of one key spend one bucket.
+#[tokio::test]
+async fn api_key_and_key_id_share_the_key_bucket() {
+    let rls = rls();
+    assert_eq!(
+        ask(&rls, &one(&[("api_key", "key-one")])).await,
+        (Code::Ok, "key-1m".into(), 2)
+    );
+    assert_eq!(ask(&rls, &one(&[("key_id", "k1")])).await.2, 1);
+    assert_eq!(ask(&rls, &one(&[("api_key", "key-one")])).await.2, 0);
+    let (code, name, _) = ask(&rls, &one(&[("key_id", "k1")])).await;
+    assert_eq!((code, name.as_str()), (Code::OverLimit, "key-1m"));
+}
+
+/// A tenant alone spends its tenant limits only; a key of that tenant shares them.
+#[tokio::test]
+async fn tenant_alone_spends_the_tenant_scope() {
+    let rls = rls();
+    for remaining in [3, 2, 1] {
+        let got = ask(&rls, &one(&[("tenant", "acme")])).await;
+        assert_eq!(got, (Code::Ok, "tenant-1h".into(), remaining));
+    }
+    assert_eq!(ask(&rls, &one(&[("key_id", "k1")])).await.0, Code::Ok);
+    let (code, name, _) = ask(&rls, &one(&[("tenant", "acme")])).await;
+    assert_eq!((code, name.as_str()), (Code::OverLimit, "tenant-1h"));
+}
+
+/// A route gives the cost when hits_addend is 0; hits_addend overrides it.
+#[tokio::test]
+async fn route_cost_unless_hits_addend() {
+    let rls = rls();
+    let mut req = one(&[("api_key", "key-two"), ("route", "heavy")]);
+    assert_eq!(ask(&rls, &req).await.2, 1);
+    req.hits_addend = 1;
+    assert_eq!(ask(&rls, &req).await.2, 0);
+}
+
+/// Denials that are not rate limits are OVER_LIMIT with the proxy's body; an unknown
+/// key id is an invalid key.
+#[tokio::test]
+async fn auth_refusals_are_over_limit() {
+    let rls = rls();
+    let r = rls.decide(&one(&[("route", "private")])).await.unwrap();
+    assert_eq!(r.overall_code(), Code::OverLimit);
+    assert_eq!(body(&r)["error"], "missing_api_key");
+    let r = rls.decide(&one(&[("key_id", "nope")])).await.unwrap();
+    assert_eq!(body(&r)["error"], "invalid_api_key");
+    let r = rls.decide(&one(&[("api_key", "wrong")])).await.unwrap();
+    assert_eq!(body(&r)["error"], "invalid_api_key");
+    // A tenant names an identified caller: enough for `auth = "required"`.
+    let r = rls
+        .decide(&one(&[("route", "private"), ("tenant", "acme")]))
+        .await;
+    assert_eq!(r.unwrap().overall_code(), Code::Ok);
+}
+
+/// Names the gateway does not know, and a tenant that is not the key's, are malformed.
+#[tokio::test]
+async fn unknown_names_and_conflicts_are_invalid() {
+    let rls = rls();
+    for (entries, want) in [
+        (vec![("route", "nope")], "unknown route \"nope\""),
+        (vec![("tenant", "nobody")], "unknown tenant \"nobody\""),
+        (
+            vec![("api_key", "key-one"), ("tenant", "other")],
+            "conflicts with the key's tenant \"acme\"",
+        ),
+        (
+            vec![("key_id", "k2"), ("tenant", "acme")],
+            "conflicts with the key's tenant \"other\"",
+        ),
+    ] {
+        let status = rls.decide(&one(&entries)).await.unwrap_err();
+        assert_eq!(status.code(), GrpcCode::InvalidArgument, "{entries:?}");
+        assert!(status.message().contains(want), "{}", status.message());
+    }
+    // A matching tenant is fine.
+    let r = rls
+        .decide(&one(&[("key_id", "k1"), ("tenant", "acme")]))
+        .await;
+    assert_eq!(r.unwrap().overall_code(), Code::Ok);
+}
