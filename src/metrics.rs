@@ -58,6 +58,9 @@ pub struct Metrics {
     /// `throttle_cost_settled_total{direction}`: tokens settled after the response
     /// (`charge`: the true cost was higher than reserved; `refund`: lower).
     pub cost_settled: [IntCounter; 2],
+    /// `throttle_near_limit_total{scope}`: admitted requests that left their governing
+    /// window (the one with the fewest remaining) at most 10% of its limit, by its scope.
+    near_limit: [IntCounter; 5],
 }
 
 // === impl Outcome ===
@@ -191,6 +194,15 @@ impl Metrics {
         )?;
         registry.register(Box::new(cost_settled_total.clone()))?;
         let cost_settled = ["charge", "refund"].map(|d| cost_settled_total.with_label_values(&[d]));
+        let near_limit_total = IntCounterVec::new(
+            Opts::new(
+                "throttle_near_limit_total",
+                "Admitted requests that left their tightest window at most 10% of its limit, by scope.",
+            ),
+            &["scope"],
+        )?;
+        registry.register(Box::new(near_limit_total.clone()))?;
+        let near_limit = Scope::ALL.map(|s| near_limit_total.with_label_values(&[s.as_str()]));
         let local_decisions =
             ["lease", "over_limit_cache"].map(|r| local_decisions_total.with_label_values(&[r]));
         let decisions = Scope::ALL.map(|s| {
@@ -210,6 +222,7 @@ impl Metrics {
             lease_tokens_returned_total,
             upstream_seconds,
             cost_settled,
+            near_limit,
         })
     }
 
@@ -228,6 +241,11 @@ impl Metrics {
     pub fn cost_settled(&self, delta: i64) {
         let i = usize::from(delta < 0);
         self.cost_settled[i].inc_by(delta.unsigned_abs());
+    }
+
+    /// Counts an admitted request whose governing window of `scope` is near its limit.
+    pub fn near_limit(&self, scope: Scope) {
+        self.near_limit[scope as usize].inc();
     }
 
     /// Counts one decision of `scope`.

@@ -9,6 +9,9 @@
 //!   the local decision admits, else the rejecting scope `rejected`; with a closed scope
 //!   the request is refused (503) and each closed scope counts `failed_closed`.
 //!
+//! `throttle_near_limit_total{scope}` counts admitted requests whose governing window
+//! (the fewest remaining) is left with at most 10% of its limit, by that window's scope.
+//!
 //! `throttle_store_errors_total` is counted by the store that failed (`TieredStore`),
 //! once per call that reached it.
 
@@ -132,6 +135,12 @@ fn count(core: &Core, check: &Check<'_>, verdict: &Verdict, mode: Mode) {
             }
         }
         return;
+    }
+    if let Some(g) = verdict.governing {
+        // At most 10% of the governing (tightest) window left after this request.
+        if u64::from(g.decision.remaining) * 10 <= u64::from(g.decision.limit) {
+            m.near_limit(g.scope);
+        }
     }
     for s in check.scopes.iter() {
         let outcome = if !verdict.fallback {

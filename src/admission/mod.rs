@@ -282,16 +282,23 @@ pub async fn admit(core: &Core, req: &AdmitRequest<'_>) -> Result<Admission, Ref
     let slots = concurrency::acquire(core, rt, ip, key.as_deref(), mode)
         .await
         .map_err(refused)?;
+    // From here the slots are held by a guard: if this future is dropped while the rate
+    // windows are checked (a gRPC deadline, a client gone, a timeout layer), its drop
+    // gives them back; a refusal gives them back at once.
+    let mut guard = SlotGuard {
+        store: &core.store,
+        slots: Some(slots),
+        ending: Ending::Dropped,
+    };
     let out = match limits::limit(core, rt, ip, key.as_deref(), cost, mode).await {
         Ok(out) => out,
         Err(rejection) => {
-            if !slots.is_empty() {
-                let held = Held { cost: 0, slots };
-                core.store.finish(held, Ending::Completed { status: 429 });
-            }
+            guard.ending = Ending::Completed { status: 429 };
+            drop(guard);
             return Err(refused(rejection));
         }
     };
+    let slots = guard.slots.take().unwrap_or_default();
     Ok(Admission {
         client_ip: ip,
         route,
@@ -299,7 +306,9 @@ pub async fn admit(core: &Core, req: &AdmitRequest<'_>) -> Result<Admission, Ref
         rate: out.verdict.governing,
         shadow_rejected: out.shadow_rejected,
         now_ms,
-        charged: out.verdict.scopes_checked != 0
+        // A shadow-mode would-be rejection was admitted, but the store charged nothing.
+        charged: out.verdict.allowed
+            && out.verdict.scopes_checked != 0
             && !out.verdict.fallback
             && out.verdict.failed_open == 0,
         settled: false,
@@ -309,6 +318,22 @@ pub async fn admit(core: &Core, req: &AdmitRequest<'_>) -> Result<Admission, Ref
         }),
         runtime,
     })
+}
+
+/// Concurrency slots between their acquisition and the `Admission` that takes them over:
+/// given back on drop (a refusal, or the admission future dropped mid-way).
+struct SlotGuard<'a> {
+    store: &'a Arc<dyn LimitStore>,
+    slots: Option<crate::store::slots::SlotLease>,
+    ending: Ending,
+}
+
+impl Drop for SlotGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(slots) = self.slots.take().filter(|s| !s.is_empty()) {
+            self.store.finish(Held { cost: 0, slots }, self.ending);
+        }
+    }
 }
 
 /// The 403 an IP block answers, if any: the first check of the pipeline, for adapters

@@ -4,6 +4,7 @@
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use async_trait::async_trait;
 
@@ -456,4 +457,94 @@ async fn concurrency_slots_in_the_pipeline() {
     assert_eq!(kind(&admit(&core, &key).await), "429 key");
     assert_eq!(store.inflight().in_flight(Scope::Key, &ident), 0);
     assert!(store.inflight().is_empty());
+}
+
+/// `throttle_near_limit_total{scope}` counts admitted requests that left their governing
+/// window at most 10% of its limit, by that window's scope; refusals are not counted.
+#[tokio::test]
+async fn near_limit_counts_admissions_at_the_edge() {
+    let metrics = Arc::new(Metrics::new().unwrap());
+    let store = Arc::new(MemoryStore::with_clock(ManualClock::at(NOW)));
+    let core = core_with(CONFIG, store, metrics.clone());
+    let near = |scope: &str| {
+        metric(
+            &metrics,
+            &format!("throttle_near_limit_total{{scope=\"{scope}\"}}"),
+        )
+    };
+    let key = req("198.51.100.1", "/v1/a", Some("good-key"));
+    assert_eq!(kind(&admit(&core, &key).await), "ok"); // key: 1 of 2 left (50%)
+    assert_eq!(near("key"), 0);
+    assert_eq!(kind(&admit(&core, &key).await), "ok"); // key: 0 of 2 left
+    assert_eq!(near("key"), 1);
+    assert_eq!(kind(&admit(&core, &key).await), "429 key"); // refused: not counted
+    assert_eq!(near("key"), 1);
+    // Without a key the ip window (5 per minute) governs; the two admitted requests above
+    // spent 2 of it (the refused one nothing): 2, then 1 (20%), then 0 left.
+    let anon = req("198.51.100.1", "/opt/a", None);
+    assert_eq!(kind(&admit(&core, &anon).await), "ok");
+    assert_eq!(kind(&admit(&core, &anon).await), "ok");
+    assert_eq!(near("ip"), 0);
+    assert_eq!(kind(&admit(&core, &anon).await), "ok");
+    assert_eq!(near("ip"), 1);
+}
+
+/// A store whose rate check never answers (slots come from its memory store).
+struct Stuck {
+    inner: MemoryStore<ManualClock>,
+}
+
+#[async_trait]
+impl LimitStore for Stuck {
+    async fn check(&self, _check: &Check<'_>) -> Result<Verdict, StoreError> {
+        std::future::pending().await
+    }
+    async fn acquire(
+        &self,
+        slots: &[crate::store::slots::SlotRequest],
+    ) -> Result<crate::store::slots::Acquired, StoreError> {
+        self.inner.acquire(slots).await
+    }
+    fn finish(&self, held: Held, ending: Ending) {
+        self.inner.finish(held, ending);
+    }
+    fn name(&self) -> &'static str {
+        "stuck"
+    }
+}
+
+/// An admission dropped while its rate windows are being checked (a gRPC deadline, a
+/// timeout layer, a client gone) gives its concurrency slots back.
+#[tokio::test]
+async fn a_dropped_admission_future_gives_its_slots_back() {
+    let config = CONFIG.replace(
+        "key = { per_minute = 2 }",
+        "key = { per_minute = 2, concurrent = 1 }",
+    );
+    let store = Arc::new(Stuck {
+        inner: MemoryStore::with_clock(ManualClock::at(NOW)),
+    });
+    let core = core_with(&config, store.clone(), Arc::new(Metrics::new().unwrap()));
+    let key = req("198.51.100.1", "/v1/a", Some("good-key"));
+    for _ in 0..3 {
+        let timed_out = tokio::time::timeout(Duration::from_millis(10), admit(&core, &key)).await;
+        assert!(timed_out.is_err(), "the stuck check answered");
+        assert!(store.inner.inflight().is_empty(), "a slot leaked");
+    }
+}
+
+/// A shadow-mode would-be rejection was charged nothing, so it settles nothing (a refund
+/// would hand out budget it never paid).
+#[tokio::test]
+async fn a_shadow_rejection_settles_nothing() {
+    let metrics = Arc::new(Metrics::new().unwrap());
+    let (core, _) = memory_core();
+    let shadow = req("198.51.100.3", "/shadow", Some("good-key"));
+    let mut first = admit(&core, &shadow).await.unwrap();
+    assert_eq!(first.settle(3, &metrics), 2, "an admitted request settles");
+    drop(first);
+    let _second = admit(&core, &shadow).await.unwrap();
+    let mut would_be = admit(&core, &shadow).await.unwrap();
+    assert!(would_be.shadow_rejected);
+    assert_eq!(would_be.settle(0, &metrics), 0);
 }

@@ -34,13 +34,27 @@ pub(super) fn routed(parts: &Parts, allow_params: bool) -> Result<Routed<'_>, Re
         tracing::debug!(error = %e, "invalid path");
         Rejection::InvalidPath
     })?;
-    let authority = match parts.uri.authority() {
-        Some(a) => Some(a.as_str().as_bytes()),
-        None => single_host(&parts.headers, parts.version)?,
-    };
-    let host = match authority {
-        Some(a) => Some(parse_authority(a).ok_or(Rejection::InvalidHost)?.0),
-        None => None,
+    let host = match parts.uri.authority() {
+        // Absolute form (or HTTP/2 `:authority`): routed by it, and a `Host` that names
+        // another host is refused, so the inner service cannot be handed a host other
+        // than the one the route was matched on.
+        Some(a) => {
+            let host = parse_authority(a.as_str().as_bytes())
+                .ok_or(Rejection::InvalidHost)?
+                .0;
+            let mut hosts = parts.headers.get_all(HOST).iter();
+            match (hosts.next(), hosts.next()) {
+                (None, _) => {}
+                (Some(h), None)
+                    if parse_authority(h.as_bytes()).is_some_and(|(h, _)| h == host) => {}
+                _ => return Err(Rejection::InvalidHost),
+            }
+            Some(host)
+        }
+        None => match single_host(&parts.headers, parts.version)? {
+            Some(h) => Some(parse_authority(h).ok_or(Rejection::InvalidHost)?.0),
+            None => None,
+        },
     };
     let uri = match &path.forward {
         Cow::Owned(p) => Some(with_path(&parts.uri, p).ok_or(Rejection::InvalidPath)?),
@@ -71,18 +85,15 @@ fn with_path(uri: &Uri, path: &str) -> Option<Uri> {
     Uri::from_parts(parts).ok()
 }
 
-/// The headers the inner service gets: the client's `X-Throttle-*` removed (only the
-/// layer sets them), the key's tenant and id added.
-pub(super) fn identity_headers(headers: &mut HeaderMap, a: &Admission) {
-    if headers
-        .keys()
-        .any(|n| n.as_str().starts_with("x-throttle-"))
-    {
-        let doomed: Vec<HeaderName> = headers
-            .keys()
-            .filter(|n| n.as_str().starts_with("x-throttle-"))
-            .cloned()
-            .collect();
+/// The headers the inner service gets: scrubbed as the proxy scrubs them
+/// (`proxy::scrubbed`: the client's `X-Throttle-*`, which only the layer sets, names with
+/// `_`, URL overrides, and forwarding headers from an untrusted peer), then the key's
+/// tenant and id added.
+pub(super) fn identity_headers(headers: &mut HeaderMap, a: &Admission, trusted: bool) {
+    let underscores = a.runtime.config.server.underscores_in_headers;
+    let doomed = |n: &HeaderName| crate::proxy::scrubbed(n.as_str(), trusted, underscores);
+    if headers.keys().any(doomed) {
+        let doomed: Vec<HeaderName> = headers.keys().filter(|n| doomed(n)).cloned().collect();
         for name in doomed {
             headers.remove(name);
         }
@@ -164,6 +175,27 @@ mod tests {
             let p = parts("/x", hosts, version);
             assert!(matches!(routed(&p, false), Err(Rejection::InvalidHost)));
         }
+    }
+
+    /// Absolute form: a `Host` naming another host, or several, is refused (the inner
+    /// service would otherwise see a host the route was not matched on).
+    #[test]
+    fn absolute_form_and_host_must_agree() {
+        let uri = "http://public.example/x";
+        let p = parts(uri, &["admin.example"], Version::HTTP_11);
+        assert!(matches!(routed(&p, false), Err(Rejection::InvalidHost)));
+        let p = parts(uri, &["public.example", "admin.example"], Version::HTTP_11);
+        assert!(matches!(routed(&p, false), Err(Rejection::InvalidHost)));
+        let p = parts(uri, &["Public.Example:80"], Version::HTTP_11);
+        assert_eq!(
+            routed(&p, false).unwrap().host.as_deref(),
+            Some("public.example")
+        );
+        let p = parts(uri, &[], Version::HTTP_11);
+        assert_eq!(
+            routed(&p, false).unwrap().host.as_deref(),
+            Some("public.example")
+        );
     }
 
     /// The inner service sees the normalized path (query kept); ambiguous paths are 400.

@@ -85,7 +85,7 @@ where
     ResBody: From<Bytes>,
 {
     let (mut parts, body) = req.into_parts();
-    let admission = match admit(&shared, &parts).await {
+    let mut admission = match admit(&shared, &parts).await {
         Ok((a, uri)) => {
             if let Some(uri) = uri {
                 parts.uri = uri;
@@ -102,7 +102,9 @@ where
             return Ok(request::respond(reply));
         }
     };
-    request::identity_headers(&mut parts.headers, &admission);
+    let trusted = (shared.peer)(&parts.extensions)
+        .is_some_and(|peer| admission.runtime.resolver.is_trusted(peer));
+    request::identity_headers(&mut parts.headers, &admission, trusted);
     parts.extensions.insert(caller(&admission));
     let started = tokio::time::Instant::now();
     let result = inner.call(Request::from_parts(parts, body)).await;
@@ -114,6 +116,17 @@ where
         .observe(started.elapsed().as_secs_f64());
     match result {
         Ok(mut resp) => {
+            // Reserve, then settle, as the proxy does: the inner service reports the cost.
+            let header = admission
+                .route
+                .as_ref()
+                .and_then(|r| r.route.cost_header.clone());
+            if let Some(name) = header {
+                let actual = resp.headers().get(&name);
+                if let Some(c) = actual.and_then(|v| crate::proxy::true_cost(v.as_bytes())) {
+                    admission.settle(c, &shared.core.metrics);
+                }
+            }
             request::rate_headers(resp.headers_mut(), &admission);
             admission.finish(Ending::Completed { status });
             Ok(resp)

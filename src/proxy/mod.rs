@@ -354,20 +354,7 @@ fn peer_ip(session: &Session) -> IpAddr {
 ///   `-Proto`, `-Port`, `-Prefix` (the gateway sets `Forwarded` and `X-Forwarded-For`
 ///   itself).
 fn scrub_headers(req: &mut RequestHeader, trusted: bool, underscores: bool) {
-    let doomed = |n: &str| {
-        n.starts_with("x-throttle-")
-            || (!underscores && n.contains('_'))
-            || matches!(n, "x-original-url" | "x-rewrite-url")
-            || (!trusted
-                && matches!(
-                    n,
-                    "forwarded"
-                        | "x-forwarded-host"
-                        | "x-forwarded-proto"
-                        | "x-forwarded-port"
-                        | "x-forwarded-prefix"
-                ))
-    };
+    let doomed = |n: &str| scrubbed(n, trusted, underscores);
     if !req.headers.keys().any(|n| doomed(n.as_str())) {
         return; // the common case: nothing to remove, nothing allocated
     }
@@ -483,9 +470,29 @@ fn forwarded_for(req: &RequestHeader, peer: IpAddr) -> HeaderValue {
         .unwrap_or(HeaderValue::from_static("0.0.0.0"))
 }
 
+/// Whether a client-sent request header (lower-case `name`) is removed before the request
+/// goes upstream: `X-Throttle-*` (only the gateway sets them), names with `_` (unless
+/// `underscores_in_headers`), URL-override headers, and, from an untrusted peer, the
+/// forwarding headers that would name another host, scheme or prefix. The tower layer
+/// applies the same rule.
+pub fn scrubbed(n: &str, trusted: bool, underscores: bool) -> bool {
+    n.starts_with("x-throttle-")
+        || (!underscores && n.contains('_'))
+        || matches!(n, "x-original-url" | "x-rewrite-url")
+        || (!trusted
+            && matches!(
+                n,
+                "forwarded"
+                    | "x-forwarded-host"
+                    | "x-forwarded-proto"
+                    | "x-forwarded-port"
+                    | "x-forwarded-prefix"
+            ))
+}
+
 /// A `cost_header` value: decimal digits only (at most 9, so it fits any window math), or
 /// nothing is settled.
-fn true_cost(v: &[u8]) -> Option<u32> {
+pub fn true_cost(v: &[u8]) -> Option<u32> {
     let v = v.trim_ascii();
     if v.is_empty() || v.len() > 9 || !v.iter().all(u8::is_ascii_digit) {
         return None;

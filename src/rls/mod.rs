@@ -150,10 +150,15 @@ impl Rls {
             }
             Presented::Missing | Presented::Malformed => None,
         };
-        match owner {
-            Some(k) if *k.tenant != *tenant => Err(invalid(format!(
+        // The owner of a raw `api_key` is never named: the answer must not tell a caller
+        // whose key it guessed (a `key_id` is an identity Envoy vouches for).
+        match (owner, key) {
+            (Some(k), Presented::Known(_)) if *k.tenant != *tenant => Err(invalid(format!(
                 "tenant {tenant:?} conflicts with the key's tenant {:?}",
                 &*k.tenant
+            ))),
+            (Some(k), _) if *k.tenant != *tenant => Err(invalid(format!(
+                "tenant {tenant:?} is not the tenant of the api_key"
             ))),
             _ => Ok(()),
         }

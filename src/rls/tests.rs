@@ -156,7 +156,7 @@ async fn unknown_names_and_conflicts_are_invalid() {
         (vec![("tenant", "nobody")], "unknown tenant \"nobody\""),
         (
             vec![("api_key", "key-one"), ("tenant", "other")],
-            "conflicts with the key's tenant \"acme\"",
+            "tenant \"other\" is not the tenant of the api_key",
         ),
         (
             vec![("key_id", "k2"), ("tenant", "acme")],

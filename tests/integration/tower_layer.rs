@@ -358,3 +358,47 @@ async fn admission_ends_with_the_inner_future() {
     let r = svc.oneshot(get("/a", peer, &[])).await.unwrap();
     assert_eq!(r.status(), StatusCode::OK);
 }
+
+/// Reserve, then settle, as the proxy does: the inner service's `cost_header` settles the
+/// reserved cost, and the response carries the settled `X-RateLimit-Remaining`.
+#[tokio::test]
+async fn the_inner_response_settles_the_cost() {
+    let clock = ManualClock::at(1_764_000_000_000);
+    let config = throttle::config::parse(
+        "test.toml",
+        r#"
+[limits.ip]
+per_minute = 100
+algorithm = "fixed_window"
+
+[[routes]]
+name = "llm"
+path_prefix = "/"
+upstreams = ["127.0.0.1:1"]
+auth = "none"
+cost = 50
+cost_header = "x-usage-tokens"
+"#,
+    )
+    .unwrap();
+    let core = Core::with_clock(
+        Runtime::from_config(config).unwrap(),
+        Arc::new(MemoryStore::with_clock(clock.clone())),
+        Arc::new(Metrics::new().unwrap()),
+        Arc::new(clock),
+    );
+    let inner = tower::service_fn(|_req: Request<Body>| async {
+        let mut r = Response::new(Body::from("ok"));
+        r.headers_mut()
+            .insert("x-usage-tokens", http::HeaderValue::from_static("1"));
+        Ok::<_, Infallible>(r)
+    });
+    let svc = ThrottleLayer::from_core(Arc::new(core)).layer(inner);
+    let peer = Some([192, 0, 2, 9]);
+    // Each request reserves 50 and is settled to 1: 99, 98, 97 left, never a 429.
+    for left in ["99", "98", "97"] {
+        let r = svc.clone().oneshot(get("/chat", peer, &[])).await.unwrap();
+        assert_eq!(r.status(), StatusCode::OK);
+        assert_eq!(r.headers()["x-ratelimit-remaining"], left);
+    }
+}
