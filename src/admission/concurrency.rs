@@ -59,10 +59,7 @@ pub(super) async fn acquire(
                 return Ok(SlotLease::default());
             }
             core.metrics.decision(full.scope, Outcome::Rejected);
-            let message = reqs
-                .iter()
-                .position(|r| r.scope == full.scope)
-                .and_then(|_| scope_message(rt, key, full.scope));
+            let message = scope_message(rt, key, full.scope);
             Err(Rejection::Concurrent { full, message })
         }
         Err(e) => {

@@ -125,6 +125,39 @@ impl TieredStore {
     }
 }
 
+impl TieredStore {
+    /// Runs `call` on the primary when the breaker lets it through, recording its outcome
+    /// (breaker, `throttle_store_errors_total`, `throttle_fallback_active`). `Err` carries
+    /// the primary's error, or None when the breaker skipped the call.
+    async fn guarded<T>(
+        &self,
+        call: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, Option<StoreError>> {
+        let mut error = None;
+        if self.breaker.allow() {
+            match call.await {
+                Ok(v) => {
+                    self.breaker.success();
+                    self.metrics.fallback_active.set(0);
+                    return Ok(v);
+                }
+                Err(e) => {
+                    self.metrics
+                        .store_errors_total
+                        .with_label_values(&[self.primary.name()])
+                        .inc();
+                    self.breaker.failure();
+                    error = Some(e);
+                }
+            }
+        }
+        self.metrics
+            .fallback_active
+            .set(i64::from(self.breaker.state() != BreakerState::Closed));
+        Err(error)
+    }
+}
+
 /// `limits` with every window's limit and capacity divided by `n` (at least 1).
 pub fn divide(limits: &ScopeLimits, n: u32) -> ScopeLimits {
     let windows = limits
@@ -147,28 +180,10 @@ pub fn divide(limits: &ScopeLimits, n: u32) -> ScopeLimits {
 #[async_trait]
 impl LimitStore for TieredStore {
     async fn check(&self, check: &Check<'_>) -> Result<Verdict, StoreError> {
-        let mut error = None;
-        if self.breaker.allow() {
-            match self.primary.check(check).await {
-                Ok(v) => {
-                    self.breaker.success();
-                    self.metrics.fallback_active.set(0);
-                    return Ok(v);
-                }
-                Err(e) => {
-                    self.metrics
-                        .store_errors_total
-                        .with_label_values(&[self.primary.name()])
-                        .inc();
-                    self.breaker.failure();
-                    error = Some(e);
-                }
-            }
+        match self.guarded(self.primary.check(check)).await {
+            Ok(v) => Ok(v),
+            Err(error) => self.degraded(check, error),
         }
-        self.metrics
-            .fallback_active
-            .set(i64::from(self.breaker.state() != BreakerState::Closed));
-        self.degraded(check, error)
     }
 
     fn name(&self) -> &'static str {
@@ -190,27 +205,10 @@ impl LimitStore for TieredStore {
     }
 
     async fn acquire(&self, slots: &[SlotRequest]) -> Result<Acquired, StoreError> {
-        let mut error = None;
-        if self.breaker.allow() {
-            match self.primary.acquire(slots).await {
-                Ok(v) => {
-                    self.breaker.success();
-                    self.metrics.fallback_active.set(0);
-                    return Ok(v);
-                }
-                Err(e) => {
-                    self.metrics
-                        .store_errors_total
-                        .with_label_values(&[self.primary.name()])
-                        .inc();
-                    self.breaker.failure();
-                    error = Some(e);
-                }
-            }
-        }
-        self.metrics
-            .fallback_active
-            .set(i64::from(self.breaker.state() != BreakerState::Closed));
+        let error = match self.guarded(self.primary.acquire(slots)).await {
+            Ok(v) => return Ok(v),
+            Err(error) => error,
+        };
         // As for rate windows: closed refuses, open skips the scope, local takes a slot in
         // this process with N divided by the live instance count.
         if slots.iter().any(|s| s.on_failure == OnFailure::Closed) {

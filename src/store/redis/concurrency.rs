@@ -74,12 +74,7 @@ impl RemoteSlots {
 
 /// The set of one identity.
 pub fn key(prefix: &str, scope: Scope, ident: &Ident) -> String {
-    let k = wire::key(prefix, scope, ident, crate::limiter::Window::Second);
-    // `<prefix>:{<scope>:<id>}:1s` -> `<prefix>:{<scope>:<id>}:conc`
-    match k.rfind(':') {
-        Some(i) => format!("{}:conc", &k[..i]),
-        None => k,
-    }
+    wire::identity_key(prefix, scope, ident, "conc")
 }
 
 // === impl RedisStore ===

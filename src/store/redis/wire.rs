@@ -93,11 +93,16 @@ impl Mode {
 /// The Redis key of one window of one identity: `<prefix>:{<scope>:<id>}:<window>`. The
 /// hash tag holds the scope and identity, so one scope's windows share a Cluster slot.
 pub fn key(prefix: &str, scope: Scope, ident: &Ident, window: Window) -> String {
-    let w = window.label();
+    identity_key(prefix, scope, ident, window.label())
+}
+
+/// A key of one identity, `<prefix>:{<scope>:<id>}:<suffix>`: the identity is the hash
+/// tag, so every key of an identity lives in one Cluster slot.
+pub fn identity_key(prefix: &str, scope: Scope, ident: &Ident, suffix: &str) -> String {
     match ident {
-        Ident::Global => format!("{prefix}:{{global}}:{w}"),
-        Ident::Ip(ip) => format!("{prefix}:{{{}:{ip}}}:{w}", scope.as_str()),
-        Ident::Name(n) => format!("{prefix}:{{{}:{n}}}:{w}", scope.as_str()),
+        Ident::Global => format!("{prefix}:{{global}}:{suffix}"),
+        Ident::Ip(ip) => format!("{prefix}:{{{}:{ip}}}:{suffix}", scope.as_str()),
+        Ident::Name(n) => format!("{prefix}:{{{}:{n}}}:{suffix}", scope.as_str()),
     }
 }
 
