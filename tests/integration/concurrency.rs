@@ -250,8 +250,22 @@ async fn fleet_wide_on_redis() {
     );
     assert_eq!((s1.await.unwrap(), s2.await.unwrap()), (200, 200));
     until_free(&b, Duration::from_secs(5)).await;
-    // Released means removed: nothing is left in the set.
+    // Released means removed: nothing is left in the set. The probe that found a free
+    // slot gives it back after its response is written (a spawned EVALSHA), so wait.
     let mut c = redis.client().await;
+    eventually(Duration::from_secs(5), "the slot set to empty", || {
+        let mut c = c.clone();
+        async move {
+            let n: u64 = redis::cmd("ZCARD")
+                .arg("conc-fleet:{tenant:acme}:conc")
+                .query_async(&mut c)
+                .await
+                .ok()?;
+            (n == 0).then_some(())
+        }
+    })
+    .await;
+    // And it stays empty: nothing was double-counted or left behind.
     let n: u64 = redis::cmd("ZCARD")
         .arg("conc-fleet:{tenant:acme}:conc")
         .query_async(&mut c)
