@@ -1,4 +1,4 @@
-//! Trusted-proxy `X-Forwarded-For` resolution.
+//! Trusted-proxy `X-Forwarded-For` (or RFC 7239 `Forwarded`) resolution.
 //!
 //! The chain is `[X-Forwarded-For entries..., socket peer]`, walked from the right while
 //! the address is a trusted proxy; the first untrusted address is the client. So a client
@@ -7,15 +7,24 @@
 //! unparseable entry stops the walk and the client is the last address examined; when
 //! every hop is trusted, the left-most one is the client. From an untrusted peer the
 //! header is ignored entirely. Default: no trusted proxies.
+//!
+//! With `[client_ip] header = "forwarded"` the same walk reads the `for=` node of each
+//! RFC 7239 `Forwarded` element instead: an element without `for`, an `unknown` or
+//! obfuscated (`_...`) node, or one that does not parse stops the walk like an
+//! unparseable `X-Forwarded-For` entry.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
+use http::HeaderMap;
 use ipnet::IpNet;
+
+use crate::config::ClientIpHeader;
 
 /// Resolves the client address of a request.
 #[derive(Debug, Clone, Default)]
 pub struct ClientIpResolver {
     trusted: Vec<IpNet>,
+    header: ClientIpHeader,
 }
 
 // === impl ClientIpResolver ===
@@ -23,7 +32,30 @@ pub struct ClientIpResolver {
 impl ClientIpResolver {
     /// A resolver believing `X-Forwarded-For` from peers in `trusted`.
     pub fn new(trusted: Vec<IpNet>) -> Self {
-        Self { trusted }
+        Self {
+            trusted,
+            header: ClientIpHeader::XForwardedFor,
+        }
+    }
+
+    /// The same, reading `header` instead.
+    pub fn with_header(mut self, header: ClientIpHeader) -> Self {
+        self.header = header;
+        self
+    }
+
+    /// The client address of a request from `peer` with `headers`.
+    pub fn resolve_headers(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
+        match self.header {
+            ClientIpHeader::XForwardedFor => {
+                let values = headers.get_all("x-forwarded-for").iter();
+                self.resolve(peer, values.map(|v| v.as_bytes()))
+            }
+            ClientIpHeader::Forwarded => {
+                let values = headers.get_all(http::header::FORWARDED).iter();
+                self.resolve_forwarded(peer, values.map(|v| v.as_bytes()))
+            }
+        }
     }
 
     /// Whether `ip` is a trusted proxy.
@@ -58,6 +90,138 @@ impl ClientIpResolver {
         }
         client
     }
+
+    /// As [`resolve`](Self::resolve), over RFC 7239 `Forwarded` values: each element's
+    /// `for=` node is a hop.
+    pub fn resolve_forwarded<'h>(
+        &self,
+        peer: IpAddr,
+        values: impl DoubleEndedIterator<Item = &'h [u8]>,
+    ) -> IpAddr {
+        let mut client = peer.to_canonical();
+        if !self.is_trusted(client) {
+            return client;
+        }
+        for value in values.rev() {
+            let Ok(value) = std::str::from_utf8(value) else {
+                return client;
+            };
+            for element in split_quoted(value, ',').rev() {
+                match forwarded_for(element) {
+                    Some(ip) => {
+                        client = ip;
+                        if !self.is_trusted(ip) {
+                            return ip;
+                        }
+                    }
+                    None => return client,
+                }
+            }
+        }
+        client
+    }
+}
+
+/// The longest `Forwarded` element or node believed: longer ones are garbage.
+const MAX_ELEMENT: usize = 512;
+
+/// Splits `s` on `sep` outside quoted strings (a `\` escapes inside them).
+fn split_quoted(s: &str, sep: char) -> impl DoubleEndedIterator<Item = &str> {
+    let mut cuts = Vec::new();
+    let (mut quoted, mut escaped) = (false, false);
+    for (i, c) in s.char_indices() {
+        match c {
+            _ if escaped => escaped = false,
+            '\\' if quoted => escaped = true,
+            '"' => quoted = !quoted,
+            c if c == sep && !quoted => cuts.push(i),
+            _ => {}
+        }
+    }
+    let mut parts = Vec::with_capacity(cuts.len() + 1);
+    let mut start = 0;
+    for cut in cuts {
+        parts.push(&s[start..cut]);
+        start = cut + 1;
+    }
+    parts.push(&s[start..]);
+    parts.into_iter()
+}
+
+/// The address of a `Forwarded` element's `for=` node, if it has one that names an
+/// address (`unknown`, obfuscated identifiers and garbage do not).
+fn forwarded_for(element: &str) -> Option<IpAddr> {
+    if element.len() > MAX_ELEMENT {
+        return None;
+    }
+    let mut found = None;
+    for pair in split_quoted(element, ';') {
+        let (name, value) = pair.trim().split_once('=')?;
+        if !name.eq_ignore_ascii_case("for") {
+            continue;
+        }
+        if found.is_some() {
+            return None; // a repeated `for` is malformed
+        }
+        found = Some(node(value)?);
+    }
+    found
+}
+
+/// A `for=` value: a token or a quoted string holding `IPv4[:port]` or
+/// `"[IPv6][:port]"`.
+fn node(value: &str) -> Option<IpAddr> {
+    let raw = match value.strip_prefix('"') {
+        Some(rest) => unquote(rest.strip_suffix('"')?)?,
+        None if !value.is_empty() && value.bytes().all(is_tchar) => value.to_string(),
+        None => return None,
+    };
+    if let Some(v6) = raw.strip_prefix('[') {
+        let (addr, rest) = v6.split_once(']')?;
+        if !(rest.is_empty() || port(rest.strip_prefix(':')?)) {
+            return None;
+        }
+        return addr
+            .parse::<Ipv6Addr>()
+            .ok()
+            .map(|a| IpAddr::V6(a).to_canonical());
+    }
+    let (addr, p) = match raw.split_once(':') {
+        Some((addr, p)) => (addr, Some(p)),
+        None => (raw.as_str(), None),
+    };
+    if p.is_some_and(|p| !port(p)) {
+        return None;
+    }
+    match addr.parse::<IpAddr>().ok()? {
+        ip @ IpAddr::V4(_) => Some(ip),
+        // IPv6 must be bracketed (RFC 7239 section 6).
+        IpAddr::V6(_) => None,
+    }
+}
+
+/// A numeric port (obfuscated ports do not name an address we can check).
+fn port(p: &str) -> bool {
+    !p.is_empty() && p.len() <= 5 && p.bytes().all(|b| b.is_ascii_digit())
+}
+
+/// The content of a quoted string, escapes undone.
+fn unquote(s: &str) -> Option<String> {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => out.push(chars.next()?),
+            '"' => return None,
+            c => out.push(c),
+        }
+    }
+    Some(out)
+}
+
+/// RFC 9110 `tchar`.
+fn is_tchar(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
 }
 
 /// One `X-Forwarded-For` entry: an address, optionally with a port (`1.2.3.4:80`,
@@ -146,5 +310,169 @@ mod tests {
             ),
             "10.0.0.2".parse::<IpAddr>().unwrap()
         );
+    }
+
+    /// (trusted CIDRs, peer, `Forwarded` headers, expected client).
+    #[test]
+    fn forwarded_table() {
+        let t = &["10.0.0.0/8", "2001:db8:ffff::/48"];
+        let cases: &[(&[&str], &str, &[&str], &str)] = &[
+            // Untrusted peer: ignored.
+            (t, "198.51.100.9", &["for=1.2.3.4"], "198.51.100.9"),
+            (t, "10.0.0.1", &["for=203.0.113.7"], "203.0.113.7"),
+            (t, "10.0.0.1", &["For=\"203.0.113.7:4711\""], "203.0.113.7"),
+            // Quoted IPv6 with brackets, with and without a port.
+            (
+                t,
+                "10.0.0.1",
+                &["for=\"[2001:db8::1]:4711\""],
+                "2001:db8::1",
+            ),
+            (t, "10.0.0.1", &["for=\"[2001:db8::1]\""], "2001:db8::1"),
+            // Right-most untrusted hop; other parameters ignored; several headers.
+            (
+                t,
+                "10.0.0.1",
+                &["for=6.6.6.6, for=203.0.113.7;proto=https;by=10.0.0.1, for=10.2.2.2"],
+                "203.0.113.7",
+            ),
+            (
+                t,
+                "10.0.0.1",
+                &["for=6.6.6.6", "for=203.0.113.7"],
+                "203.0.113.7",
+            ),
+            (
+                t,
+                "10.0.0.1",
+                &["for=203.0.113.7", "for=\"[2001:db8:ffff::9]\""],
+                "203.0.113.7",
+            ),
+            // A quoted comma or semicolon is not a separator.
+            (
+                t,
+                "10.0.0.1",
+                &["for=203.0.113.7;host=\"a,b;c\", for=10.3.3.3"],
+                "203.0.113.7",
+            ),
+            // unknown, obfuscated, missing, repeated or malformed nodes stop the walk.
+            (t, "10.0.0.1", &["for=203.0.113.7, for=unknown"], "10.0.0.1"),
+            (t, "10.0.0.1", &["for=203.0.113.7, for=_hidden"], "10.0.0.1"),
+            (
+                t,
+                "10.0.0.1",
+                &["for=203.0.113.7, for=10.9.9.9, for=unknown"],
+                "10.0.0.1",
+            ),
+            (
+                t,
+                "10.0.0.1",
+                &["for=203.0.113.7, for=unknown, for=10.9.9.9"],
+                "10.9.9.9",
+            ),
+            (t, "10.0.0.1", &["for=203.0.113.7, proto=http"], "10.0.0.1"),
+            (t, "10.0.0.1", &["for=1.2.3.4;for=203.0.113.7"], "10.0.0.1"),
+            (t, "10.0.0.1", &["for=\"203.0.113.7:_port\""], "10.0.0.1"),
+            (t, "10.0.0.1", &["for=2001:db8::1"], "10.0.0.1"),
+            (t, "10.0.0.1", &["for=\"2001:db8::1\""], "10.0.0.1"),
+            (t, "10.0.0.1", &["for=\"203.0.113.7"], "10.0.0.1"),
+            (t, "10.0.0.1", &[""], "10.0.0.1"),
+            (
+                t,
+                "10.0.0.1",
+                &["for=203.0.113.7, , for=10.2.2.2"],
+                "10.2.2.2",
+            ),
+            // IPv4-mapped is IPv4.
+            (
+                t,
+                "10.0.0.1",
+                &["for=\"[::ffff:203.0.113.7]\""],
+                "203.0.113.7",
+            ),
+        ];
+        for (i, (trusted, peer, fwd, want)) in cases.iter().enumerate() {
+            let r = resolver(trusted);
+            let got = r.resolve_forwarded(peer.parse().unwrap(), fwd.iter().map(|s| s.as_bytes()));
+            assert_eq!(
+                got,
+                want.parse::<IpAddr>().unwrap(),
+                "case {i}: peer {peer} forwarded {fwd:?}"
+            );
+        }
+    }
+
+    mod walk {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn hop() -> impl Strategy<Value = (IpAddr, Option<u16>)> {
+            let v4 = prop_oneof![
+                any::<[u8; 4]>().prop_map(IpAddr::from),
+                (0u8..4).prop_map(|n| IpAddr::from([10, 0, 0, n])),
+            ];
+            let v6 = prop_oneof![
+                any::<[u16; 8]>().prop_map(IpAddr::from),
+                (0u16..4).prop_map(|n| IpAddr::from([0x2001, 0xdb8, 0xffff, 0, 0, 0, 0, n])),
+            ];
+            (prop_oneof![v4, v6], proptest::option::of(any::<u16>()))
+        }
+
+        fn xff(ip: IpAddr, port: Option<u16>) -> String {
+            match (ip, port) {
+                (ip, None) => ip.to_string(),
+                (IpAddr::V4(a), Some(p)) => format!("{a}:{p}"),
+                (IpAddr::V6(a), Some(p)) => format!("[{a}]:{p}"),
+            }
+        }
+
+        fn fwd(ip: IpAddr, port: Option<u16>, style: u8) -> String {
+            let node = match (ip, port) {
+                (IpAddr::V4(a), None) if style % 2 == 0 => a.to_string(),
+                (IpAddr::V4(a), None) => format!("\"{a}\""),
+                (IpAddr::V4(a), Some(p)) => format!("\"{a}:{p}\""),
+                (IpAddr::V6(a), None) => format!("\"[{a}]\""),
+                (IpAddr::V6(a), Some(p)) => format!("\"[{a}]:{p}\""),
+            };
+            match style % 4 {
+                0 | 1 => format!("for={node}"),
+                2 => format!("proto=https;FOR={node};by=\"[2001:db8::1]\""),
+                _ => format!("host=\"x,y;z\";for={node}"),
+            }
+        }
+
+        proptest! {
+            /// The same chain, written as `X-Forwarded-For` and as `Forwarded` (any
+            /// quoting, parameters and header split), resolves to the same client.
+            #[test]
+            fn forwarded_walks_as_xff(
+                chain in proptest::collection::vec((hop(), any::<u8>()), 0..8),
+                peer in hop(),
+                split in any::<usize>(),
+            ) {
+                let r = resolver(&["10.0.0.0/8", "2001:db8:ffff::/48"]);
+                let xs: Vec<String> = chain.iter().map(|((ip, p), _)| xff(*ip, *p)).collect();
+                let fs: Vec<String> =
+                    chain.iter().map(|((ip, p), s)| fwd(*ip, *p, *s)).collect();
+                let cut = if chain.is_empty() { 0 } else { split % (chain.len() + 1) };
+                let headers = |v: &[String]| -> Vec<String> {
+                    [v[..cut].join(", "), v[cut..].join(",")]
+                        .into_iter()
+                        .filter(|h| !h.is_empty())
+                        .collect()
+                };
+                let (xh, fh) = (headers(&xs), headers(&fs));
+                let a = r.resolve(peer.0, xh.iter().map(|s| s.as_bytes()));
+                let b = r.resolve_forwarded(peer.0, fh.iter().map(|s| s.as_bytes()));
+                prop_assert_eq!(a, b, "xff {:?} forwarded {:?}", xh, fh);
+            }
+
+            /// Hostile bytes never panic.
+            #[test]
+            fn forwarded_survives_anything(v in proptest::collection::vec(any::<u8>(), 0..200)) {
+                let r = resolver(&["10.0.0.0/8"]);
+                let _ = r.resolve_forwarded("10.0.0.1".parse().unwrap(), std::iter::once(&v[..]));
+            }
+        }
     }
 }

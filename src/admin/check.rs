@@ -86,7 +86,10 @@ pub(super) async fn check(core: &Core, session: &mut ServerSession) -> Reply {
                 reply.headers = vec![("retry-after", http::HeaderValue::from_static("1"))];
                 reply
             }
-            other => reply::render(&other, core.clock.now_ms()),
+            other => {
+                let style = core.runtime().config.server.rate_limit_headers;
+                reply::render(&other, core.clock.now_ms(), style)
+            }
         },
     }
 }

@@ -99,7 +99,11 @@ async fn auth_limit(
     };
     let mut check = Check::new(1);
     check.peek = peek;
-    check.push(Scope::Auth, Ident::Ip(ip), limits);
+    check.push(
+        Scope::Auth,
+        Ident::client(ip, rt.config.ipv6_prefix),
+        limits,
+    );
     let verdict = match decide(core, &check).await {
         Ok(v) => v,
         Err(_) => return Ok(()), // brute-force counting fails open: auth itself still holds
@@ -116,10 +120,16 @@ async fn auth_limit(
     match verdict.governing {
         Some(g) if !verdict.allowed => {
             core.metrics.decision(Scope::Auth, Outcome::Rejected);
-            record(core, ip, None, &g);
+            record(core, ip, None, &g, check.scopes.first().map(|s| &s.ident));
             Err(Rejection::RateLimited {
                 governing: g,
                 message: limits.message.clone(),
+                policy: rt
+                    .config
+                    .server
+                    .rate_limit_headers
+                    .ietf()
+                    .then(|| check.quotas()),
             })
         }
         _ => Ok(()),

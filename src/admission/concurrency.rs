@@ -26,7 +26,11 @@ pub fn slot_requests(rt: &Runtime, client_ip: IpAddr, key: Option<&KeyInfo>) -> 
         }
     };
     if let Some(l) = &rt.config.ip_limits {
-        push(Scope::Ip, &Ident::Ip(client_ip), l);
+        push(
+            Scope::Ip,
+            &Ident::client(client_ip, rt.config.ipv6_prefix),
+            l,
+        );
     }
     if let Some(k) = key {
         push(Scope::Key, &k.key_ident, &k.tier.key);

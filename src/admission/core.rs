@@ -92,7 +92,8 @@ impl Runtime {
     /// When an upstream set cannot be built.
     pub fn from_config(config: Config) -> std::io::Result<Self> {
         Ok(Self {
-            resolver: ClientIpResolver::new(config.trusted_proxies.clone()),
+            resolver: ClientIpResolver::new(config.trusted_proxies.clone())
+                .with_header(config.client_ip_header),
             router: Router::new(&config.routes)?,
             keys: KeyTable::from_config(&config),
             blocks: BlockList::new(config.blocks.iter().cloned()),

@@ -22,17 +22,19 @@ use super::Rejection;
 use crate::config::Mode;
 use crate::db::events::Event;
 use crate::identity::KeyInfo;
-use crate::limiter::{Check, Ident, OnFailure, Scope, ScopeCheck, Verdict, WindowDecision};
+use crate::limiter::{Check, Ident, OnFailure, Quota, Scope, ScopeCheck, Verdict, WindowDecision};
 use crate::metrics::Outcome;
 use crate::store::StoreError;
 
 /// The outcome of the limits for one caller.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(super) struct LimitOutcome {
     /// The layered verdict (`allowed` may be false only in shadow mode).
     pub(super) verdict: Verdict,
     /// True when the verdict rejected but the mode is shadow.
     pub(super) shadow_rejected: bool,
+    /// The check's windows, when the IETF headers are on.
+    pub(super) policy: Option<Box<[Quota]>>,
 }
 
 /// Enforces ip -> key -> tenant -> global for one request of `cost`.
@@ -53,8 +55,15 @@ pub(super) async fn limit(
         return Ok(LimitOutcome {
             verdict: Verdict::UNLIMITED,
             shadow_rejected: false,
+            policy: None,
         });
     }
+    let policy = rt
+        .config
+        .server
+        .rate_limit_headers
+        .ietf()
+        .then(|| check.quotas());
     let started = tokio::time::Instant::now();
     let result = decide(core, &check).await;
     core.store_call.observe(started.elapsed().as_secs_f64());
@@ -72,6 +81,7 @@ pub(super) async fn limit(
             return Ok(LimitOutcome {
                 verdict,
                 shadow_rejected: false,
+                policy,
             })
         }
     };
@@ -79,15 +89,23 @@ pub(super) async fn limit(
         return Ok(LimitOutcome {
             verdict,
             shadow_rejected: true,
+            policy,
         });
     }
-    record(core, client_ip, key, &governing);
-    let message = check
-        .scopes
-        .iter()
-        .find(|s| s.scope == governing.scope)
-        .and_then(|s| s.limits.message.clone());
-    Err(Rejection::RateLimited { governing, message })
+    let rejecting = check.scopes.iter().find(|s| s.scope == governing.scope);
+    record(
+        core,
+        client_ip,
+        key,
+        &governing,
+        rejecting.map(|s| &s.ident),
+    );
+    let message = rejecting.and_then(|s| s.limits.message.clone());
+    Err(Rejection::RateLimited {
+        governing,
+        message,
+        policy,
+    })
 }
 
 /// The store's verdict: at once when it can decide locally (the memory store always;
@@ -115,6 +133,7 @@ fn store_failed(core: &Core, check: &Check<'_>) -> Result<LimitOutcome, Rejectio
     Ok(LimitOutcome {
         verdict: Verdict::UNLIMITED,
         shadow_rejected: false,
+        policy: None,
     })
 }
 
@@ -155,10 +174,17 @@ fn count(core: &Core, check: &Check<'_>, verdict: &Verdict, mode: Mode) {
 }
 
 /// Queues a violation event for the database log (when one is configured). Never blocks.
-pub(super) fn record(core: &Core, client_ip: IpAddr, key: Option<&KeyInfo>, g: &WindowDecision) {
+/// `ident` is what the rejecting scope counted (an IPv6 client's network for `ip`).
+pub(super) fn record(
+    core: &Core,
+    client_ip: IpAddr,
+    key: Option<&KeyInfo>,
+    g: &WindowDecision,
+    ident: Option<&Ident>,
+) {
     let Some(queue) = &core.events else { return };
     let ident = match g.scope {
-        Scope::Ip | Scope::Auth => client_ip.to_string(),
+        Scope::Ip | Scope::Auth => ident.map_or_else(|| client_ip.to_string(), Ident::to_string),
         Scope::Key => key.map_or_else(String::new, |k| k.key_id.to_string()),
         Scope::Tenant => key.map_or_else(String::new, |k| k.tenant.to_string()),
         Scope::Global => "all".to_string(),
@@ -186,7 +212,11 @@ pub fn build_check<'a>(
 ) -> Check<'a> {
     let mut check = Check::new(cost);
     if let Some(l) = &rt.config.ip_limits {
-        check.push(Scope::Ip, Ident::Ip(client_ip), l);
+        check.push(
+            Scope::Ip,
+            Ident::client(client_ip, rt.config.ipv6_prefix),
+            l,
+        );
     }
     if let Some(k) = key {
         check.push(Scope::Key, k.key_ident.clone(), &k.tier.key);

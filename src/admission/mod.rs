@@ -35,7 +35,7 @@ pub use self::core::{block_entry, parse_net, Core, Dynamic, Runtime};
 pub use self::limits::build_check;
 use crate::config::{Auth, Mode};
 use crate::identity::{KeyInfo, Presented};
-use crate::limiter::{Scope, WindowDecision};
+use crate::limiter::{Quota, Scope, WindowDecision};
 use crate::metrics::Metrics;
 use crate::routing::RouteEntry;
 use crate::store::slots::Full;
@@ -82,6 +82,9 @@ pub enum Rejection {
         governing: WindowDecision,
         /// The scope's message template.
         message: Option<String>,
+        /// The check's windows, for `RateLimit-Policy` (with `rate_limit_headers` "ietf"
+        /// or "both").
+        policy: Option<Box<[Quota]>>,
     },
     /// 429: a scope has all its `concurrent` slots taken.
     Concurrent {
@@ -131,6 +134,9 @@ pub struct Admission {
     pub rate: Option<WindowDecision>,
     /// True when `rate` is a shadow-mode would-be rejection.
     pub shadow_rejected: bool,
+    /// The check's windows, for `RateLimit-Policy` (with `rate_limit_headers` "ietf" or
+    /// "both").
+    pub rate_policy: Option<Box<[Quota]>>,
     /// The limiter clock reading the decision was made at.
     pub now_ms: u64,
     /// Whether the store charged the rate windows (not when it failed open, or the local
@@ -305,6 +311,7 @@ pub async fn admit(core: &Core, req: &AdmitRequest<'_>) -> Result<Admission, Ref
         key,
         rate: out.verdict.governing,
         shadow_rejected: out.shadow_rejected,
+        rate_policy: out.policy,
         now_ms,
         // A shadow-mode would-be rejection was admitted, but the store charged nothing.
         charged: out.verdict.allowed

@@ -47,6 +47,17 @@ pub(crate) struct ServerFile {
     pub(crate) max_connections_per_ip: Option<Spanned<u32>>,
     pub(crate) underscores_in_headers: Option<bool>,
     pub(crate) path_parameters: Option<PathParametersFile>,
+    pub(crate) rate_limit_headers: Option<RateLimitHeadersFile>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+pub(crate) enum RateLimitHeadersFile {
+    #[serde(rename = "x-ratelimit")]
+    XRateLimit,
+    #[serde(rename = "ietf")]
+    Ietf,
+    #[serde(rename = "both")]
+    Both,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize)]
@@ -61,6 +72,16 @@ pub(crate) enum PathParametersFile {
 pub(crate) struct ClientIpFile {
     #[serde(default)]
     pub(crate) trusted_proxies: Vec<Spanned<String>>,
+    pub(crate) ipv6_prefix: Option<Spanned<u8>>,
+    pub(crate) header: Option<ForwardedHeaderFile>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+pub(crate) enum ForwardedHeaderFile {
+    #[serde(rename = "x-forwarded-for")]
+    XForwardedFor,
+    #[serde(rename = "forwarded")]
+    Forwarded,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -20,6 +20,11 @@ pub struct Config {
     pub server: Server,
     /// `[client_ip] trusted_proxies`.
     pub trusted_proxies: Vec<IpNet>,
+    /// `[client_ip] ipv6_prefix`: the `ip` scope counts an IPv6 client by this network
+    /// (64 by default; 128 counts every address).
+    pub ipv6_prefix: u8,
+    /// `[client_ip] header`: where trusted proxies name the client.
+    pub client_ip_header: ClientIpHeader,
     /// `[store]`.
     pub store: Store,
     /// `[database] url`.
@@ -72,6 +77,42 @@ pub struct Server {
     pub underscores_in_headers: bool,
     /// Whether `;` path parameters are accepted.
     pub path_parameters: PathParameters,
+    /// `rate_limit_headers`: which rate-limit header family answers carry.
+    pub rate_limit_headers: RateLimitHeaders,
+}
+
+/// `[server] rate_limit_headers`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RateLimitHeaders {
+    /// `X-RateLimit-Limit`, `-Remaining`, `-Reset` (the default).
+    #[default]
+    XRateLimit,
+    /// `RateLimit-Policy` and `RateLimit` of draft-ietf-httpapi-ratelimit-headers-11.
+    Ietf,
+    /// Both families.
+    Both,
+}
+
+impl RateLimitHeaders {
+    /// Whether the `X-RateLimit-*` family is written.
+    pub fn x_ratelimit(self) -> bool {
+        matches!(self, Self::XRateLimit | Self::Both)
+    }
+
+    /// Whether the IETF family is written.
+    pub fn ietf(self) -> bool {
+        matches!(self, Self::Ietf | Self::Both)
+    }
+}
+
+/// `[client_ip] header`: the header trusted proxies append the client to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ClientIpHeader {
+    /// `X-Forwarded-For` (the default).
+    #[default]
+    XForwardedFor,
+    /// RFC 7239 `Forwarded: for=...`.
+    Forwarded,
 }
 
 /// `[server] path_parameters`: what to do with `;` parameters in a request path.

@@ -89,6 +89,17 @@ pub(super) fn validate(name: &str, source: &str, raw: File) -> Result<Config, Co
         &tiers,
     )?;
     let trusted_proxies = trusted(&cx, &raw.client_ip.trusted_proxies)?;
+    let ipv6_prefix = bounded(
+        &cx,
+        "ipv6_prefix",
+        raw.client_ip.ipv6_prefix.as_ref(),
+        1..=128,
+    )?
+    .unwrap_or(64);
+    let client_ip_header = match raw.client_ip.header {
+        None | Some(ForwardedHeaderFile::XForwardedFor) => ClientIpHeader::XForwardedFor,
+        Some(ForwardedHeaderFile::Forwarded) => ClientIpHeader::Forwarded,
+    };
     let blocks = blocks(&cx, &raw.blocks)?;
     // Last, so that a more specific error in a half-written file is reported first.
     if routes.is_empty() {
@@ -98,6 +109,8 @@ pub(super) fn validate(name: &str, source: &str, raw: File) -> Result<Config, Co
         source: name.to_string(),
         server,
         trusted_proxies,
+        ipv6_prefix,
+        client_ip_header,
         store,
         database_url: raw.database.map(|d| d.url),
         ip_limits,
@@ -148,6 +161,11 @@ fn server(cx: &Ctx<'_>, s: &ServerFile) -> Result<Server, ConfigError> {
         path_parameters: match s.path_parameters {
             None | Some(PathParametersFile::Reject) => PathParameters::Reject,
             Some(PathParametersFile::Allow) => PathParameters::Allow,
+        },
+        rate_limit_headers: match s.rate_limit_headers {
+            None | Some(RateLimitHeadersFile::XRateLimit) => RateLimitHeaders::XRateLimit,
+            Some(RateLimitHeadersFile::Ietf) => RateLimitHeaders::Ietf,
+            Some(RateLimitHeadersFile::Both) => RateLimitHeaders::Both,
         },
     })
 }

@@ -12,7 +12,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode, Uri, Versio
 use crate::admission::{Admission, Rejection};
 use crate::proxy::path::{self, Normalized};
 use crate::proxy::target::parse_authority;
-use crate::reply::headers::RateHeaders;
+use crate::reply::headers::rate_pairs;
 use crate::reply::Reply;
 
 /// Where a request goes, as the routes see it.
@@ -104,12 +104,17 @@ pub(super) fn identity_headers(headers: &mut HeaderMap, a: &Admission, trusted: 
     }
 }
 
-/// Adds the admitted request's `X-RateLimit-*` to the inner service's response.
+/// Adds the admitted request's rate-limit headers (`[server] rate_limit_headers`) to the
+/// inner service's response.
 pub(super) fn rate_headers(headers: &mut HeaderMap, a: &Admission) {
     if let Some(wd) = &a.rate {
-        let mut h = RateHeaders::new(wd, a.now_ms, a.shadow_rejected);
-        h.retry_after = None; // an admitted response was not rejected
-        insert_all(headers, h.pairs());
+        let style = a.runtime.config.server.rate_limit_headers;
+        // An admitted response was not rejected: no `Retry-After`.
+        let flags = (a.shadow_rejected, false);
+        insert_all(
+            headers,
+            rate_pairs(style, wd, a.now_ms, flags, a.rate_policy.as_deref()),
+        );
     }
 }
 

@@ -94,7 +94,10 @@ where
         }
         Err(refusal) => {
             let reply = match &refusal {
-                Some(r) => reply::render(&r.rejection, shared.core.clock.now_ms()),
+                Some(r) => {
+                    let style = shared.core.runtime().config.server.rate_limit_headers;
+                    reply::render(&r.rejection, shared.core.clock.now_ms(), style)
+                }
                 None => error_reply(500, "client_address_unavailable"),
             };
             let route = refusal.as_ref().and_then(|r| r.route.as_ref());
@@ -152,12 +155,7 @@ async fn admit(
         return Err(None);
     };
     let rt = core.runtime();
-    let xff = parts
-        .headers
-        .get_all("x-forwarded-for")
-        .iter()
-        .map(|v| v.as_bytes());
-    let client_ip = rt.resolver.resolve(peer, xff);
+    let client_ip = rt.resolver.resolve_headers(peer, &parts.headers);
     let allow_params = rt.config.server.path_parameters == PathParameters::Allow;
     drop(rt);
     let Routed { host, path, uri } = match request::routed(parts, allow_params) {

@@ -12,6 +12,8 @@ use super::policy::{Scope, ScopeLimits, WindowLimit};
 pub enum Ident {
     /// A client address (ip scope).
     Ip(IpAddr),
+    /// A client's IPv6 network (ip scope, `[client_ip] ipv6_prefix` below 128).
+    Net(ipnet::Ipv6Net),
     /// A key id or tenant id.
     Name(Arc<str>),
     /// The single global identity.
@@ -41,9 +43,41 @@ pub struct Check<'a> {
     pub peek: bool,
 }
 
+/// The network the `ip` scope counts `ip` by: the address itself for IPv4 (and for IPv6
+/// when `ipv6_prefix` is 128), else its `/ipv6_prefix` network.
+pub fn network(ip: IpAddr, ipv6_prefix: u8) -> ipnet::IpNet {
+    match ip {
+        IpAddr::V4(a) => ipnet::IpNet::V4(ipnet::Ipv4Net::from(a)),
+        // `min(128)` makes `new` infallible; fall back to the host anyway.
+        IpAddr::V6(a) => ipnet::Ipv6Net::new(a, ipv6_prefix.min(128))
+            .map_or_else(|_| ipnet::Ipv6Net::from(a), |n| n.trunc())
+            .into(),
+    }
+}
+
+/// One window of a check, as the IETF `RateLimit-Policy` header lists it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Quota {
+    /// The scope.
+    pub scope: Scope,
+    /// The window.
+    pub window: super::policy::Window,
+    /// Its limit.
+    pub limit: u32,
+}
+
 // === impl Ident ===
 
 impl Ident {
+    /// What the `ip` (and `auth`) scope counts for a client at `ip`: the address for
+    /// IPv4, its `/ipv6_prefix` network for IPv6 (the address itself at 128).
+    pub fn client(ip: IpAddr, ipv6_prefix: u8) -> Ident {
+        match network(ip, ipv6_prefix) {
+            ipnet::IpNet::V6(n) if n.prefix_len() < 128 => Ident::Net(n),
+            _ => Ident::Ip(ip),
+        }
+    }
+
     /// The per-identity reset offset in `[0, limit.jitter_ms)`: stable across processes
     /// (FNV-1a of the identity), so every gateway of a fleet agrees on it.
     pub fn offset_ms(&self, limit: &WindowLimit) -> u64 {
@@ -60,6 +94,10 @@ impl Ident {
         match self {
             Ident::Ip(IpAddr::V4(a)) => feed(&a.octets()),
             Ident::Ip(IpAddr::V6(a)) => feed(&a.octets()),
+            Ident::Net(n) => {
+                feed(&n.network().octets());
+                feed(&[n.prefix_len()]);
+            }
             Ident::Name(n) => feed(n.as_bytes()),
             Ident::Global => feed(b"global"),
         }
@@ -71,6 +109,7 @@ impl std::fmt::Display for Ident {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Ident::Ip(ip) => write!(f, "{ip}"),
+            Ident::Net(n) => write!(f, "{n}"),
             Ident::Name(n) => f.write_str(n),
             Ident::Global => f.write_str("all"),
         }
@@ -105,5 +144,41 @@ impl<'a> Check<'a> {
     /// Whether no scope applies.
     pub fn is_empty(&self) -> bool {
         self.scopes.is_empty()
+    }
+
+    /// Every window of every scope, in check order (the IETF `RateLimit-Policy`).
+    pub fn quotas(&self) -> Box<[Quota]> {
+        let windows = self.scopes.iter().flat_map(|s| {
+            s.limits.windows.iter().map(|w| Quota {
+                scope: s.scope,
+                window: w.window,
+                limit: w.limit,
+            })
+        });
+        windows.collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ipnet::IpNet;
+
+    /// (address, ipv6_prefix, network the ip scope counts).
+    #[test]
+    fn networks() {
+        let cases = [
+            ("203.0.113.7", 64, "203.0.113.7/32"),
+            ("203.0.113.7", 1, "203.0.113.7/32"),
+            ("2001:db8:1:2:aaaa::1", 64, "2001:db8:1:2::/64"),
+            ("2001:db8:1:2:ffff:ffff:ffff:ffff", 64, "2001:db8:1:2::/64"),
+            ("2001:db8:1:2:aaaa::1", 48, "2001:db8:1::/48"),
+            ("2001:db8:1:2:aaaa::1", 128, "2001:db8:1:2:aaaa::1/128"),
+            ("2001:db8:1:2:aaaa::1", 57, "2001:db8:1::/57"),
+        ];
+        for (ip, prefix, want) in cases {
+            let got = network(ip.parse().unwrap(), prefix);
+            assert_eq!(got, want.parse::<IpNet>().unwrap(), "{ip} /{prefix}");
+        }
     }
 }

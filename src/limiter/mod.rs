@@ -13,6 +13,6 @@ pub mod check;
 pub mod decision;
 pub mod policy;
 
-pub use check::{Check, Ident, ScopeCheck};
+pub use check::{network, Check, Ident, Quota, ScopeCheck};
 pub use decision::{Decision, Verdict, WindowDecision};
 pub use policy::{Admission, Algorithm, OnFailure, Scope, ScopeLimits, Window, WindowLimit};

@@ -20,7 +20,7 @@ use crate::admission::{self, Admission, AdmitRequest, Core};
 use crate::config::PathParameters;
 use crate::identity::api_key_from;
 use crate::metrics::RouteCounters;
-use crate::reply::headers::RateHeaders;
+use crate::reply::headers::rate_pairs;
 use crate::reply::{self, error_reply, Reply};
 use crate::routing::RouteEntry;
 use crate::store::Ending;
@@ -65,12 +65,7 @@ impl Gateway {
         ctx: &mut RequestCtx,
     ) -> Result<Admission, admission::Refusal> {
         let rt = self.core.runtime();
-        let xff = req
-            .headers
-            .get_all("x-forwarded-for")
-            .iter()
-            .map(|v| v.as_bytes());
-        let client_ip = rt.resolver.resolve(peer, xff);
+        let client_ip = rt.resolver.resolve_headers(peer, &req.headers);
         let allow_params = rt.config.server.path_parameters == PathParameters::Allow;
         drop(rt);
         let t = match target::target(req, allow_params) {
@@ -121,7 +116,9 @@ impl ProxyHttp for Gateway {
             Err(refusal) => {
                 ctx.route = refusal.route;
                 let now_ms = self.core.clock.now_ms();
-                write(session, &reply::render(&refusal.rejection, now_ms)).await?;
+                let style = self.core.runtime().config.server.rate_limit_headers;
+                let reply = reply::render(&refusal.rejection, now_ms, style);
+                write(session, &reply).await?;
                 Ok(true)
             }
         }
@@ -247,9 +244,10 @@ impl ProxyHttp for Gateway {
             }
         }
         if let Some(wd) = &a.rate {
-            let mut h = RateHeaders::new(wd, a.now_ms, a.shadow_rejected);
-            h.retry_after = None; // a forwarded response was not rejected
-            for (name, value) in h.pairs() {
+            let style = a.runtime.config.server.rate_limit_headers;
+            // A forwarded response was not rejected: no `Retry-After`.
+            let flags = (a.shadow_rejected, false);
+            for (name, value) in rate_pairs(style, wd, a.now_ms, flags, a.rate_policy.as_deref()) {
                 resp.insert_header(name, value)?;
             }
         }

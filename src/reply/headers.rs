@@ -1,11 +1,20 @@
-//! `X-RateLimit-*` and `Retry-After`: pure formatting of a decision at a time.
+//! `X-RateLimit-*`, the IETF `RateLimit-Policy` / `RateLimit` pair and `Retry-After`:
+//! pure formatting of a decision at a time.
 //!
 //! Reset and retry are relative in a `Decision`; they become absolute here, against
 //! the gateway's own clock reading taken at decision time.
+//!
+//! The IETF family follows draft-ietf-httpapi-ratelimit-headers-11, serialized as
+//! Structured Field lists (RFC 8941) by `sfv`: `RateLimit-Policy` names every window of
+//! the request's check, `"<scope>-<window>";q=<limit>;w=<seconds>`; `RateLimit` names the
+//! governing window (the fewest remaining, or the rejecting one),
+//! `"<scope>-<window>";r=<remaining>;t=<seconds until a full limit is admitted again>`.
 
 use http::HeaderValue;
+use sfv::{RefBareItem, RefListSerializer};
 
-use crate::limiter::WindowDecision;
+use crate::config::RateLimitHeaders;
+use crate::limiter::{Quota, Scope, Window, WindowDecision};
 
 /// Header name of the limit.
 pub const LIMIT: &str = "x-ratelimit-limit";
@@ -15,6 +24,11 @@ pub const REMAINING: &str = "x-ratelimit-remaining";
 pub const RESET: &str = "x-ratelimit-reset";
 /// `Retry-After`.
 pub const RETRY_AFTER: &str = "retry-after";
+
+/// `RateLimit-Policy` (draft-ietf-httpapi-ratelimit-headers-11).
+pub const IETF_POLICY: &str = "ratelimit-policy";
+/// `RateLimit` (draft-ietf-httpapi-ratelimit-headers-11).
+pub const IETF_LIMIT: &str = "ratelimit";
 
 /// The rate-limit headers of one governing window.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,6 +84,93 @@ impl RateHeaders {
             Some((names[i], v))
         })
     }
+}
+
+/// The headers of `style` for the governing window `wd` decided at `now_ms`:
+/// `X-RateLimit-*` and/or the IETF pair (`RateLimit-Policy` of the check's `quotas`). `rejected` zeroes the remaining count (a
+/// 429, or a shadow-mode would-be rejection); `retry` adds `Retry-After` whatever the
+/// style (a 429 only: a forwarded response was not rejected).
+pub fn rate_pairs(
+    style: RateLimitHeaders,
+    wd: &WindowDecision,
+    now_ms: u64,
+    (rejected, retry): (bool, bool),
+    quotas: Option<&[Quota]>,
+) -> impl Iterator<Item = (&'static str, HeaderValue)> {
+    let mut x = RateHeaders::new(wd, now_ms, rejected);
+    if !retry {
+        x.retry_after = None;
+    }
+    let x_family = style.x_ratelimit().then(|| x.pairs());
+    // Without the X family, `Retry-After` still goes with a rejection.
+    let retry = match x_family {
+        Some(_) => None,
+        None => x.retry_after.map(|s| (RETRY_AFTER, HeaderValue::from(s))),
+    };
+    let ietf = style.ietf().then(|| {
+        let limit = ietf_limit(wd, rejected).map(|v| (IETF_LIMIT, v));
+        let policy = quotas.and_then(ietf_policy).map(|v| (IETF_POLICY, v));
+        policy.into_iter().chain(limit)
+    });
+    x_family
+        .into_iter()
+        .flatten()
+        .chain(retry)
+        .chain(ietf.into_iter().flatten())
+}
+
+/// The item name of a window: `"<scope>-<window>"`, e.g. `key-1m`.
+fn item_name(scope: Scope, window: Window) -> String {
+    format!("{}-{}", scope.as_str(), window.label())
+}
+
+/// `RateLimit-Policy` of a check's windows (`Check::quotas`), in order; `None` when
+/// there is none.
+pub fn ietf_policy(quotas: &[Quota]) -> Option<HeaderValue> {
+    let mut out = String::with_capacity(24 * quotas.len());
+    let mut list = Some(RefListSerializer::new(&mut out));
+    for q in quotas {
+        let name = item_name(q.scope, q.window);
+        let secs = i64::try_from(q.window.period_ms() / 1000).unwrap_or(i64::MAX);
+        list = Some(
+            list.take()?
+                .bare_item(&RefBareItem::String(&name))
+                .ok()?
+                .parameter("q", &RefBareItem::Integer(i64::from(q.limit)))
+                .ok()?
+                .parameter("w", &RefBareItem::Integer(secs))
+                .ok()?,
+        );
+    }
+    if out.is_empty() {
+        return None;
+    }
+    HeaderValue::from_str(&out).ok()
+}
+
+/// `RateLimit` for the governing window: remaining `r` (0 on a rejection) and `t`, whole
+/// seconds until it admits a full limit again (rounded up; on a rejection never less than
+/// `Retry-After` - 1).
+pub fn ietf_limit(wd: &WindowDecision, rejected: bool) -> Option<HeaderValue> {
+    let d = &wd.decision;
+    let remaining = if rejected { 0 } else { d.remaining };
+    let mut t = d.reset_after_ms.div_ceil(1000);
+    if rejected {
+        t = t.max(retry_after_secs(d.retry_after_ms) - 1);
+    }
+    let name = item_name(wd.scope, wd.window);
+    let mut out = String::with_capacity(32);
+    RefListSerializer::new(&mut out)
+        .bare_item(&RefBareItem::String(&name))
+        .ok()?
+        .parameter("r", &RefBareItem::Integer(i64::from(remaining)))
+        .ok()?
+        .parameter(
+            "t",
+            &RefBareItem::Integer(i64::try_from(t).unwrap_or(i64::MAX)),
+        )
+        .ok()?;
+    HeaderValue::from_str(&out).ok()
 }
 
 /// Whole seconds for `Retry-After`: rounded up, at least 1.
@@ -129,6 +230,94 @@ mod tests {
         assert_eq!(
             rendered(&h).last().unwrap(),
             &("retry-after".to_string(), "2".to_string())
+        );
+    }
+
+    fn scope(windows: &[(Window, u32)]) -> crate::limiter::ScopeLimits {
+        crate::limiter::ScopeLimits {
+            windows: windows
+                .iter()
+                .map(|(w, n)| crate::limiter::WindowLimit::new(*w, *n))
+                .collect(),
+            on_failure: crate::limiter::OnFailure::Open,
+            message: None,
+            concurrent: None,
+        }
+    }
+
+    fn text(v: Option<HeaderValue>) -> String {
+        v.unwrap().to_str().unwrap().to_string()
+    }
+
+    /// `RateLimit-Policy` names every window of every scope of the check, in order, with
+    /// its quota and its length in seconds (a month is 30 days).
+    #[test]
+    fn ietf_policy_lists_every_window() {
+        use crate::limiter::Ident;
+        let ip = scope(&[(Window::Second, 20)]);
+        let key = scope(&[(Window::Minute, 500), (Window::Month, 1_000_000)]);
+        let mut check = crate::limiter::Check::new(1);
+        check.push(Scope::Ip, Ident::Global, &ip);
+        check.push(Scope::Key, Ident::Global, &key);
+        assert_eq!(
+            text(ietf_policy(&check.quotas())),
+            r#""ip-1s";q=20;w=1, "key-1m";q=500;w=60, "key-1mo";q=1000000;w=2592000"#
+        );
+        assert!(ietf_policy(&[]).is_none());
+        // The value parses back as a Structured Field list.
+        let parsed =
+            sfv::Parser::parse_list(text(ietf_policy(&check.quotas())).as_bytes()).unwrap();
+        assert_eq!(parsed.len(), 3);
+    }
+
+    /// (remaining, reset_after_ms, retry_after_ms, rejected, expected `RateLimit`).
+    #[test]
+    fn ietf_limit_table() {
+        let cases = [
+            (42, 17_000, 0, false, r#""key-1m";r=42;t=17"#),
+            (42, 16_001, 0, false, r#""key-1m";r=42;t=17"#),
+            (0, 0, 0, false, r#""key-1m";r=0;t=0"#),
+            // A rejection: r=0, t at least Retry-After - 1.
+            (3, 60_000, 1_001, true, r#""key-1m";r=0;t=60"#),
+            (3, 500, 4_200, true, r#""key-1m";r=0;t=4"#),
+        ];
+        for (remaining, reset, retry, rejected, want) in cases {
+            let got = text(ietf_limit(&wd(remaining, reset, retry), rejected));
+            assert_eq!(got, want, "{remaining} {reset} {retry} {rejected}");
+            if rejected {
+                let t: u64 = got.rsplit("t=").next().unwrap().parse().unwrap();
+                assert!(t + 1 >= retry_after_secs(retry));
+            }
+        }
+    }
+
+    /// Each style writes its family; a 429 carries `Retry-After` in every style, a
+    /// forwarded response in none.
+    #[test]
+    fn styles() {
+        let policy = [Quota {
+            scope: Scope::Key,
+            window: Window::Minute,
+            limit: 100,
+        }];
+        let names = |style, flags| -> Vec<&'static str> {
+            rate_pairs(style, &wd(3, 60_000, 1_001), 0, flags, Some(&policy[..]))
+                .map(|(n, _)| n)
+                .collect()
+        };
+        use RateLimitHeaders::*;
+        assert_eq!(
+            names(XRateLimit, (true, true)),
+            [LIMIT, REMAINING, RESET, RETRY_AFTER]
+        );
+        assert_eq!(
+            names(Ietf, (true, true)),
+            [RETRY_AFTER, IETF_POLICY, IETF_LIMIT]
+        );
+        assert_eq!(names(Ietf, (false, false)), [IETF_POLICY, IETF_LIMIT]);
+        assert_eq!(
+            names(Both, (false, false)),
+            [LIMIT, REMAINING, RESET, IETF_POLICY, IETF_LIMIT]
         );
     }
 }

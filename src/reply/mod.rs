@@ -7,9 +7,10 @@ pub mod headers;
 use bytes::Bytes;
 use http::HeaderValue;
 
-use self::headers::{retry_after_secs, RateHeaders};
+use self::headers::{rate_pairs, retry_after_secs};
 use crate::admission::Rejection;
-use crate::limiter::{Scope, WindowDecision};
+use crate::config::RateLimitHeaders;
+use crate::limiter::{Quota, Scope, WindowDecision};
 use crate::store::slots::Full;
 
 /// A rendered response.
@@ -64,12 +65,21 @@ fn concurrent(full: &Full, template: Option<&str>) -> Reply {
     )
 }
 
-/// Renders the answer to `rejection` at `now_ms`.
-pub fn render(rejection: &Rejection, now_ms: u64) -> Reply {
+/// Renders the answer to `rejection` at `now_ms`, with the rate-limit headers of
+/// `style` (`[server] rate_limit_headers`).
+pub fn render(rejection: &Rejection, now_ms: u64, style: RateLimitHeaders) -> Reply {
     match rejection {
-        Rejection::RateLimited { governing, message } => {
-            rate_limited(governing, message.as_deref(), now_ms)
-        }
+        Rejection::RateLimited {
+            governing,
+            message,
+            policy,
+        } => rate_limited(
+            governing,
+            message.as_deref(),
+            now_ms,
+            style,
+            policy.as_deref(),
+        ),
         Rejection::Concurrent { full, message } => concurrent(full, message.as_deref()),
         Rejection::Blocked(scope) => json(
             403,
@@ -80,7 +90,7 @@ pub fn render(rejection: &Rejection, now_ms: u64) -> Reply {
         Rejection::InvalidKey => json(401, r#"{"error":"invalid_api_key"}"#.into(), Vec::new()),
         Rejection::NoRoute(rate) => {
             let headers = rate
-                .map(|wd| RateHeaders::new(&wd, now_ms, false).pairs().collect())
+                .map(|wd| rate_pairs(style, &wd, now_ms, (false, false), None).collect())
                 .unwrap_or_default();
             json(404, r#"{"error":"no_route"}"#.into(), headers)
         }
@@ -99,11 +109,17 @@ pub fn render(rejection: &Rejection, now_ms: u64) -> Reply {
     }
 }
 
-fn rate_limited(governing: &WindowDecision, template: Option<&str>, now_ms: u64) -> Reply {
+fn rate_limited(
+    governing: &WindowDecision,
+    template: Option<&str>,
+    now_ms: u64,
+    style: RateLimitHeaders,
+    policy: Option<&[Quota]>,
+) -> Reply {
     let body = rate_limited_body(governing, template.unwrap_or(DEFAULT_MESSAGE));
     Reply {
         status: 429,
-        headers: RateHeaders::new(governing, now_ms, true).pairs().collect(),
+        headers: rate_pairs(style, governing, now_ms, (true, true), policy).collect(),
         body: Bytes::from(body),
     }
 }
@@ -260,8 +276,10 @@ mod tests {
                     "Your plan allows {limit} requests per {window}. Retry in {retry_after}s."
                         .into(),
                 ),
+                policy: None,
             },
             1_764_000_000_000,
+            RateLimitHeaders::XRateLimit,
         );
         assert_eq!(r.status, 429);
         let body: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
@@ -307,11 +325,11 @@ mod tests {
             ),
         ];
         for (rej, status, body) in cases {
-            let r = render(&rej, 0);
+            let r = render(&rej, 0, RateLimitHeaders::Both);
             assert_eq!((r.status, &r.body[..]), (status, body.as_bytes()));
         }
         assert_eq!(
-            render(&Rejection::Unavailable, 0).headers[0].0,
+            render(&Rejection::Unavailable, 0, RateLimitHeaders::Ietf).headers[0].0,
             "retry-after"
         );
     }

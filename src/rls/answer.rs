@@ -18,9 +18,10 @@ use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use envoy_types::pb::google::protobuf::Duration;
 
 use crate::admission::{Admission, Rejection};
+use crate::config::RateLimitHeaders;
 use crate::limiter::{Window, WindowDecision};
 use crate::reply;
-use crate::reply::headers::RateHeaders;
+use crate::reply::headers::{rate_pairs, RateHeaders};
 
 /// The answer to an admitted request (`OK`; shadow-mode would-be rejections included).
 pub(super) fn admitted(a: &Admission, descriptors: usize) -> RateLimitResponse {
@@ -30,12 +31,14 @@ pub(super) fn admitted(a: &Admission, descriptors: usize) -> RateLimitResponse {
         ..RateHeaders::new(wd, a.now_ms, a.shadow_rejected)
     });
     let status = status(Code::Ok, wd.zip(headers.as_ref()));
+    let style = a.runtime.config.server.rate_limit_headers;
+    let flags = (a.shadow_rejected, false);
     RateLimitResponse {
         overall_code: Code::Ok.into(),
         statuses: vec![status; descriptors],
-        response_headers_to_add: headers
-            .iter()
-            .flat_map(|h| h.pairs())
+        response_headers_to_add: wd
+            .into_iter()
+            .flat_map(|wd| rate_pairs(style, wd, a.now_ms, flags, a.rate_policy.as_deref()))
             .map(|(name, value)| header(name, &value))
             .collect(),
         ..RateLimitResponse::default()
@@ -43,8 +46,13 @@ pub(super) fn admitted(a: &Admission, descriptors: usize) -> RateLimitResponse {
 }
 
 /// The answer to a refused request (`OVER_LIMIT`), decided at `now_ms`.
-pub(super) fn refused(rejection: &Rejection, now_ms: u64, descriptors: usize) -> RateLimitResponse {
-    let reply = reply::render(rejection, now_ms);
+pub(super) fn refused(
+    rejection: &Rejection,
+    now_ms: u64,
+    descriptors: usize,
+    style: RateLimitHeaders,
+) -> RateLimitResponse {
+    let reply = reply::render(rejection, now_ms, style);
     let wd = match rejection {
         Rejection::RateLimited { governing, .. } => Some(governing),
         _ => None,
@@ -149,8 +157,9 @@ mod tests {
         let rejection = Rejection::RateLimited {
             governing: governing(false),
             message: None,
+            policy: None,
         };
-        let r = refused(&rejection, NOW_MS, 2);
+        let r = refused(&rejection, NOW_MS, 2, RateLimitHeaders::XRateLimit);
         assert_eq!(r.overall_code, i32::from(Code::OverLimit));
         assert_eq!(r.statuses.len(), 2);
         let s = &r.statuses[1];
@@ -183,7 +192,12 @@ mod tests {
     /// A block is OVER_LIMIT without a window, with the 403 body.
     #[test]
     fn blocked_is_over_limit_without_a_window() {
-        let r = refused(&Rejection::Blocked(Scope::Ip), NOW_MS, 1);
+        let r = refused(
+            &Rejection::Blocked(Scope::Ip),
+            NOW_MS,
+            1,
+            RateLimitHeaders::XRateLimit,
+        );
         assert_eq!(r.overall_code, i32::from(Code::OverLimit));
         assert_eq!(r.statuses[0].current_limit, None);
         assert_eq!(r.raw_body, br#"{"error":"blocked","scope":"ip"}"#);

@@ -131,7 +131,8 @@ impl Rls {
                 Rejection::UnknownRoute(name) => Err(invalid(format!("unknown route {name:?}"))),
                 other => {
                     let now_ms = self.core.clock.now_ms();
-                    Ok(answer::refused(&other, now_ms, asked.descriptors))
+                    let style = self.core.runtime().config.server.rate_limit_headers;
+                    Ok(answer::refused(&other, now_ms, asked.descriptors, style))
                 }
             },
         }

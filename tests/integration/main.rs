@@ -22,6 +22,7 @@ mod events;
 mod hardening;
 mod lifetime;
 mod proxy_e2e;
+mod ratelimit_headers;
 mod reload;
 mod rls;
 mod settle;

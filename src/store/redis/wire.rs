@@ -102,6 +102,7 @@ pub fn identity_key(prefix: &str, scope: Scope, ident: &Ident, suffix: &str) -> 
     match ident {
         Ident::Global => format!("{prefix}:{{global}}:{suffix}"),
         Ident::Ip(ip) => format!("{prefix}:{{{}:{ip}}}:{suffix}", scope.as_str()),
+        Ident::Net(n) => format!("{prefix}:{{{}:{n}}}:{suffix}", scope.as_str()),
         Ident::Name(n) => format!("{prefix}:{{{}:{n}}}:{suffix}", scope.as_str()),
     }
 }
@@ -390,6 +391,11 @@ mod tests {
         assert_eq!(
             key("thr", Scope::Ip, &ip, Window::Minute),
             "thr:{ip:203.0.113.7}:1m"
+        );
+        let net = Ident::client("2001:db8:1:2:aaaa::7".parse().unwrap(), 64);
+        assert_eq!(
+            key("thr", Scope::Ip, &net, Window::Second),
+            "thr:{ip:2001:db8:1:2::/64}:1s"
         );
         let k = Ident::Name("key_demo".into());
         assert_eq!(
