@@ -29,6 +29,7 @@ const ALGORITHMS: [Algorithm; 5] = [
 fn limits(windows: Vec<WindowLimit>) -> ScopeLimits {
     ScopeLimits {
         concurrent: None,
+        ban: None,
         windows,
         on_failure: OnFailure::Local,
         message: None,

@@ -19,6 +19,7 @@ use throttle::store::{LimitStore, RedisStore};
 fn limits(windows: Vec<WindowLimit>) -> ScopeLimits {
     ScopeLimits {
         concurrent: None,
+        ban: None,
         windows,
         on_failure: OnFailure::Closed,
         message: None,

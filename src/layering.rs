@@ -13,6 +13,7 @@ const LAYERS: &[&[&str]] = &[
         "metrics",
         "client_ip",
         "blocklist",
+        "bans",
         "identity",
         "lifecycle",
         "demo",

@@ -28,6 +28,7 @@
 //! let store = MemoryStore::with_clock(ManualClock::at(1_764_000_000_000));
 //! let limits = ScopeLimits {
 //!     concurrent: None,
+//!     ban: None,
 //!     windows: vec![WindowLimit::new(Window::Minute, 1)],
 //!     on_failure: OnFailure::Local,
 //!     message: None,
@@ -42,6 +43,7 @@
 
 pub mod admin;
 pub mod admission;
+pub mod bans;
 pub mod blocklist;
 pub mod client_ip;
 pub mod clock;

@@ -144,6 +144,7 @@ pub fn build(mut config: Config, extras: Extras) -> Result<Built, StartError> {
     let db = Arc::new(Database::new(config.database_url.clone()));
     let mut core = Core::new(Runtime::from_config(config)?, store, metrics);
     core.upstream_override = demo_addr;
+    core.shared_bans = redis.clone();
     if db.configured() {
         let dropped = core.metrics.events_dropped_total.clone();
         core.events = Some(Arc::new(EventQueue::new(EVENT_QUEUE, dropped)));
@@ -169,6 +170,10 @@ pub fn build(mut config: Config, extras: Extras) -> Result<Built, StartError> {
     server.add_service(background_service(
         "memory store sweeper",
         Sweeper { store: memory },
+    ));
+    server.add_service(background_service(
+        "ban sync",
+        BanSync { core: core.clone() },
     ));
     server.add_service(background_service(
         "reload on SIGHUP",
@@ -398,6 +403,36 @@ impl BackgroundService for LeaseReturns {
             }
         }
         self.redis.return_all().await;
+    }
+}
+
+/// Every second: the fleet's automatic bans read from Redis (this gateway's own are
+/// there too), or, on the memory store, expired bans dropped.
+struct BanSync {
+    core: Arc<Core>,
+}
+
+#[async_trait]
+impl BackgroundService for BanSync {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = shutdown.changed() => return,
+                _ = tick.tick() => {
+                    let now_ms = self.core.clock.now_ms();
+                    match &self.core.shared_bans {
+                        Some(redis) => match redis.bans(now_ms).await {
+                            Ok(bans) => self.core.bans.replace(bans, now_ms),
+                            // Keep the bans known; expired ones still stop matching.
+                            Err(e) => tracing::debug!(error = %e, "ban sync failed"),
+                        },
+                        None => self.core.bans.prune(now_ms),
+                    }
+                }
+            }
+        }
     }
 }
 

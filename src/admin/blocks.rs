@@ -66,10 +66,23 @@ impl BlockStore {
         path: &str,
     ) -> Reply {
         match (method, path) {
-            (&Method::GET, "/v1/blocks") => json_reply(
-                200,
-                &serde_json::json!({ "blocks": core.dynamic().block_rows.iter().map(block_json).collect::<Vec<_>>() }),
-            ),
+            (&Method::GET, "/v1/blocks") => {
+                let now_ms = core.clock.now_ms();
+                let posted = core
+                    .dynamic()
+                    .block_rows
+                    .iter()
+                    .map(block_json)
+                    .collect::<Vec<_>>();
+                let automatic = core
+                    .bans
+                    .list(now_ms)
+                    .iter()
+                    .map(ban_json)
+                    .collect::<Vec<_>>();
+                let blocks: Vec<_> = posted.into_iter().chain(automatic).collect();
+                json_reply(200, &serde_json::json!({ "blocks": blocks }))
+            }
             (&Method::POST, "/v1/blocks") => match read_body(session).await {
                 Ok(body) => match parse(&body) {
                     Ok(row) => match self.add(core, db, row).await {
@@ -84,6 +97,26 @@ impl BlockStore {
                 .strip_prefix("/v1/blocks/")
                 .and_then(|id| id.parse::<i64>().ok())
             {
+                // Automatic bans have negative ids.
+                Some(id) if id < 0 => match core.bans.lift(id) {
+                    Some(ban) => {
+                        if let Some(redis) = &core.shared_bans {
+                            if let Err(e) = redis.lift_ban(&ban).await {
+                                let detail = format!("lifted on this gateway only: {e}");
+                                return json_reply(
+                                    503,
+                                    &serde_json::json!({"error": "store_unavailable", "detail": detail}),
+                                );
+                            }
+                        }
+                        Reply {
+                            status: 204,
+                            headers: Vec::new(),
+                            body: bytes::Bytes::new(),
+                        }
+                    }
+                    None => error_reply(404, "not_found"),
+                },
                 Some(id) => match self.remove(core, db, id).await {
                     Ok(true) => Reply {
                         status: 204,
@@ -215,6 +248,17 @@ fn text_problem(field: &str, s: &str, max: usize) -> Option<String> {
     (s.len() > max).then(|| format!("{field} is longer than {max} bytes"))
 }
 
+fn ban_json(b: &crate::bans::Ban) -> serde_json::Value {
+    serde_json::json!({
+        "id": b.id(),
+        "scope": b.scope.as_str(),
+        "value": b.value,
+        "reason": b.reason,
+        "expires_at": crate::config::format_rfc3339(b.expires_at_ms),
+        "automatic": true,
+    })
+}
+
 fn block_json(b: &BlockRow) -> serde_json::Value {
     serde_json::json!({
         "id": b.id,
@@ -222,5 +266,6 @@ fn block_json(b: &BlockRow) -> serde_json::Value {
         "value": b.value,
         "reason": b.reason,
         "expires_at": b.expires_at_ms.and_then(|ms| u64::try_from(ms).ok()).map(crate::config::format_rfc3339),
+        "automatic": false,
     })
 }

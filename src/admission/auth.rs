@@ -121,6 +121,13 @@ async fn auth_limit(
         Some(g) if !verdict.allowed => {
             core.metrics.decision(Scope::Auth, Outcome::Rejected);
             record(core, ip, None, &g, check.scopes.first().map(|s| &s.ident));
+            if let (Some(rule), Some(s)) = (limits.ban, check.scopes.first()) {
+                let who = super::bans::Offender {
+                    client_ip: ip,
+                    key: None,
+                };
+                super::bans::strike(core, Scope::Auth, &s.ident, rule, &who);
+            }
             Err(Rejection::RateLimited {
                 governing: g,
                 message: limits.message.clone(),

@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use arc_swap::ArcSwap;
 
+use crate::bans::Bans;
 use crate::blocklist::BlockList;
 use crate::client_ip::ClientIpResolver;
 use crate::clock::{Clock, SystemClock};
@@ -23,6 +24,7 @@ use crate::db::events::EventQueue;
 use crate::identity::KeyTable;
 use crate::metrics::Metrics;
 use crate::routing::Router;
+use crate::store::redis::RedisStore;
 use crate::store::LimitStore;
 
 /// One config's worth of request-path state.
@@ -58,6 +60,10 @@ pub struct Core {
     suspects: Suspects,
     /// The violation log queue, when a database is configured.
     pub events: Option<Arc<EventQueue>>,
+    /// Automatic bans in force, and the local rejection counts.
+    pub bans: Arc<Bans>,
+    /// Redis, when bans are shared by a fleet (the Redis store).
+    pub shared_bans: Option<Arc<RedisStore>>,
     /// Every route's upstream, whatever the config file says (`throttle demo`'s
     /// in-process upstream, kept across reloads).
     pub upstream_override: Option<SocketAddr>,
@@ -136,6 +142,8 @@ impl Core {
             dynamic: ArcSwap::from_pointee(Dynamic::default()),
             suspects: Suspects::default(),
             events: None,
+            bans: Arc::default(),
+            shared_bans: None,
             upstream_override: None,
             store_call: metrics
                 .store_call_seconds

@@ -17,6 +17,7 @@
 
 use std::net::IpAddr;
 
+use super::bans::{self, Offender};
 use super::core::{Core, Runtime};
 use super::Rejection;
 use crate::config::Mode;
@@ -100,6 +101,12 @@ pub(super) async fn limit(
         &governing,
         rejecting.map(|s| &s.ident),
     );
+    if let Some(s) = rejecting {
+        if let Some(rule) = s.limits.ban {
+            let who = Offender { client_ip, key };
+            bans::strike(core, s.scope, &s.ident, rule, &who);
+        }
+    }
     let message = rejecting.and_then(|s| s.limits.message.clone());
     Err(Rejection::RateLimited {
         governing,
@@ -199,6 +206,7 @@ pub(super) fn record(
         limit_value: u64::from(g.decision.limit),
         count: g.decision.current,
         window: g.window,
+        span_secs: None,
         at_ms: core.clock.now_ms(),
     });
 }

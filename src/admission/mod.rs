@@ -22,6 +22,7 @@
 //! request holds.
 
 mod auth;
+mod bans;
 pub mod concurrency;
 pub mod core;
 mod limits;
@@ -35,7 +36,7 @@ pub use self::core::{block_entry, parse_net, Core, Dynamic, Runtime};
 pub use self::limits::build_check;
 use crate::config::{Auth, Mode};
 use crate::identity::{KeyInfo, Presented};
-use crate::limiter::{Quota, Scope, WindowDecision};
+use crate::limiter::{Ident, Quota, Scope, WindowDecision};
 use crate::metrics::Metrics;
 use crate::routing::RouteEntry;
 use crate::store::slots::Full;
@@ -95,6 +96,8 @@ pub enum Rejection {
     },
     /// 403: a block matched.
     Blocked(Scope),
+    /// 403: an automatic ban is in force.
+    Banned(Box<crate::bans::Ban>),
     /// 401: a key is required and none was sent.
     MissingKey,
     /// 401: the key is unknown or malformed.
@@ -249,6 +252,9 @@ pub async fn admit(core: &Core, req: &AdmitRequest<'_>) -> Result<Admission, Ref
     if blocked_ip(rt, &dynamic, ip, now_ms) {
         return Err(Rejection::Blocked(Scope::Ip).into());
     }
+    let client = Ident::client(ip, rt.config.ipv6_prefix);
+    bans::check(core, Scope::Ip, &client, now_ms)?;
+    bans::check(core, Scope::Auth, &client, now_ms)?;
     let route = match req.target {
         Target::Match { host, path } => match rt.router.find(host, path) {
             Some(r) => Some(r.clone()),
@@ -281,6 +287,8 @@ pub async fn admit(core: &Core, req: &AdmitRequest<'_>) -> Result<Admission, Ref
         .map_err(refused)?;
     if let Some(k) = &key {
         blocked_key(rt, &dynamic, k, now_ms).map_err(refused)?;
+        bans::check(core, Scope::Key, &k.key_ident, now_ms).map_err(refused)?;
+        bans::check(core, Scope::Tenant, &k.tenant_ident, now_ms).map_err(refused)?;
     }
     let r = route.as_ref().map(|r| &r.route);
     let cost = req.cost.or(r.map(|r| r.cost)).unwrap_or(1).max(1);

@@ -217,6 +217,7 @@ pub fn policy_tier(
     }
     let key = ScopeLimits {
         concurrent: base.and_then(|t| t.key.concurrent),
+        ban: base.and_then(|t| t.key.ban),
         windows,
         on_failure: base.map_or(config.store.on_failure, |t| t.key.on_failure),
         message: base.and_then(|t| t.key.message.clone()),
@@ -232,6 +233,7 @@ pub fn policy_tier(
         Some(t) => t.tenant.clone(),
         None => Arc::new(ScopeLimits {
             concurrent: None,
+            ban: None,
             windows: Vec::new(),
             on_failure: config.store.on_failure,
             message: None,

@@ -162,6 +162,7 @@ fn kind(r: &Result<Admission, Refusal>) -> String {
             Rejection::RateLimited { governing, .. } => format!("429 {}", governing.scope.as_str()),
             Rejection::Concurrent { full, .. } => format!("429 concurrent {}", full.scope.as_str()),
             Rejection::Blocked(s) => format!("403 {}", s.as_str()),
+            Rejection::Banned(b) => format!("403 ban {}", b.scope.as_str()),
             Rejection::MissingKey => "401 missing".into(),
             Rejection::InvalidKey => "401 invalid".into(),
             Rejection::NoRoute(_) => "404".into(),
@@ -547,4 +548,123 @@ async fn a_shadow_rejection_settles_nothing() {
     let mut would_be = admit(&core, &shadow).await.unwrap();
     assert!(would_be.shadow_rejected);
     assert_eq!(would_be.settle(0, &metrics), 0);
+}
+
+/// Automatic bans on the memory store: the `after`-th rejection within the span bans the
+/// identity (an IPv6 client by its /64); the ban refuses before any limit, ends on time,
+/// and other identities are untouched. Key bans work alike.
+#[tokio::test]
+async fn repeated_rejections_ban_then_the_ban_ends() {
+    let config = r#"
+[limits.ip]
+per_minute = 2
+ban = { after = 3, within_secs = 10, for_secs = 60 }
+
+[tiers.free]
+key = { per_minute = 1, ban = { after = 2, within_secs = 10, for_secs = 30 } }
+
+[[keys]]
+id = "k1"
+key = "good-key"
+tenant = "acme"
+tier = "free"
+
+[[routes]]
+name = "public"
+path_prefix = "/public"
+upstreams = ["127.0.0.1:1"]
+auth = "none"
+
+[[routes]]
+name = "api"
+path_prefix = "/v1"
+upstreams = ["127.0.0.1:1"]
+auth = "required"
+"#;
+    let clock = Arc::new(ManualClock::at(NOW));
+    let c = crate::config::parse("t.toml", config).unwrap();
+    let metrics = Arc::new(Metrics::new().unwrap());
+    let core = Core::with_clock(
+        Runtime::from_config(c).unwrap(),
+        Arc::new(MemoryStore::with_clock(clock.clone())),
+        metrics,
+        clock.clone(),
+    );
+    let run = |client: &'static str, path: &'static str, key: Option<&'static str>| {
+        let core = &core;
+        async move {
+            let r = admit(core, &req(client, path, key)).await;
+            let k = kind(&r);
+            if let Ok(a) = r {
+                a.finish(Ending::Completed { status: 200 });
+            }
+            k
+        }
+    };
+    // (client, outcome): two pass, three 429s ban the /64 on the third.
+    let steps = [
+        ("2001:db8::1", "ok"),
+        ("2001:db8::2", "ok"),
+        ("2001:db8::3", "429 ip"),
+        ("2001:db8::4", "429 ip"),
+        ("2001:db8::5", "429 ip"),
+        ("2001:db8::6", "403 ban ip"),
+        ("2001:db8:0:1::1", "ok"),
+    ];
+    for (i, (client, want)) in steps.iter().enumerate() {
+        assert_eq!(run(client, "/public/x", None).await, *want, "step {i}");
+    }
+    let bans = core.bans.list(NOW);
+    assert_eq!(bans.len(), 1);
+    assert_eq!(bans[0].value, "2001:db8::/64");
+    match admit(&core, &req("2001:db8::7", "/public/x", None)).await {
+        Err(f) => {
+            let reply = crate::reply::render(
+                &f.rejection,
+                NOW + 1_500,
+                crate::config::RateLimitHeaders::XRateLimit,
+            );
+            let body: serde_json::Value = serde_json::from_slice(&reply.body).unwrap();
+            assert_eq!(
+                body,
+                serde_json::json!({"error": "blocked", "scope": "ip",
+                    "reason": "automatic: 3 rate-limit rejections in 10s", "retry_after": 59})
+            );
+            assert_eq!(reply.headers[0].1, "59");
+        }
+        Ok(_) => panic!("banned client admitted"),
+    }
+    // The ban ends after 60 s; the minute window has refilled by then.
+    clock.advance(Duration::from_secs(60));
+    assert_eq!(run("2001:db8::8", "/public/x", None).await, "ok");
+
+    // Rejections spread wider than the span do not ban.
+    clock.advance(Duration::from_secs(120));
+    assert_eq!(run("198.51.100.1", "/v1/x", Some("good-key")).await, "ok");
+    assert_eq!(
+        run("198.51.100.1", "/v1/x", Some("good-key")).await,
+        "429 key"
+    );
+    clock.advance(Duration::from_secs(11));
+    assert_eq!(
+        run("198.51.100.1", "/v1/x", Some("good-key")).await,
+        "429 key"
+    );
+    assert!(core.bans.list(core.clock.now_ms()).is_empty());
+    // The second rejection within 10 s bans the key (from the next request on).
+    assert_eq!(
+        run("198.51.100.1", "/v1/x", Some("good-key")).await,
+        "429 key"
+    );
+    assert_eq!(
+        run("198.51.100.1", "/v1/x", Some("good-key")).await,
+        "403 ban key"
+    );
+    // Lifting it by its id admits the key again (up to its limit).
+    let id = core.bans.list(core.clock.now_ms())[0].id();
+    assert!(core.bans.lift(id).is_some());
+    assert_eq!(
+        run("198.51.100.1", "/v1/x", Some("good-key")).await,
+        "429 key"
+    );
 }

@@ -162,6 +162,15 @@ pub(crate) struct ScopeFile {
     pub(crate) message: Option<String>,
     pub(crate) admission: Option<AdmissionFile>,
     pub(crate) concurrent: Option<Spanned<u64>>,
+    pub(crate) ban: Option<Spanned<BanFile>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct BanFile {
+    pub(crate) after: Spanned<u64>,
+    pub(crate) within_secs: Spanned<u64>,
+    pub(crate) for_secs: Spanned<u64>,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize)]

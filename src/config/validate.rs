@@ -15,7 +15,7 @@ use super::error::ConfigError;
 use super::file::*;
 use super::limits::{burst_multiplier, WindowSettings};
 use super::model::*;
-use crate::limiter::{Admission, Algorithm, OnFailure, ScopeLimits, Window};
+use crate::limiter::{Admission, Algorithm, BanRule, OnFailure, ScopeLimits, Window};
 
 /// Bounds that keep a typo (an extra zero, ms for s) from taking the gateway down.
 const MAX_THREADS: usize = 256;
@@ -49,6 +49,10 @@ pub(super) fn validate(name: &str, source: &str, raw: File) -> Result<Config, Co
         Some(s) => Some(Arc::new(scope(&cx, s, None, None, store.on_failure)?)),
         None => None,
     };
+    if let Some(b) = raw.limits.global.as_ref().and_then(|g| g.ban.as_ref()) {
+        let msg = "ban applies to [limits.ip], [limits.auth] and tier key / tenant tables, not [limits.global] (it would block everyone)";
+        return Err(cx.err(b.span(), msg));
+    }
     let global_limits = match &raw.limits.global {
         Some(s) => Some(Arc::new(rate_only(
             &cx,
@@ -424,11 +428,29 @@ fn scope(
             }
         },
     };
+    let ban = match &s.ban {
+        None => None,
+        Some(b) => Some(ban_rule(cx, b.get_ref())?),
+    };
     Ok(ScopeLimits {
         concurrent,
+        ban,
         windows,
         on_failure: s.on_failure.map_or(default_failure, on_failure),
         message: s.message.clone().or_else(|| tier_message.cloned()),
+    })
+}
+
+/// `ban = {...}`, each value bounded: a ban needs at least one rejection, and spans
+/// within a day (counting) and 30 days (the ban).
+fn ban_rule(cx: &Ctx<'_>, b: &BanFile) -> Result<BanRule, ConfigError> {
+    let after = bounded(cx, "ban.after", Some(&b.after), 1..=1_000_000)?.unwrap_or(1);
+    let within = bounded(cx, "ban.within_secs", Some(&b.within_secs), 1..=86_400)?.unwrap_or(1);
+    let for_secs = bounded(cx, "ban.for_secs", Some(&b.for_secs), 1..=30 * 86_400)?.unwrap_or(1);
+    Ok(BanRule {
+        after: u32::try_from(after).unwrap_or(u32::MAX),
+        within_ms: within * 1000,
+        for_ms: for_secs * 1000,
     })
 }
 

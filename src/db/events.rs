@@ -55,6 +55,8 @@ pub struct Event {
     pub count: u64,
     /// The window.
     pub window: Window,
+    /// A span in seconds that replaces `window` (an automatic ban's `within_secs`).
+    pub span_secs: Option<u64>,
     /// When (Unix ms).
     pub at_ms: u64,
 }
@@ -462,7 +464,10 @@ async fn insert(pool: &PgPool, batch: &[Event]) -> Result<(), sqlx::Error> {
             .push_bind(e.limit_key.clone())
             .push_bind(i64::try_from(e.limit_value).unwrap_or(i64::MAX))
             .push_bind(i64::try_from(e.count).unwrap_or(i64::MAX))
-            .push_bind(interval(e.window))
+            .push_bind(match e.span_secs {
+                Some(s) => format!("{s} seconds"),
+                None => interval(e.window).to_string(),
+            })
             .push_unseparated("::interval")
             .push("to_timestamp(")
             .push_bind_unseparated(e.at_ms as f64 / 1000.0)
@@ -612,6 +617,7 @@ mod tests {
             limit_value: 1,
             count: 2,
             window: Window::Minute,
+            span_secs: None,
             at_ms,
         }
     }

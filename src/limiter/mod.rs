@@ -15,4 +15,6 @@ pub mod policy;
 
 pub use check::{network, Check, Ident, Quota, ScopeCheck};
 pub use decision::{Decision, Verdict, WindowDecision};
-pub use policy::{Admission, Algorithm, OnFailure, Scope, ScopeLimits, Window, WindowLimit};
+pub use policy::{
+    Admission, Algorithm, BanRule, OnFailure, Scope, ScopeLimits, Window, WindowLimit,
+};

@@ -102,6 +102,20 @@ pub struct ScopeLimits {
     pub message: Option<String>,
     /// `concurrent = N`: at most N requests of one identity in flight at once.
     pub concurrent: Option<u32>,
+    /// `ban = {...}`: repeated rejections by this scope become a temporary block.
+    pub ban: Option<BanRule>,
+}
+
+/// `ban = { after, within_secs, for_secs }`: an identity rejected `after` times within
+/// `within_ms` by the scope is blocked for `for_ms`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BanRule {
+    /// Rejections that trigger the ban.
+    pub after: u32,
+    /// The span they must fall in (ms).
+    pub within_ms: u64,
+    /// How long the ban lasts (ms).
+    pub for_ms: u64,
 }
 
 // === impl Scope ===

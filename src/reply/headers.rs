@@ -242,6 +242,7 @@ mod tests {
             on_failure: crate::limiter::OnFailure::Open,
             message: None,
             concurrent: None,
+            ban: None,
         }
     }
 

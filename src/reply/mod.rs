@@ -81,6 +81,20 @@ pub fn render(rejection: &Rejection, now_ms: u64, style: RateLimitHeaders) -> Re
             policy.as_deref(),
         ),
         Rejection::Concurrent { full, message } => concurrent(full, message.as_deref()),
+        Rejection::Banned(ban) => {
+            let retry_after = ban.retry_after_secs(now_ms);
+            let body = serde_json::json!({
+                "error": "blocked",
+                "scope": ban.scope.as_str(),
+                "reason": ban.reason,
+                "retry_after": retry_after,
+            });
+            json(
+                403,
+                body.to_string(),
+                vec![(headers::RETRY_AFTER, HeaderValue::from(retry_after))],
+            )
+        }
         Rejection::Blocked(scope) => json(
             403,
             format!(r#"{{"error":"blocked","scope":"{}"}}"#, scope.as_str()),

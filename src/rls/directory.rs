@@ -129,6 +129,7 @@ fn tenant_caller(tenant: &str, tier: Arc<Tier>) -> Arc<KeyInfo> {
     let no_key_limits = ScopeLimits {
         windows: Vec::new(),
         concurrent: None,
+        ban: None,
         message: None,
         on_failure: tier.key.on_failure,
     };

@@ -202,6 +202,7 @@ impl Replay {
             // Rows end at once, so no slot is ever in use when the next row arrives.
             Rejection::Concurrent { .. } => "concurrent",
             Rejection::Blocked(scope) => blocked(scope),
+            Rejection::Banned(ban) => blocked(ban.scope),
             Rejection::MissingKey => "missing_api_key",
             Rejection::InvalidKey => "invalid_api_key",
             Rejection::InvalidPath => "invalid_path",

@@ -171,6 +171,7 @@ pub fn divide(limits: &ScopeLimits, n: u32) -> ScopeLimits {
         .collect();
     ScopeLimits {
         concurrent: limits.concurrent.map(|c| (c / n.max(1)).max(1)),
+        ban: limits.ban,
         windows,
         on_failure: limits.on_failure,
         message: limits.message.clone(),

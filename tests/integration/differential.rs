@@ -35,6 +35,7 @@ impl Rng {
 fn limits(windows: Vec<WindowLimit>) -> ScopeLimits {
     ScopeLimits {
         concurrent: None,
+        ban: None,
         windows,
         on_failure: OnFailure::Closed,
         message: None,

@@ -35,6 +35,7 @@ fn event(scope: &'static str, n: u64, at_ms: u64) -> Event {
         limit_value: 10,
         count: 11,
         window: Window::Minute,
+        span_secs: None,
         at_ms,
     }
 }

@@ -16,6 +16,7 @@ use crate::support::redis::RedisServer;
 fn limits(windows: Vec<WindowLimit>) -> ScopeLimits {
     ScopeLimits {
         concurrent: None,
+        ban: None,
         windows,
         on_failure: OnFailure::Closed,
         message: None,

@@ -12,6 +12,7 @@ mod leases;
 mod lua_scripts;
 
 mod admin;
+mod bans;
 mod cli;
 mod client_ip_e2e;
 mod concurrency;

@@ -9,6 +9,7 @@ use crate::limiter::{Algorithm, OnFailure, ScopeLimits, WindowLimit};
 fn limits(windows: Vec<WindowLimit>) -> ScopeLimits {
     ScopeLimits {
         concurrent: None,
+        ban: None,
         windows,
         on_failure: OnFailure::Local,
         message: None,

@@ -560,6 +560,7 @@ mod tests {
     fn limits(limit: u32, admission: Admission) -> ScopeLimits {
         ScopeLimits {
             concurrent: None,
+            ban: None,
             windows: vec![WindowLimit::new(Window::Minute, limit).with_admission(admission)],
             on_failure: OnFailure::Local,
             message: None,
@@ -726,6 +727,7 @@ mod tests {
         let local = Local::new(1_000);
         let l = ScopeLimits {
             concurrent: None,
+            ban: None,
             windows: vec![
                 WindowLimit::new(Window::Second, 10),
                 WindowLimit::new(Window::Minute, 100),

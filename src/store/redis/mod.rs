@@ -30,6 +30,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::sentinel::{SentinelClient, SentinelServerType};
 use redis::{RedisResult, Script, ScriptInvocation};
 
+pub mod bans;
 pub mod concurrency;
 pub mod local;
 pub mod wire;

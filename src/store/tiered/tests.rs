@@ -33,6 +33,7 @@ impl LimitStore for FakeStore {
 fn limits(limit: u32, on_failure: OnFailure) -> ScopeLimits {
     ScopeLimits {
         concurrent: None,
+        ban: None,
         windows: vec![WindowLimit::new(Window::Hour, limit)],
         on_failure,
         message: None,
@@ -121,6 +122,7 @@ async fn closed_refuses_and_open_skips() {
 fn divide_rounds_down_to_at_least_one() {
     let l = ScopeLimits {
         concurrent: None,
+        ban: None,
         windows: vec![WindowLimit::new(Window::Second, 10).with_burst(2.0)],
         on_failure: OnFailure::Local,
         message: None,

@@ -1,0 +1,121 @@
+//! Automatic temporary bans, fleet-wide on Redis: repeated 429s on one gateway become a
+//! 403 with `Retry-After` on every gateway, listed by `/v1/blocks` as automatic, and one
+//! `DELETE` lifts it everywhere.
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::support::redis::RedisServer;
+use crate::support::{client, eventually, header, Gateway, Upstream, ADMIN_TOKEN};
+
+fn config(redis: &RedisServer) -> String {
+    format!(
+        r#"
+[client_ip]
+trusted_proxies = ["127.0.0.1/32"]
+
+[store]
+backend = "redis"
+url = "{}"
+key_prefix = "bans"
+timeout_ms = 500
+
+[limits.ip]
+per_minute = 2
+ban = {{ after = 3, within_secs = 30, for_secs = 120 }}
+
+[[routes]]
+name = "public"
+path_prefix = "/"
+upstreams = ["{{upstream}}"]
+auth = "none"
+"#,
+        redis.url()
+    )
+}
+
+async fn get(gw: &Gateway, ip: &str) -> reqwest::Response {
+    client()
+        .get(gw.url("/x"))
+        .header("x-forwarded-for", ip)
+        .send()
+        .await
+        .unwrap()
+}
+
+async fn automatic(gw: &Gateway) -> Vec<Value> {
+    let r = client()
+        .get(gw.admin_url("/v1/blocks"))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    let v: Value = r.json().await.unwrap();
+    v["blocks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|b| b["automatic"] == true)
+        .cloned()
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn repeated_429s_ban_fleet_wide_until_lifted() {
+    let redis = RedisServer::start().await;
+    let up = Upstream::start("u").await;
+    let a = Gateway::start(&config(&redis), Some(&up)).await;
+    let b = Gateway::start(&config(&redis), Some(&up)).await;
+    // Two pass, then three 429s on gateway a (the limit is shared, so b would refuse too).
+    let who = "2001:db8:7:7::1";
+    for want in [200, 200, 429, 429, 429] {
+        assert_eq!(get(&a, who).await.status(), want);
+    }
+    // The /64 is banned on both gateways: 403 with the reason and Retry-After.
+    for gw in [&a, &b] {
+        let r = eventually(
+            Duration::from_secs(5),
+            "the ban to reach the gateway",
+            || async {
+                let r = get(gw, "2001:db8:7:7::2").await;
+                (r.status() == 403).then_some(r)
+            },
+        )
+        .await;
+        let retry: u64 = header(&r, "retry-after").parse().unwrap();
+        assert!((100..=120).contains(&retry), "{retry}");
+        let body: Value = r.json().await.unwrap();
+        assert_eq!(body["error"], "blocked");
+        assert_eq!(body["scope"], "ip");
+        assert_eq!(body["reason"], "automatic: 3 rate-limit rejections in 30s");
+        let listed = eventually(Duration::from_secs(5), "the ban in /v1/blocks", || async {
+            let l = automatic(gw).await;
+            (!l.is_empty()).then_some(l)
+        })
+        .await;
+        assert_eq!(listed.len(), 1);
+        assert_eq!(listed[0]["value"], "2001:db8:7:7::/64");
+        assert!(listed[0]["expires_at"].as_str().unwrap().ends_with('Z'));
+    }
+    // Another client is untouched.
+    assert_eq!(get(&b, "203.0.113.50").await.status(), 200);
+
+    // DELETE on gateway b lifts it everywhere: the client is then limited, not banned.
+    let id = automatic(&b).await[0]["id"].as_i64().unwrap();
+    assert!(id < 0);
+    let r = client()
+        .delete(b.admin_url(&format!("/v1/blocks/{id}")))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 204);
+    for gw in [&a, &b] {
+        eventually(Duration::from_secs(5), "the ban to be lifted", || async {
+            (get(gw, who).await.status() == 429).then_some(())
+        })
+        .await;
+    }
+    assert!(automatic(&a).await.is_empty());
+}
