@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+use crate::support::postgres::TestDb;
 use crate::support::redis::RedisServer;
 use crate::support::{client, eventually, header, Gateway, Upstream, ADMIN_TOKEN};
 
@@ -118,4 +119,60 @@ async fn repeated_429s_ban_fleet_wide_until_lifted() {
         .await;
     }
     assert!(automatic(&a).await.is_empty());
+}
+
+/// On the memory store with a database: the ban is one `rate_limit_events` row naming the
+/// banned identity, the rule's count and span.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_ban_is_logged_as_an_event() {
+    let Some(db) = TestDb::migrated() else { return };
+    let up = Upstream::start("u").await;
+    let body = format!(
+        r#"
+[database]
+url = "{}"
+
+[limits.ip]
+per_minute = 1
+ban = {{ after = 2, within_secs = 45, for_secs = 60 }}
+
+[[routes]]
+name = "public"
+path_prefix = "/"
+upstreams = ["{{upstream}}"]
+auth = "none"
+"#,
+        db.url
+    );
+    let gw = Gateway::start(&body, Some(&up)).await;
+    for want in [200, 429, 429, 403] {
+        assert_eq!(get(&gw, "ignored").await.status(), want);
+    }
+    let pool = db.pool().await;
+    let row: (String, String, i64, i64, String) = eventually(
+        Duration::from_secs(5),
+        "the ban's event",
+        || {
+            let pool = pool.clone();
+            async move {
+                sqlx::query_as(
+                    "SELECT scope, limit_key, limit_value, count, \"window\"::text FROM rate_limit_events WHERE limit_key LIKE 'ban:%'",
+                )
+                .fetch_optional(&pool)
+                .await
+                .unwrap()
+            }
+        },
+    )
+    .await;
+    assert_eq!(
+        row,
+        (
+            "ip".to_string(),
+            "ban:ip:127.0.0.1".to_string(),
+            2,
+            2,
+            "00:00:45".to_string()
+        )
+    );
 }
