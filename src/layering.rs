@@ -16,6 +16,7 @@ const LAYERS: &[&[&str]] = &[
         "identity",
         "lifecycle",
         "demo",
+        "top",
     ],
     &["store", "db", "routing"],
     &["admission"],
