@@ -243,21 +243,25 @@ impl std::fmt::Debug for Admission {
 pub async fn admit(core: &Core, req: &AdmitRequest<'_>) -> Result<Admission, Refusal> {
     let mut seen = Seen::default();
     let result = pipeline(core, req, &mut seen).await;
+    count_top(core, req.client_ip, &seen, &result);
+    result
+}
+
+/// Counts the request for `GET /v1/top` (see the module docs).
+fn count_top(core: &Core, ip: IpAddr, seen: &Seen, result: &Result<Admission, Refusal>) {
     let rejected = matches!(
-        &result,
+        result,
         Err(Refusal {
             rejection: Rejection::RateLimited { .. } | Rejection::Concurrent { .. },
             ..
         })
     );
-    let key = seen.key.as_deref();
-    let top = &core.top;
-    top.record(Scope::Ip, &Ident::Ip(req.client_ip), rejected, seen.now_ms);
-    if let Some(k) = key {
-        top.record(Scope::Key, &k.key_ident, rejected, seen.now_ms);
-        top.record(Scope::Tenant, &k.tenant_ident, rejected, seen.now_ms);
+    let (top, now_ms) = (&core.top, seen.now_ms);
+    top.record(Scope::Ip, &Ident::Ip(ip), rejected, now_ms);
+    if let Some(k) = &seen.key {
+        top.record(Scope::Key, &k.key_ident, rejected, now_ms);
+        top.record(Scope::Tenant, &k.tenant_ident, rejected, now_ms);
     }
-    result
 }
 
 /// What the pipeline learned about a request, for `GET /v1/top` whatever the outcome.

@@ -342,3 +342,21 @@ async fn top_requires_the_admin_token_and_valid_parameters() {
         serde_json::json!({"scope": "tenant", "window_secs": 60, "top": []})
     );
 }
+
+/// `POST /v1/check` feeds the sketch with the address it names (not the caller's).
+#[tokio::test(flavor = "multi_thread")]
+async fn check_api_feeds_top_with_the_given_address() {
+    let gw = Gateway::start(SPRAY_CONFIG, None).await;
+    let c = client();
+    for _ in 0..3 {
+        let r = c
+            .post(gw.admin_url("/v1/check"))
+            .json(&serde_json::json!({"ip": "192.0.2.77"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    let ips = rows(&top(&gw, "scope=ip").await);
+    assert_eq!(ips, [("192.0.2.77".to_string(), 3, 0)]);
+}
