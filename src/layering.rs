@@ -17,6 +17,7 @@ const LAYERS: &[&[&str]] = &[
         "identity",
         "lifecycle",
         "demo",
+        "top",
     ],
     &["store", "db", "routing"],
     &["admission"],

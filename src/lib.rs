@@ -7,7 +7,8 @@
 //!    layered verdict), then `config` (`gateway.toml`, validated once).
 //! 2. `metrics`, `client_ip` (trusted-proxy address resolution), `blocklist`, `identity`
 //!    (API key -> key id, tenant, tier), `lifecycle` (connections and shutdown work),
-//!    `routing` (host + path prefix -> route and upstreams), `demo` (the echo upstream).
+//!    `routing` (host + path prefix -> route and upstreams), `demo` (the echo upstream),
+//!    `top` (the heavy-hitter sketch behind `GET /v1/top`).
 //! 3. `store` (where limiter state lives: memory, Redis, failure policy) and `db`
 //!    (PostgreSQL records: keys, tenants, policies, blocks, the violation log).
 //! 4. `admission`: the one transport-neutral pipeline every entry point runs, with the
@@ -64,6 +65,7 @@ pub mod server;
 pub mod simulate;
 pub mod store;
 pub mod sync;
+pub mod top;
 
 #[cfg(test)]
 mod layering;

@@ -1,11 +1,13 @@
 //! The admin listener: routing and the admin token. The endpoints live in their own
 //! files: `health` (`/healthz`, `/readyz`, `/metrics`), `check` (`POST /v1/check`, the
 //! sidecar decision API over the admission pipeline), `blocks` (`/v1/blocks`, one store
-//! for the memory and PostgreSQL cases) and `POST /v1/reload` here.
+//! for the memory and PostgreSQL cases), `top` (`GET /v1/top`, the heaviest identities of
+//! the last minute) and `POST /v1/reload` here.
 
 mod blocks;
 mod check;
 mod health;
+mod top;
 
 use std::sync::Arc;
 
@@ -34,7 +36,7 @@ pub struct Admin {
 // === impl Admin ===
 
 impl Admin {
-    /// The admin app over `core` and `db`; the block and reload endpoints need
+    /// The admin app over `core` and `db`; the block, top and reload endpoints need
     /// `Authorization: Bearer <token>` (`$THROTTLE_ADMIN_TOKEN`) and answer 401 without it.
     pub fn new(core: Arc<Core>, db: Arc<Database>, token: Option<String>) -> Self {
         Self {
@@ -156,13 +158,17 @@ impl ServeHttp for Admin {
             (&Method::POST, "/v1/check") => check::check(&self.core, session).await,
             (&Method::POST, "/v1/reload") if self.authorized(session) => self.reload_config().await,
             (&Method::POST, "/v1/reload") => unauthorized(),
+            (&Method::GET, "/v1/top") if self.authorized(session) => {
+                top::top(&self.core, session.req_header().uri.query())
+            }
+            (&Method::GET, "/v1/top") => unauthorized(),
             (_, _) if is_blocks && !self.authorized(session) => unauthorized(),
             (_, _) if is_blocks => {
                 self.blocks
                     .handle(&self.core, &self.db, session, &method, &path)
                     .await
             }
-            (_, "/healthz" | "/readyz" | "/metrics" | "/v1/check") => {
+            (_, "/healthz" | "/readyz" | "/metrics" | "/v1/check" | "/v1/top") => {
                 error_reply(405, "method_not_allowed")
             }
             _ => error_reply(404, "not_found"),

@@ -5,7 +5,8 @@
 //! request keeps the `Arc` it started with, so one request never mixes two configs.
 //! `Dynamic` is what changes without a deploy (database keys and blocks, or blocks posted
 //! to the admin API), swapped whole too. `Core` is what outlives both: the store, the
-//! metrics, the clock, the failed-lookup memory and the violation log queue.
+//! metrics, the clock, the failed-lookup memory, the violation log queue and the
+//! heavy-hitter sketch.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -26,6 +27,7 @@ use crate::metrics::Metrics;
 use crate::routing::Router;
 use crate::store::redis::RedisStore;
 use crate::store::LimitStore;
+use crate::top::TopTable;
 
 /// One config's worth of request-path state.
 pub struct Runtime {
@@ -75,6 +77,8 @@ pub struct Core {
     pub metrics: Arc<Metrics>,
     /// Limiter time.
     pub clock: Arc<dyn Clock>,
+    /// The heaviest identities of the last 60 s per scope (`GET /v1/top`).
+    pub top: TopTable,
 }
 
 /// Addresses that recently presented a bad key, so only they pay the extra
@@ -151,6 +155,7 @@ impl Core {
             store,
             metrics,
             clock,
+            top: TopTable::new(),
         }
     }
 

@@ -16,6 +16,12 @@
 //! 6. the layered limits ip -> key -> tenant -> global, all-or-nothing (429 or 503); a
 //!    refusal here gives the slots of step 5 back at once.
 //!
+//! Every decided request is counted for `GET /v1/top` (`crate::top`): its address, and
+//! its key and tenant once identified, as rejected when a limit answered 429 (a rate
+//! window or `concurrent`; not a block, a 401 or a 503, and not a shadow-mode would-be
+//! rejection). Every entry point runs `admit`, so the proxy, `POST /v1/check` (for the
+//! `ip` it names), the Envoy rate-limit service and the tower layer all feed it.
+//!
 //! An `Admission` is the request's lifetime: it keeps the `Arc` of the runtime config it
 //! was decided on (a reload between phases cannot mix two configs) and is finished exactly
 //! once when the request ends (`finish`, or its drop), handing the store back what the
@@ -244,10 +250,51 @@ impl std::fmt::Debug for Admission {
 /// # Errors
 /// The `Refusal` to answer with.
 pub async fn admit(core: &Core, req: &AdmitRequest<'_>) -> Result<Admission, Refusal> {
+    let mut seen = Seen::default();
+    let result = pipeline(core, req, &mut seen).await;
+    count_top(core, req.client_ip, &seen, &result);
+    result
+}
+
+/// Counts the request for `GET /v1/top` (see the module docs).
+fn count_top(core: &Core, ip: IpAddr, seen: &Seen, result: &Result<Admission, Refusal>) {
+    let rejected = matches!(
+        result,
+        Err(Refusal {
+            rejection: Rejection::RateLimited { .. } | Rejection::Concurrent { .. },
+            ..
+        })
+    );
+    let (top, now_ms) = (&core.top, seen.now_ms);
+    // The identity the ip scope counts: an IPv6 client's network.
+    let client = Ident::client(ip, core.runtime().config.ipv6_prefix);
+    top.record(Scope::Ip, &client, rejected, now_ms);
+    if let Some(k) = &seen.key {
+        top.record(Scope::Key, &k.key_ident, rejected, now_ms);
+        top.record(Scope::Tenant, &k.tenant_ident, rejected, now_ms);
+    }
+}
+
+/// What the pipeline learned about a request, for `GET /v1/top` whatever the outcome.
+#[derive(Default)]
+struct Seen {
+    /// The caller's key, once identified.
+    key: Option<Arc<KeyInfo>>,
+    /// The limiter clock reading of the decision.
+    now_ms: u64,
+}
+
+/// The pipeline behind `admit`; `seen` is filled as the request is identified.
+async fn pipeline(
+    core: &Core,
+    req: &AdmitRequest<'_>,
+    seen: &mut Seen,
+) -> Result<Admission, Refusal> {
     let runtime = core.runtime();
     let rt = &*runtime;
     let dynamic = core.dynamic(); // one snapshot for the whole request
     let now_ms = core.clock.now_ms();
+    seen.now_ms = now_ms;
     let ip = req.client_ip;
     if blocked_ip(rt, &dynamic, ip, now_ms) {
         return Err(Rejection::Blocked(Scope::Ip).into());
@@ -285,6 +332,7 @@ pub async fn admit(core: &Core, req: &AdmitRequest<'_>) -> Result<Admission, Ref
     let key = auth::identify(core, rt, &dynamic, presented, auth, charged, now_ms)
         .await
         .map_err(refused)?;
+    seen.key.clone_from(&key);
     if let Some(k) = &key {
         blocked_key(rt, &dynamic, k, now_ms).map_err(refused)?;
         bans::check(core, Scope::Key, &k.key_ident, now_ms).map_err(refused)?;

@@ -668,3 +668,40 @@ auth = "required"
         "429 key"
     );
 }
+
+/// `GET /v1/top`'s counts for one scope: (identity, requests, rejected).
+fn top_rows(core: &Core, scope: Scope) -> Vec<(String, u64, u64)> {
+    let sketch = core.top.scope(scope).unwrap();
+    sketch
+        .top(10, NOW)
+        .into_iter()
+        .map(|h| (h.identity.to_string(), h.requests, h.rejected))
+        .collect()
+}
+
+/// Every decided request feeds the top sketch: its address always, its key and tenant
+/// once identified; a 429 counts as rejected for each, a block or a 401 does not.
+#[tokio::test]
+async fn top_counts_requests_and_rejections_per_identity() {
+    let (core, _) = memory_core();
+    // good-key: key limit 2 per minute, so the third is a 429 (key scope).
+    for _ in 0..3 {
+        admit(&core, &req("198.51.100.1", "/v1/x", Some("good-key")))
+            .await
+            .ok();
+    }
+    admit(&core, &req("198.51.100.2", "/v1/x", Some("blocked-key")))
+        .await
+        .ok(); // 403 key
+    admit(&core, &req("198.51.100.2", "/v1/x", None)).await.ok(); // 401
+    let row = |who: &str, n, r| (who.to_string(), n, r);
+    assert_eq!(
+        top_rows(&core, Scope::Ip),
+        [row("198.51.100.1", 3, 1), row("198.51.100.2", 2, 0)]
+    );
+    assert_eq!(
+        top_rows(&core, Scope::Key),
+        [row("k1", 3, 1), row("k_blocked", 1, 0)]
+    );
+    assert_eq!(top_rows(&core, Scope::Tenant), [row("acme", 4, 1)]);
+}

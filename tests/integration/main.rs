@@ -28,4 +28,5 @@ mod reload;
 mod rls;
 mod settle;
 mod simulate;
+mod top;
 mod tower_layer;

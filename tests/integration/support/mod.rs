@@ -160,6 +160,11 @@ impl Gateway {
         false
     }
 
+    /// The gateway's process id (for /proc/<pid>/status).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{}", self.addr, path)
     }

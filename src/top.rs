@@ -1,0 +1,304 @@
+//! Who is near or over the limit: the approximate heaviest identities of the last 60 s per
+//! scope (`GET /v1/top`), in memory fixed at start whatever the traffic.
+//!
+//! Each scope (ip, key, tenant) has a `TopSketch`:
+//! - six 10 s slots, each two count-min sketches (`pingora_limits::Estimator`, 4 rows x
+//!   4096 counters): one counts requests, one counts rejected requests. A slot is reset
+//!   by the first request that lands in it after 60 s; reads sum the slots of the six
+//!   most recent 10 s epochs and ignore older ones, so nothing needs a timer.
+//! - a candidate set of at most `CANDIDATES` identities (min-eviction): a request whose
+//!   windowed estimate beats the smallest candidate's takes its place. Only candidates
+//!   are remembered by name, so the answer can name at most `CANDIDATES` identities.
+//!
+//! The approximation, stated:
+//! - "The last 60 s" moves in 10 s steps: a request is counted for 50 to 60 s (the
+//!   current slot plus the five before it).
+//! - Count-min only over-counts: an estimate exceeds the truth by at most about
+//!   e x (requests in the slot) / 4096 per slot, and usually far less (the least of four
+//!   rows). `rejected` is clamped to `requests`.
+//! - A request racing the reset of its slot (at a 10 s boundary) may be lost.
+//! - An identity enters the candidate set only when its estimate beats the smallest
+//!   candidate, so after a spray of light identities a new heavy hitter ranks from its
+//!   next request on; candidate counts are re-read from the sketches on every answer.
+//!
+//! Cost per request and scope: one identity hash (foldhash), four counter increments
+//! (five when rejected) and up to 24 counter reads; the candidate lock is taken only when
+//! the identity's estimate beats the smallest candidate (heavy hitters, or while the set
+//! is filling), and never across an await. Nothing is allocated but a candidate's
+//! `Ident` clone (an address, or a shared name) when it enters the set.
+//! Memory: 6 slots x 2 sketches x 4 x 4096 x 8 bytes = 1.5 MiB per scope, allocated (and
+//! written) at start.
+
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
+
+use hashbrown::DefaultHashBuilder;
+use pingora_limits::estimator::Estimator;
+
+use crate::limiter::{Ident, Scope};
+
+/// The window `/v1/top` describes, in seconds.
+pub const WINDOW_SECS: u64 = 60;
+/// Identities remembered by name per scope.
+pub const CANDIDATES: usize = 128;
+
+const SLOTS: u64 = 6;
+const SLOT_MS: u64 = WINDOW_SECS * 1000 / SLOTS;
+const HASHES: usize = 4;
+const WIDTH: usize = 4096;
+
+/// The sketches of the ip, key and tenant scopes.
+pub struct TopTable {
+    ip: TopSketch,
+    key: TopSketch,
+    tenant: TopSketch,
+}
+
+/// The heavy hitters of one scope over the last 60 s (see the module docs).
+pub struct TopSketch {
+    slots: Box<[Slot]>,
+    candidates: Mutex<Vec<Candidate>>,
+    /// The smallest candidate's estimate when the set is full, else 0: a request at or
+    /// under it cannot enter, so it takes no lock.
+    floor: AtomicU64,
+    hasher: DefaultHashBuilder,
+}
+
+/// One identity's estimated counts over the window.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Heavy {
+    /// Who.
+    pub identity: Ident,
+    /// Requests, rejected ones included.
+    pub requests: u64,
+    /// Requests answered 429 by a limit.
+    pub rejected: u64,
+}
+
+struct Slot {
+    /// The 10 s epoch (`now / 10 s`) the counters belong to.
+    epoch: AtomicU64,
+    requests: Estimator,
+    rejected: Estimator,
+}
+
+struct Candidate {
+    ident: Ident,
+    fp: u64,
+    /// The windowed estimate when last seen (re-read on every rotation and answer).
+    requests: u64,
+}
+
+// === impl TopTable ===
+
+impl TopTable {
+    /// Empty sketches for every scope (4.5 MiB).
+    pub fn new() -> Self {
+        Self {
+            ip: TopSketch::new(),
+            key: TopSketch::new(),
+            tenant: TopSketch::new(),
+        }
+    }
+
+    /// Counts one request of `ident` in `scope` (a no-op for global and auth, and for an
+    /// empty name: a caller the Envoy service knows only by its tenant has no key id).
+    pub fn record(&self, scope: Scope, ident: &Ident, rejected: bool, now_ms: u64) {
+        if matches!(ident, Ident::Name(n) if n.is_empty()) {
+            return;
+        }
+        if let Some(s) = self.scope(scope) {
+            s.record(ident, rejected, now_ms);
+        }
+    }
+
+    /// The sketch of `scope` (None for global and auth, which have no identities).
+    pub fn scope(&self, scope: Scope) -> Option<&TopSketch> {
+        match scope {
+            Scope::Ip => Some(&self.ip),
+            Scope::Key => Some(&self.key),
+            Scope::Tenant => Some(&self.tenant),
+            Scope::Global | Scope::Auth => None,
+        }
+    }
+}
+
+impl Default for TopTable {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+// === impl TopSketch ===
+
+impl TopSketch {
+    /// An empty sketch (1.5 MiB).
+    pub fn new() -> Self {
+        let slot = || Slot {
+            epoch: AtomicU64::new(0),
+            requests: Estimator::new(HASHES, WIDTH),
+            rejected: Estimator::new(HASHES, WIDTH),
+        };
+        Self {
+            slots: (0..SLOTS).map(|_| slot()).collect(),
+            candidates: Mutex::new(Vec::with_capacity(CANDIDATES)),
+            floor: AtomicU64::new(0),
+            hasher: DefaultHashBuilder::default(),
+        }
+    }
+
+    /// Counts one request of `ident` at `now_ms` (`rejected`: answered 429 by a limit).
+    pub fn record(&self, ident: &Ident, rejected: bool, now_ms: u64) {
+        let fp = self.hasher.hash_one(ident);
+        let epoch = now_ms / SLOT_MS;
+        let slot = self.slot(epoch);
+        let current = estimate(slot.requests.incr(fp, 1));
+        if rejected {
+            slot.rejected.incr(fp, 1);
+        }
+        let total = current + self.sum(fp, epoch, Some(slot), |s| &s.requests);
+        if total <= self.floor.load(Ordering::Relaxed) {
+            return; // cannot beat the smallest candidate: no lock
+        }
+        self.offer(ident, fp, total);
+    }
+
+    /// The `n` heaviest identities of the window ending at `now_ms`, by requests (ties:
+    /// by identity text).
+    pub fn top(&self, n: usize, now_ms: u64) -> Vec<Heavy> {
+        let epoch = now_ms / SLOT_MS;
+        let named: Vec<(Ident, u64)> = self
+            .lock()
+            .iter()
+            .map(|c| (c.ident.clone(), c.fp))
+            .collect();
+        let mut out: Vec<Heavy> = named
+            .into_iter()
+            .map(|(identity, fp)| {
+                let requests = self.sum(fp, epoch, None, |s| &s.requests);
+                let rejected = self.sum(fp, epoch, None, |s| &s.rejected);
+                Heavy {
+                    identity,
+                    requests,
+                    rejected: rejected.min(requests),
+                }
+            })
+            .filter(|h| h.requests > 0)
+            .collect();
+        out.sort_by(|a, b| {
+            b.requests
+                .cmp(&a.requests)
+                .then_with(|| a.identity.to_string().cmp(&b.identity.to_string()))
+        });
+        out.truncate(n);
+        out
+    }
+
+    /// The slot of `epoch`, reset first when it still holds an older epoch.
+    fn slot(&self, epoch: u64) -> &Slot {
+        // Both indexes are < SLOTS (6): the casts cannot truncate.
+        let slot = &self.slots[(epoch % SLOTS) as usize];
+        let seen = slot.epoch.load(Ordering::Acquire);
+        if seen < epoch
+            && slot
+                .epoch
+                .compare_exchange(seen, epoch, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        {
+            slot.requests.reset();
+            slot.rejected.reset();
+            self.refresh(epoch);
+        }
+        slot
+    }
+
+    /// `fp`'s count in the live slots of `epoch` (those of the last six epochs), except
+    /// `skip`.
+    fn sum(
+        &self,
+        fp: u64,
+        epoch: u64,
+        skip: Option<&Slot>,
+        sketch: impl Fn(&Slot) -> &Estimator,
+    ) -> u64 {
+        self.slots
+            .iter()
+            .filter(|s| !skip.is_some_and(|k| std::ptr::eq(*s, k)))
+            .filter(|s| {
+                let e = s.epoch.load(Ordering::Acquire);
+                e <= epoch && e + SLOTS > epoch
+            })
+            .map(|s| estimate(sketch(s).get(fp)))
+            .sum()
+    }
+
+    /// Puts `ident` (estimate `total`) into the candidate set, evicting the smallest
+    /// candidate when the set is full and `total` beats it.
+    fn offer(&self, ident: &Ident, fp: u64, total: u64) {
+        let mut c = self.lock();
+        let floor = self.floor.load(Ordering::Relaxed);
+        if let Some(e) = c.iter_mut().find(|e| e.fp == fp) {
+            let was_floor = e.requests <= floor;
+            e.requests = e.requests.max(total);
+            if !was_floor {
+                return; // only grew, and was not the smallest: the floor stands
+            }
+        } else if c.len() < CANDIDATES {
+            c.push(Candidate {
+                ident: ident.clone(),
+                fp,
+                requests: total,
+            });
+        } else if let Some(min) = c.iter_mut().min_by_key(|e| e.requests) {
+            if total <= min.requests {
+                return;
+            }
+            *min = Candidate {
+                ident: ident.clone(),
+                fp,
+                requests: total,
+            };
+        }
+        self.floor.store(floor_of(&c), Ordering::Relaxed);
+    }
+
+    /// Re-reads every candidate's estimate at a rotation, drops those with none left in
+    /// the window, and resets the floor: so identities that went quiet make room.
+    fn refresh(&self, epoch: u64) {
+        let mut c = self.lock();
+        for e in c.iter_mut() {
+            e.requests = self.sum(e.fp, epoch, None, |s| &s.requests);
+        }
+        c.retain(|e| e.requests > 0);
+        self.floor.store(floor_of(&c), Ordering::Relaxed);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Candidate>> {
+        self.candidates
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Default for TopSketch {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The smallest estimate of a full set, else 0 (anyone may enter).
+fn floor_of(c: &[Candidate]) -> u64 {
+    if c.len() < CANDIDATES {
+        return 0;
+    }
+    c.iter().map(|e| e.requests).min().unwrap_or(0)
+}
+
+/// A sketch reading as a count (an overflowed counter reads negative: 0).
+fn estimate(v: isize) -> u64 {
+    u64::try_from(v).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests;
