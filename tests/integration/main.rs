@@ -11,6 +11,7 @@ mod fleet;
 mod leases;
 mod lua_scripts;
 
+mod adaptive;
 mod admin;
 mod cli;
 mod client_ip_e2e;
