@@ -1,6 +1,7 @@
 //! A tiny echo upstream for `throttle demo` and the tests: every request gets 200 and a
 //! JSON body with the method, path and the headers the upstream received, so one can
 //! see exactly what the gateway forwarded. `?delay_ms=N` makes it answer N ms late;
+//! `?status=N` makes it answer with status N (100..=599; e.g. 503 for a failing upstream);
 //! `?usage=N` makes it report `X-Usage-Tokens: N`, like an LLM API reporting the tokens a
 //! request used (a route's `cost_header`).
 
@@ -131,5 +132,19 @@ async fn echo(
     if let Some(v) = usage {
         resp.headers_mut().insert("x-usage-tokens", v);
     }
+    if let Some(code) = status(req.uri().query()) {
+        *resp.status_mut() = code;
+    }
     Ok(resp)
+}
+
+/// `status=N` in the query: the status to answer with (a failing upstream in tests and
+/// in the demo).
+fn status(query: Option<&str>) -> Option<http::StatusCode> {
+    let code = query?
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("status="))?
+        .parse::<u16>()
+        .ok()?;
+    http::StatusCode::from_u16(code).ok()
 }

@@ -4,7 +4,8 @@
 //! `layering::imports_only_run_down`):
 //!
 //! 1. `clock`, then `limiter` (policies, the five algorithms as pure functions, the
-//!    layered verdict), then `config` (`gateway.toml`, validated once).
+//!    layered verdict) and `adaptive` (the adaptive-limit window and controller), then
+//!    `config` (`gateway.toml`, validated once).
 //! 2. `metrics`, `client_ip` (trusted-proxy address resolution), `blocklist`, `identity`
 //!    (API key -> key id, tenant, tier), `lifecycle` (connections and shutdown work),
 //!    `routing` (host + path prefix -> route and upstreams), `demo` (the echo upstream),
@@ -42,6 +43,7 @@
 //! assert_eq!(second.governing.unwrap().decision.retry_after_ms, 60_000);
 //! ```
 
+pub mod adaptive;
 pub mod admin;
 pub mod admission;
 pub mod bans;

@@ -4,8 +4,8 @@
 //! scopes, decisions and store names, all bounded by the config.
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
-    TextEncoder,
+    Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
+    Registry, TextEncoder,
 };
 
 use crate::limiter::Scope;
@@ -61,6 +61,9 @@ pub struct Metrics {
     /// `throttle_near_limit_total{scope}`: admitted requests that left their governing
     /// window (the one with the fewest remaining) at most 10% of its limit, by its scope.
     near_limit: [IntCounter; 5],
+    /// `throttle_adaptive_factor{route}`: the factor an adaptive route's limits are
+    /// multiplied by (only adaptive routes have a series).
+    pub adaptive_factor: GaugeVec,
 }
 
 // === impl Outcome ===
@@ -202,6 +205,14 @@ impl Metrics {
             &["scope"],
         )?;
         registry.register(Box::new(near_limit_total.clone()))?;
+        let adaptive_factor = GaugeVec::new(
+            Opts::new(
+                "throttle_adaptive_factor",
+                "The factor an adaptive route's limits are multiplied by (1: full limits), by route.",
+            ),
+            &["route"],
+        )?;
+        registry.register(Box::new(adaptive_factor.clone()))?;
         let near_limit = Scope::ALL.map(|s| near_limit_total.with_label_values(&[s.as_str()]));
         let local_decisions =
             ["lease", "over_limit_cache"].map(|r| local_decisions_total.with_label_values(&[r]));
@@ -223,6 +234,7 @@ impl Metrics {
             upstream_seconds,
             cost_settled,
             near_limit,
+            adaptive_factor,
         })
     }
 

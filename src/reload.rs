@@ -3,7 +3,9 @@
 //! An invalid file is rejected with exactly the errors of `throttle check` and the old
 //! config keeps serving. A valid one applies to every request that starts after the swap;
 //! requests in flight finish on the runtime they started with, and no connection is
-//! touched. Listeners, the store backend, the database URL and thread counts are fixed at
+//! touched. An adaptive route that keeps its name and stays adaptive keeps its window and
+//! factor (a reload never lifts the protection from a struggling upstream; new settings
+//! apply from the next controller tick). Listeners, the store backend, the database URL and thread counts are fixed at
 //! start: a change to them is reported and needs a restart (or a zero-downtime upgrade).
 
 use std::path::PathBuf;

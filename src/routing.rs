@@ -6,6 +6,7 @@ use std::sync::Arc;
 use pingora::lb::selection::RoundRobin;
 use pingora::lb::LoadBalancer;
 
+use crate::adaptive::{Factor, RouteState};
 use crate::config::Route;
 
 /// The routes of one config, most specific first.
@@ -23,6 +24,8 @@ pub struct RouteEntry {
     pub single: Option<std::net::SocketAddr>,
     /// The route's metrics, resolved on first use.
     pub counters: std::sync::OnceLock<crate::metrics::RouteCounters>,
+    /// The live state of an `adaptive` route (None otherwise); carried over reloads.
+    pub adaptive: Option<Arc<RouteState>>,
 }
 
 impl std::fmt::Debug for RouteEntry {
@@ -30,6 +33,16 @@ impl std::fmt::Debug for RouteEntry {
         f.debug_struct("RouteEntry")
             .field("route", &self.route.name)
             .finish_non_exhaustive()
+    }
+}
+
+// === impl RouteEntry ===
+
+impl RouteEntry {
+    /// The factor every limit of a request on this route is multiplied by (1 unless the
+    /// route is adaptive).
+    pub fn factor(&self) -> Factor {
+        self.adaptive.as_ref().map_or(Factor::ONE, |s| s.factor())
     }
 }
 
@@ -52,6 +65,7 @@ impl Router {
                 route: r.clone(),
                 upstreams,
                 counters: std::sync::OnceLock::new(),
+                adaptive: r.adaptive.map(|_| Arc::new(RouteState::default())),
             }));
         }
         out.sort_by_key(|e| {
@@ -61,6 +75,31 @@ impl Router {
             )
         });
         Ok(Self { routes: out })
+    }
+
+    /// Every route, most specific first.
+    pub fn routes(&self) -> impl Iterator<Item = &Arc<RouteEntry>> {
+        self.routes.iter()
+    }
+
+    /// Takes over the adaptive state (window and factor) of every route of `old` that
+    /// is still adaptive under the same name, so a reload does not reset a factor that
+    /// is protecting a struggling upstream. Call before the router is shared.
+    pub fn keep_adaptive_state(&mut self, old: &Router) {
+        for entry in &mut self.routes {
+            let Some(e) = Arc::get_mut(entry) else {
+                continue;
+            };
+            if e.adaptive.is_none() {
+                continue;
+            }
+            if let Some(prev) = old
+                .find_by_name(&e.route.name)
+                .and_then(|o| o.adaptive.clone())
+            {
+                e.adaptive = Some(prev);
+            }
+        }
     }
 
     /// The route named `name`.

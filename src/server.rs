@@ -176,6 +176,10 @@ pub fn build(mut config: Config, extras: Extras) -> Result<Built, StartError> {
         BanSync { core: core.clone() },
     ));
     server.add_service(background_service(
+        "adaptive limits",
+        AdaptiveController { core: core.clone() },
+    ));
+    server.add_service(background_service(
         "reload on SIGHUP",
         Reloader {
             core: core.clone(),
@@ -434,6 +438,52 @@ impl BackgroundService for BanSync {
             }
         }
     }
+}
+
+/// The adaptive-limit controller: once a second, every adaptive route's factor takes
+/// one step on its window (see `adaptive`), and `throttle_adaptive_factor{route}`
+/// follows. Routes are read from the current runtime at each tick, so a reload that adds,
+/// changes or removes `adaptive` applies from the next tick (a removed route's series is
+/// dropped).
+struct AdaptiveController {
+    core: Arc<Core>,
+}
+
+#[async_trait]
+impl BackgroundService for AdaptiveController {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut shown: Vec<Arc<str>> = Vec::new();
+        loop {
+            tokio::select! {
+                _ = shutdown.changed() => return,
+                _ = tick.tick() => shown = adaptive_tick(&self.core, &shown),
+            }
+        }
+    }
+}
+
+/// One controller step for every adaptive route of the current runtime; answers the
+/// routes whose gauge is set (those of `shown` no longer adaptive lose theirs).
+fn adaptive_tick(core: &Core, shown: &[Arc<str>]) -> Vec<Arc<str>> {
+    let rt = core.runtime();
+    let now_ms = core.clock.now_ms();
+    let gauge = &core.metrics.adaptive_factor;
+    let mut now_shown = Vec::new();
+    for entry in rt.router.routes() {
+        let (Some(state), Some(settings)) = (&entry.adaptive, &entry.route.adaptive) else {
+            continue;
+        };
+        let factor = state.tick(settings, now_ms);
+        let name = &entry.route.name;
+        gauge.with_label_values(&[name]).set(factor.as_f64());
+        now_shown.push(name.clone());
+    }
+    for gone in shown.iter().filter(|n| !now_shown.contains(n)) {
+        let _ = gauge.remove_label_values(&[gone]);
+    }
+    now_shown
 }
 
 /// Evicts idle memory-store state every second (see `MemoryStore`).

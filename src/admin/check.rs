@@ -1,7 +1,8 @@
 //! `POST /v1/check`: the sidecar decision API, a thin adapter over the admission pipeline.
 //! It decides for the `ip` it is given (never the caller's), charging failed key lookups
 //! to that `ip` and to the caller, and answers 200 or 429 with the decision as JSON plus
-//! the proxy's `X-RateLimit-*` headers.
+//! the proxy's `X-RateLimit-*` headers. A named adaptive `route` applies that route's
+//! current factor (learned from proxied traffic); a check feeds nothing into its window.
 
 use std::net::IpAddr;
 

@@ -6,6 +6,7 @@ use std::net::IpAddr;
 
 use super::core::{Core, Runtime};
 use super::Rejection;
+use crate::adaptive::Factor;
 use crate::config::Mode;
 use crate::identity::KeyInfo;
 use crate::limiter::{Ident, OnFailure, Scope, ScopeLimits};
@@ -39,7 +40,8 @@ pub fn slot_requests(rt: &Runtime, client_ip: IpAddr, key: Option<&KeyInfo>) -> 
     out
 }
 
-/// Takes the caller's slots (an empty lease when no scope has `concurrent`).
+/// Takes the caller's slots (an empty lease when no scope has `concurrent`), each
+/// scope's N multiplied by the route's adaptive `factor`.
 ///
 /// # Errors
 /// 429 `concurrent` when a scope has all its slots taken (enforce mode; in shadow mode
@@ -50,8 +52,14 @@ pub(super) async fn acquire(
     client_ip: IpAddr,
     key: Option<&KeyInfo>,
     mode: Mode,
+    factor: Factor,
 ) -> Result<SlotLease, Rejection> {
-    let reqs = slot_requests(rt, client_ip, key);
+    let mut reqs = slot_requests(rt, client_ip, key);
+    if !factor.is_one() {
+        for r in &mut reqs {
+            r.limit = factor.apply(r.limit);
+        }
+    }
     if reqs.is_empty() {
         return Ok(SlotLease::default());
     }

@@ -164,8 +164,11 @@ impl Core {
         self.runtime.load_full()
     }
 
-    /// Replaces the runtime; requests in flight keep the one they started with.
-    pub fn swap_runtime(&self, runtime: Runtime) {
+    /// Replaces the runtime; requests in flight keep the one they started with. A route
+    /// that stays adaptive under the same name keeps its window and factor (a reload does
+    /// not reset adaptivity; new `adaptive` settings apply from the next controller tick).
+    pub fn swap_runtime(&self, mut runtime: Runtime) {
+        runtime.router.keep_adaptive_state(&self.runtime().router);
         self.runtime.store(Arc::new(runtime));
     }
 

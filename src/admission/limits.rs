@@ -18,12 +18,17 @@
 use std::net::IpAddr;
 
 use super::bans::{self, Offender};
+use arrayvec::ArrayVec;
+
 use super::core::{Core, Runtime};
 use super::Rejection;
+use crate::adaptive::Factor;
 use crate::config::Mode;
 use crate::db::events::Event;
 use crate::identity::KeyInfo;
-use crate::limiter::{Check, Ident, OnFailure, Quota, Scope, ScopeCheck, Verdict, WindowDecision};
+use crate::limiter::{
+    Check, Ident, OnFailure, Quota, Scope, ScopeCheck, ScopeLimits, Verdict, WindowDecision,
+};
 use crate::metrics::Outcome;
 use crate::store::StoreError;
 
@@ -38,7 +43,8 @@ pub(super) struct LimitOutcome {
     pub(super) policy: Option<Box<[Quota]>>,
 }
 
-/// Enforces ip -> key -> tenant -> global for one request of `cost`.
+/// Enforces ip -> key -> tenant -> global for one request of `cost`, every limit
+/// multiplied by the route's adaptive `factor`.
 ///
 /// # Errors
 /// 429 with the rejecting window (enforce mode), or 503 when a fail-closed scope's store
@@ -50,8 +56,11 @@ pub(super) async fn limit(
     key: Option<&KeyInfo>,
     cost: u32,
     mode: Mode,
+    factor: Factor,
 ) -> Result<LimitOutcome, Rejection> {
-    let check = build_check(rt, client_ip, key, cost);
+    let base = build_check(rt, client_ip, key, cost);
+    let scaled = scaled_limits(&base, factor);
+    let check = rebind(base, &scaled);
     if check.is_empty() {
         return Ok(LimitOutcome {
             verdict: Verdict::UNLIMITED,
@@ -234,4 +243,48 @@ pub fn build_check<'a>(
         check.push(Scope::Global, Ident::Global, l);
     }
     check
+}
+
+/// The limits of `check`'s scopes multiplied by `factor`, in scope order: every window's
+/// limit (and token-bucket capacity) and `concurrent` become `max(1, floor(n x factor))`.
+/// Empty when `factor` is 1, so a route that is not adapting allocates nothing.
+pub(super) fn scaled_limits(
+    check: &Check<'_>,
+    factor: Factor,
+) -> ArrayVec<ScopeLimits, { Scope::COUNT }> {
+    if factor.is_one() {
+        return ArrayVec::new();
+    }
+    check
+        .scopes
+        .iter()
+        .map(|s| {
+            let mut l = s.limits.clone();
+            for w in &mut l.windows {
+                let limit = factor.apply(w.limit);
+                w.capacity = factor.apply(w.capacity).max(limit);
+                w.limit = limit;
+            }
+            l.concurrent = l.concurrent.map(|n| factor.apply(n));
+            l
+        })
+        .collect()
+}
+
+/// `check` over `scaled` (from `scaled_limits` of the same check), or `check` itself
+/// when nothing was scaled.
+pub(super) fn rebind<'a>(check: Check<'a>, scaled: &'a [ScopeLimits]) -> Check<'a> {
+    if scaled.is_empty() {
+        return check;
+    }
+    let mut out = Check::new(check.cost);
+    out.peek = check.peek;
+    for (s, limits) in check.scopes.into_iter().zip(scaled) {
+        out.scopes.push(ScopeCheck {
+            scope: s.scope,
+            ident: s.ident,
+            limits,
+        });
+    }
+    out
 }

@@ -22,6 +22,12 @@
 //! rejection). Every entry point runs `admit`, so the proxy, `POST /v1/check` (for the
 //! `ip` it names), the Envoy rate-limit service and the tower layer all feed it.
 //!
+//! On an adaptive route (`adaptive`), every limit of steps 5 and 6 is multiplied by the
+//! route's current factor, read once per request. Every entry point that names a route
+//! gets it: the proxy, `/v1/check` with a `route` and the Envoy rate-limit service's
+//! `route` entry alike; only the proxy feeds the route's window (it alone sees the
+//! upstream), so the factor of a gateway that only answers checks stays 1.
+//!
 //! An `Admission` is the request's lifetime: it keeps the `Arc` of the runtime config it
 //! was decided on (a reload between phases cannot mix two configs) and is finished exactly
 //! once when the request ends (`finish`, or its drop), handing the store back what the
@@ -40,6 +46,7 @@ use std::sync::Arc;
 pub use self::auth::lookup_key;
 pub use self::core::{block_entry, parse_net, Core, Dynamic, Runtime};
 pub use self::limits::build_check;
+use crate::adaptive::Factor;
 use crate::config::{Auth, Mode};
 use crate::identity::{KeyInfo, Presented};
 use crate::limiter::{Ident, Quota, Scope, WindowDecision};
@@ -148,6 +155,8 @@ pub struct Admission {
     pub rate_policy: Option<Box<[Quota]>>,
     /// The limiter clock reading the decision was made at.
     pub now_ms: u64,
+    /// The route's adaptive factor the limits were multiplied by (1: not adapting).
+    pub factor: Factor,
     /// Whether the store charged the rate windows (not when it failed open, or the local
     /// fallback decided): only then is there a cost to settle.
     charged: bool,
@@ -198,8 +207,11 @@ impl Admission {
         if delta == 0 {
             return 0;
         }
-        let check =
+        let base =
             limits::build_check(&self.runtime, self.client_ip, self.key.as_deref(), reserved);
+        // The same (scaled) limits the request was decided on.
+        let scaled = limits::scaled_limits(&base, self.factor);
+        let check = limits::rebind(base, &scaled);
         l.store.settle(&check, delta, self.now_ms);
         l.held.cost = actual;
         metrics.cost_settled(delta);
@@ -306,7 +318,7 @@ async fn pipeline(
         Target::Match { host, path } => match rt.router.find(host, path) {
             Some(r) => Some(r.clone()),
             None => {
-                let out = limits::limit(core, rt, ip, None, 1, Mode::Enforce).await?;
+                let out = limits::limit(core, rt, ip, None, 1, Mode::Enforce, Factor::ONE).await?;
                 return Err(Rejection::NoRoute(out.verdict.governing).into());
             }
         },
@@ -341,7 +353,9 @@ async fn pipeline(
     let r = route.as_ref().map(|r| &r.route);
     let cost = req.cost.or(r.map(|r| r.cost)).unwrap_or(1).max(1);
     let mode = r.map_or(Mode::Enforce, |r| r.mode);
-    let slots = concurrency::acquire(core, rt, ip, key.as_deref(), mode)
+    // An adaptive route's limits follow its upstream's health (see `adaptive`).
+    let factor = route.as_ref().map_or(Factor::ONE, |r| r.factor());
+    let slots = concurrency::acquire(core, rt, ip, key.as_deref(), mode, factor)
         .await
         .map_err(refused)?;
     // From here the slots are held by a guard: if this future is dropped while the rate
@@ -352,7 +366,7 @@ async fn pipeline(
         slots: Some(slots),
         ending: Ending::Dropped,
     };
-    let out = match limits::limit(core, rt, ip, key.as_deref(), cost, mode).await {
+    let out = match limits::limit(core, rt, ip, key.as_deref(), cost, mode, factor).await {
         Ok(out) => out,
         Err(rejection) => {
             guard.ending = Ending::Completed { status: 429 };
@@ -369,6 +383,7 @@ async fn pipeline(
         shadow_rejected: out.shadow_rejected,
         rate_policy: out.policy,
         now_ms,
+        factor,
         // A shadow-mode would-be rejection was admitted, but the store charged nothing.
         charged: out.verdict.allowed
             && out.verdict.scopes_checked != 0

@@ -705,3 +705,83 @@ async fn top_counts_requests_and_rejections_per_identity() {
     );
     assert_eq!(top_rows(&core, Scope::Tenant), [row("acme", 4, 1)]);
 }
+
+/// An adaptive route's factor multiplies every limit checked for its requests: the rate
+/// windows (as the decision and the 429 show them) and the `concurrent` slots; another
+/// route keeps its limits; a reload keeps the factor.
+#[tokio::test]
+async fn adaptive_factor_scales_the_route_limits() {
+    use crate::adaptive::Factor;
+    const ADAPTIVE: &str = r#"
+[limits.ip]
+per_minute = 10
+concurrent = 5
+
+[[routes]]
+name = "slow"
+path_prefix = "/slow"
+upstreams = ["127.0.0.1:1"]
+auth = "none"
+adaptive = { target_p99_ms = 100, min_factor = 0.5 }
+
+[[routes]]
+name = "other"
+path_prefix = "/"
+upstreams = ["127.0.0.1:1"]
+auth = "none"
+"#;
+    let store = Arc::new(MemoryStore::with_clock(ManualClock::at(NOW)));
+    let core = core_with(ADAPTIVE, store, Arc::new(Metrics::new().unwrap()));
+    let rt = core.runtime();
+    let slow = rt.router.find_by_name("slow").unwrap();
+    let (state, settings) = (slow.adaptive.clone().unwrap(), slow.route.adaptive.unwrap());
+    assert!(rt.router.find_by_name("other").unwrap().adaptive.is_none());
+    state.record(NOW, Duration::from_millis(300), false);
+    assert_eq!(state.tick(&settings, NOW + 1_000), Factor::from_f64(0.8));
+
+    // 10 per minute x 0.8 = 8 on /slow, in the decision and in the 429.
+    let limit = |a: &Admission| a.rate.unwrap().decision.limit;
+    for _ in 0..8 {
+        let a = admit(&core, &req("198.51.100.1", "/slow/x", None))
+            .await
+            .unwrap();
+        assert_eq!(limit(&a), 8);
+    }
+    match admit(&core, &req("198.51.100.1", "/slow/x", None)).await {
+        Err(Refusal {
+            rejection: Rejection::RateLimited { governing, .. },
+            ..
+        }) => assert_eq!(governing.decision.limit, 8),
+        other => panic!("expected a 429, got {}", kind(&other)),
+    }
+    let a = admit(&core, &req("198.51.100.2", "/x", None))
+        .await
+        .unwrap();
+    assert_eq!(limit(&a), 10, "another route keeps its limits");
+
+    // 5 slots x 0.8 = 4 on /slow.
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        held.push(
+            admit(&core, &req("198.51.100.3", "/slow/x", None))
+                .await
+                .unwrap(),
+        );
+    }
+    match admit(&core, &req("198.51.100.3", "/slow/x", None)).await {
+        Err(Refusal {
+            rejection: Rejection::Concurrent { full, .. },
+            ..
+        }) => assert_eq!(full.limit, 4),
+        other => panic!("expected 429 concurrent, got {}", kind(&other)),
+    }
+    drop(held);
+
+    // A reload keeps the state of a route that stays adaptive under its name.
+    let c = crate::config::parse("t.toml", ADAPTIVE).unwrap();
+    core.swap_runtime(Runtime::from_config(c).unwrap());
+    let again = core.runtime();
+    let entry = again.router.find_by_name("slow").unwrap();
+    assert_eq!(entry.factor(), Factor::from_f64(0.8));
+    assert!(Arc::ptr_eq(entry.adaptive.as_ref().unwrap(), &state));
+}

@@ -221,6 +221,16 @@ pub(crate) struct RouteFile {
     pub(crate) connect_timeout_ms: Option<Spanned<u64>>,
     pub(crate) read_timeout_ms: Option<Spanned<u64>>,
     pub(crate) cost_header: Option<Spanned<String>>,
+    pub(crate) adaptive: Option<Spanned<AdaptiveFile>>,
+}
+
+/// A route's `adaptive = { target_p99_ms, max_error_rate, min_factor }`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct AdaptiveFile {
+    pub(crate) target_p99_ms: Option<Spanned<u64>>,
+    pub(crate) max_error_rate: Option<Spanned<f64>>,
+    pub(crate) min_factor: Option<Spanned<f64>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -221,6 +221,8 @@ pub struct Route {
     /// `cost_header`: the response header carrying the request's true cost (lower-case);
     /// the reserved `cost` is settled against it.
     pub cost_header: Option<http::HeaderName>,
+    /// `adaptive`: limits follow the upstream's health (see `adaptive`).
+    pub adaptive: Option<crate::adaptive::Settings>,
 }
 
 /// `[[keys]]`: a key known from the file.

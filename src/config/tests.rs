@@ -325,3 +325,47 @@ fn rls_listener_needs_a_socket_of_its_own() {
     let e = server("rls_listen = \"localhost:8081\"").unwrap_err();
     assert!(e.message.contains("expected IP:PORT"), "{e}");
 }
+
+/// `adaptive` on a route: each target optional, `min_factor` 0.1 unless set; a route
+/// without it is not adaptive.
+#[test]
+fn adaptive_settings() {
+    use crate::adaptive::{Factor, Settings};
+    let c = parse(
+        "f.toml",
+        r#"
+[[routes]]
+name = "slow"
+path_prefix = "/slow"
+upstreams = ["127.0.0.1:9000"]
+adaptive = { target_p99_ms = 200, max_error_rate = 0.05 }
+[[routes]]
+name = "errors"
+path_prefix = "/errors"
+upstreams = ["127.0.0.1:9000"]
+adaptive = { max_error_rate = 1, min_factor = 0.25 }
+[[routes]]
+name = "plain"
+path_prefix = "/"
+upstreams = ["127.0.0.1:9000"]
+"#,
+    )
+    .unwrap();
+    let got: Vec<_> = c.routes.iter().map(|r| r.adaptive).collect();
+    assert_eq!(
+        got,
+        [
+            Some(Settings {
+                target_p99_ms: Some(200),
+                max_error_rate: Some(0.05),
+                min_factor: Factor::from_f64(0.1),
+            }),
+            Some(Settings {
+                target_p99_ms: None,
+                max_error_rate: Some(1.0),
+                min_factor: Factor::from_f64(0.25),
+            }),
+            None,
+        ]
+    );
+}

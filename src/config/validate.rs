@@ -635,9 +635,62 @@ fn routes(cx: &Ctx<'_>, list: &[Spanned<RouteFile>]) -> Result<Vec<Route>, Confi
                     })?,
                 ),
             },
+            adaptive: match &r.adaptive {
+                Some(a) => Some(adaptive(cx, a)?),
+                None => None,
+            },
         });
     }
     Ok(out)
+}
+
+/// A route's `adaptive` table: at least one target; `max_error_rate` in [0, 1];
+/// `min_factor` in (0, 1].
+fn adaptive(
+    cx: &Ctx<'_>,
+    a: &Spanned<AdaptiveFile>,
+) -> Result<crate::adaptive::Settings, ConfigError> {
+    let t = a.get_ref();
+    if t.target_p99_ms.is_none() && t.max_error_rate.is_none() {
+        return Err(cx.err(
+            a.span(),
+            "adaptive needs target_p99_ms or max_error_rate (or both)",
+        ));
+    }
+    let target_p99_ms = bounded(
+        cx,
+        "target_p99_ms",
+        t.target_p99_ms.as_ref(),
+        1..=MAX_UPSTREAM_TIMEOUT_MS,
+    )?;
+    let max_error_rate = match &t.max_error_rate {
+        Some(v) if !(0.0..=1.0).contains(v.get_ref()) => {
+            let msg = format!(
+                "max_error_rate must be between 0 and 1, got {}",
+                v.get_ref()
+            );
+            return Err(cx.err(v.span(), msg));
+        }
+        Some(v) => Some(*v.get_ref()),
+        None => None,
+    };
+    let min_factor = match &t.min_factor {
+        // At least one millionth: the factor's resolution.
+        Some(v) if !(*v.get_ref() >= 1e-6 && *v.get_ref() <= 1.0) => {
+            let msg = format!(
+                "min_factor must be in (0, 1] (at least 0.000001), got {}",
+                v.get_ref()
+            );
+            return Err(cx.err(v.span(), msg));
+        }
+        Some(v) => crate::adaptive::Factor::from_f64(*v.get_ref()),
+        None => crate::adaptive::Factor::DEFAULT_MIN,
+    };
+    Ok(crate::adaptive::Settings {
+        target_p99_ms,
+        max_error_rate,
+        min_factor,
+    })
 }
 
 /// A route's upstream timeout in ms: 0 would fail every request, and over an hour is a typo.

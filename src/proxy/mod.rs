@@ -298,9 +298,14 @@ impl ProxyHttp for Gateway {
         };
         counters.request(status);
         if let Some(started) = ctx.upstream_started {
-            counters
-                .upstream_seconds
-                .observe(started.elapsed().as_secs_f64());
+            let took = started.elapsed();
+            counters.upstream_seconds.observe(took.as_secs_f64());
+            // An adaptive route learns from every upstream answer, the gateway's own 502
+            // or 504 for an upstream it could not reach or that timed out included.
+            let adaptive = ctx.route.as_ref().and_then(|r| r.adaptive.as_ref());
+            if let Some(state) = adaptive.filter(|_| status != 0) {
+                state.record(self.core.clock.now_ms(), took, status >= 500);
+            }
         }
     }
 }

@@ -9,7 +9,9 @@
 //! - `remote_address` -> the `ip` scope (required); `api_key` -> the key (the raw key,
 //!   hashed and looked up as the proxy does); `key_id` -> the key of that id; `tenant` ->
 //!   the tenant (alone: its tenant limits only; with a key: it must be the key's tenant);
-//!   `route` -> that route's `cost`, `mode` and `auth` (none: no route, cost 1, enforce);
+//!   `route` -> that route's `cost`, `mode` and `auth` (none: no route, cost 1, enforce),
+//!   and an adaptive route's current factor (learned from proxied traffic only: a call
+//!   feeds nothing into the route's window);
 //! - `hits_addend` is the cost; 0 (unset) means the default: the route's `cost`, else 1.
 //!   A descriptor's own `hits_addend` overrides the request's; descriptors must agree;
 //! - `domain` is not used. Unknown entries, conflicting values, a missing or unparseable
