@@ -195,12 +195,14 @@ async fn send_all(gw: &Gateway, requests: Vec<(String, String)>, parallel: usize
 }
 
 /// Distinct addresses the spray sends (one request each).
-const SPRAY: u32 = 120_000;
+const SPRAY: u32 = 200_000;
 /// Allowed RSS growth over the spray. Keeping every address with its two counts needs at
-/// least 16 + 16 bytes per address before any map overhead: 120,000 x 32 B = 3.7 MiB
-/// (a `HashMap<IpAddr, (u64, u64)>` of them takes about 9 MiB). The sketch is allocated
-/// (and written) at start, so its own growth is 0; measured growth here was 0 KiB.
-const GROWTH_BOUND_KIB: u64 = 2 * 1024;
+/// least 16 + 16 bytes per address before any map overhead: 200,000 x 32 B = 6.1 MiB
+/// (a `HashMap<IpAddr, (u64, u64)>` of them takes about 15 MiB). The sketch is allocated
+/// (and written) at start, so its own growth is 0; measured growth alone was 0 KiB, but
+/// run beside the whole suite the allocator's own arenas have grown by a little, so the
+/// bound leaves half of the smallest "kept" cost as slack.
+const GROWTH_BOUND_KIB: u64 = 3 * 1024;
 
 /// No limits, and one route the spray never matches (every request is a 404 after the
 /// limits, with no upstream to wait on).
@@ -215,14 +217,14 @@ upstreams = ["127.0.0.1:9"]
 auth = "none"
 "#;
 
-/// A spray of 120,000 distinct client addresses grows the gateway's memory by less
+/// A spray of 200,000 distinct client addresses grows the gateway's memory by less
 /// than keeping them would take. The config has no limits at all, so the limit store keeps no per-address state and
 /// the top sketch is the only thing that sees every address.
 #[tokio::test(flavor = "multi_thread")]
 async fn ip_spray_keeps_memory_bounded() {
     let gw = Gateway::start(SPRAY_CONFIG, None).await;
     // Warm up connections, buffers and the allocator with a first spray of its own.
-    spray(gw.addr, 0x0A00_0000, 10_000, 8).await;
+    spray(gw.addr, 0x0A00_0000, 40_000, 8).await;
     let before = vm_rss_kib(gw.pid());
     spray(gw.addr, 0x6440_0000, SPRAY, 8).await; // 100.64.0.0 onwards
     let after = vm_rss_kib(gw.pid());
