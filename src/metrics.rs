@@ -4,8 +4,8 @@
 //! scopes, decisions and store names, all bounded by the config.
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
-    TextEncoder,
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
 };
 
 use crate::limiter::Scope;
@@ -61,6 +61,10 @@ pub struct Metrics {
     /// `throttle_near_limit_total{scope}`: admitted requests that left their governing
     /// window (the one with the fewest remaining) at most 10% of its limit, by its scope.
     near_limit: [IntCounter; 5],
+    /// `throttle_upstream_healthy{route,upstream}`: 1 while the upstream passes its
+    /// route's `health_check`, 0 while it fails (only routes with a health check; the
+    /// address is config, not a client identity).
+    pub upstream_healthy: IntGaugeVec,
 }
 
 // === impl Outcome ===
@@ -205,6 +209,14 @@ impl Metrics {
         let near_limit = Scope::ALL.map(|s| near_limit_total.with_label_values(&[s.as_str()]));
         let local_decisions =
             ["lease", "over_limit_cache"].map(|r| local_decisions_total.with_label_values(&[r]));
+        let upstream_healthy = IntGaugeVec::new(
+            Opts::new(
+                "throttle_upstream_healthy",
+                "1 while an upstream passes its route's health check, 0 while it fails.",
+            ),
+            &["route", "upstream"],
+        )?;
+        registry.register(Box::new(upstream_healthy.clone()))?;
         let decisions = Scope::ALL.map(|s| {
             Outcome::ALL.map(|o| decisions_total.with_label_values(&[s.as_str(), o.as_str()]))
         });
@@ -223,6 +235,7 @@ impl Metrics {
             upstream_seconds,
             cost_settled,
             near_limit,
+            upstream_healthy,
         })
     }
 

@@ -177,6 +177,10 @@ pub fn build(mut config: Config, extras: Extras) -> Result<Built, StartError> {
             db: db.clone(),
         },
     ));
+    server.add_service(background_service(
+        "upstream health checks",
+        crate::upstream_health::HealthChecks::new(core.clone()),
+    ));
     if let Some(h) = heartbeat {
         server.add_service(background_service(
             "lease returns",

@@ -191,6 +191,15 @@ pub(crate) struct RouteFile {
     pub(crate) connect_timeout_ms: Option<Spanned<u64>>,
     pub(crate) read_timeout_ms: Option<Spanned<u64>>,
     pub(crate) cost_header: Option<Spanned<String>>,
+    pub(crate) health_check: Option<Spanned<HealthCheckFile>>,
+}
+
+/// A route's `health_check = { path = "/healthz", interval_ms = 1000 }`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct HealthCheckFile {
+    pub(crate) path: Spanned<String>,
+    pub(crate) interval_ms: Option<Spanned<u64>>,
 }
 
 #[derive(Debug, Deserialize)]

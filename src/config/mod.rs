@@ -15,8 +15,8 @@ pub use limits::{
     BURST_RANGE, MAX_LIMIT, MAX_SLIDING_LOG,
 };
 pub use model::{
-    Auth, Backend, BlockEntry, BlockTarget, Config, KeyEntry, Mode, PathParameters, Route, Server,
-    Store, Tier,
+    Auth, Backend, BlockEntry, BlockTarget, Config, HealthCheck, KeyEntry, Mode, PathParameters,
+    Route, Server, Store, Tier,
 };
 pub use validate::{format_rfc3339, rfc3339_ms};
 

@@ -180,6 +180,19 @@ pub struct Route {
     /// `cost_header`: the response header carrying the request's true cost (lower-case);
     /// the reserved `cost` is settled against it.
     pub cost_header: Option<http::HeaderName>,
+    /// `health_check`: upstreams failing it are skipped until they pass again.
+    pub health_check: Option<HealthCheck>,
+}
+
+/// A route's active upstream health check: `GET path` on every upstream each
+/// `interval`; anything but a 200 (or no answer within the route's timeouts, capped at
+/// the interval) marks the upstream down until a check passes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HealthCheck {
+    /// Request path (origin form, starts with `/`).
+    pub path: String,
+    /// Time between checks (`interval_ms`, default 1000).
+    pub interval: Duration,
 }
 
 /// `[[keys]]`: a key known from the file.

@@ -22,6 +22,8 @@ const MAX_THREADS: usize = 256;
 const MAX_CONNECTIONS: u32 = 10_000_000;
 /// An hour: a longer upstream timeout or drain is a typo, not a plan.
 const MAX_UPSTREAM_TIMEOUT_MS: u64 = 3_600_000;
+/// The shortest upstream health-check interval: faster probes are load, not safety.
+const MIN_HEALTH_INTERVAL_MS: u64 = 100;
 const MAX_STORE_TIMEOUT_MS: u64 = 60_000;
 /// The longest `[store] lease_ms` accepted.
 const MAX_LEASE_MS: u64 = 60_000;
@@ -595,9 +597,40 @@ fn routes(cx: &Ctx<'_>, list: &[Spanned<RouteFile>]) -> Result<Vec<Route>, Confi
                     })?,
                 ),
             },
+            health_check: match &r.health_check {
+                None => None,
+                Some(h) => Some(health_check(cx, h.get_ref())?),
+            },
         });
     }
     Ok(out)
+}
+
+/// A route's `health_check`: an origin-form path and an interval of 100 ms to an hour.
+fn health_check(cx: &Ctx<'_>, h: &HealthCheckFile) -> Result<HealthCheck, ConfigError> {
+    let path = h.path.get_ref();
+    let valid = path.starts_with('/')
+        && path
+            .parse::<http::uri::PathAndQuery>()
+            .is_ok_and(|pq| pq.as_str() == path);
+    if !valid {
+        return Err(cx.err(
+            h.path.span(),
+            format!(
+                "health_check path must be an origin-form path starting with '/', got {path:?}"
+            ),
+        ));
+    }
+    let interval = bounded(
+        cx,
+        "health_check interval_ms",
+        h.interval_ms.as_ref(),
+        MIN_HEALTH_INTERVAL_MS..=MAX_UPSTREAM_TIMEOUT_MS,
+    )?;
+    Ok(HealthCheck {
+        path: path.clone(),
+        interval: Duration::from_millis(interval.unwrap_or(1_000)),
+    })
 }
 
 /// A route's upstream timeout in ms: 0 would fail every request, and over an hour is a typo.

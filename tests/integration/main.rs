@@ -20,6 +20,7 @@ mod db;
 mod edge;
 mod events;
 mod hardening;
+mod health;
 mod lifetime;
 mod proxy_e2e;
 mod reload;
