@@ -157,7 +157,15 @@ pub fn build(mut config: Config, extras: Extras) -> Result<Built, StartError> {
         "throttle proxy".to_string(),
         Edge::new(gateway, core.clone(), lifecycle.clone(), max_connections),
     );
-    proxy.add_tcp(&listen.to_string());
+    match crate::proxy::tls::CertResolver::new(core.clone()) {
+        Some(resolver) => {
+            let settings = resolver
+                .settings()
+                .map_err(|e| StartError::Listen(format!("tls on {listen}: {e}")))?;
+            proxy.add_tls_with_settings(&listen.to_string(), None, settings);
+        }
+        None => proxy.add_tcp(&listen.to_string()),
+    }
     let token = std::env::var("THROTTLE_ADMIN_TOKEN").ok();
     let mut admin = Service::new(
         "throttle admin".to_string(),

@@ -47,6 +47,15 @@ pub(crate) struct ServerFile {
     pub(crate) max_connections_per_ip: Option<Spanned<u32>>,
     pub(crate) underscores_in_headers: Option<bool>,
     pub(crate) path_parameters: Option<PathParametersFile>,
+    pub(crate) tls: Option<Spanned<TlsFile>>,
+}
+
+/// `[server] tls = { cert = "cert.pem", key = "key.pem" }`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct TlsFile {
+    pub(crate) cert: String,
+    pub(crate) key: String,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize)]

@@ -16,7 +16,7 @@ pub use limits::{
 };
 pub use model::{
     Auth, Backend, BlockEntry, BlockTarget, Config, HealthCheck, KeyEntry, Mode, PathParameters,
-    Route, Server, Store, Tier,
+    Route, Server, Store, Tier, Tls,
 };
 pub use validate::{format_rfc3339, rfc3339_ms};
 

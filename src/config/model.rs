@@ -72,6 +72,21 @@ pub struct Server {
     pub underscores_in_headers: bool,
     /// Whether `;` path parameters are accepted.
     pub path_parameters: PathParameters,
+    /// `tls`: serve TLS (HTTP/2 and HTTP/1.1 by ALPN) on `listen`; `None`: plain HTTP.
+    pub tls: Option<Tls>,
+}
+
+/// `[server] tls`: the certificate chain and key, read and checked when the config is
+/// loaded (start, `throttle check`, every reload), so a reload serves the files as they
+/// are then.
+#[derive(Debug, Clone)]
+pub struct Tls {
+    /// The certificate chain file (PEM), as resolved against the config's directory.
+    pub cert: std::path::PathBuf,
+    /// The private key file (PEM: PKCS#8, PKCS#1 or SEC1).
+    pub key: std::path::PathBuf,
+    /// The chain and the signing key, ready for rustls.
+    pub certified: Arc<pingora::tls::sign::CertifiedKey>,
 }
 
 /// `[server] path_parameters`: what to do with `;` parameters in a request path.

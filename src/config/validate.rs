@@ -151,6 +151,50 @@ fn server(cx: &Ctx<'_>, s: &ServerFile) -> Result<Server, ConfigError> {
             None | Some(PathParametersFile::Reject) => PathParameters::Reject,
             Some(PathParametersFile::Allow) => PathParameters::Allow,
         },
+        tls: match &s.tls {
+            Some(t) => Some(tls(cx, t)?),
+            None => None,
+        },
+    })
+}
+
+/// `[server] tls`: both files read and parsed now, the key matched to the certificate;
+/// any failure is reported at the `tls` value. Relative paths are taken from the config
+/// file's directory.
+fn tls(cx: &Ctx<'_>, t: &Spanned<TlsFile>) -> Result<Tls, ConfigError> {
+    use pingora::tls::{sign::CertifiedKey, CertificateDer, CryptoProvider, PrivateKeyDer};
+    let dir = std::path::Path::new(cx.name)
+        .parent()
+        .unwrap_or(std::path::Path::new(""));
+    let (cert, key) = (dir.join(&t.get_ref().cert), dir.join(&t.get_ref().key));
+    let fail = |msg: String| cx.err(t.span(), format!("tls: {msg}"));
+    let read = |p: &std::path::Path| {
+        std::fs::read(p).map_err(|e| fail(format!("cannot read {}: {e}", p.display())))
+    };
+    let (cert_pem, key_pem) = (read(&cert)?, read(&key)?);
+    let chain: Vec<CertificateDer<'static>> = rustls_pemfile::certs(&mut &cert_pem[..])
+        .collect::<Result<_, _>>()
+        .map_err(|e| fail(format!("{}: unparseable PEM: {e}", cert.display())))?;
+    if chain.is_empty() {
+        return Err(fail(format!("{}: no CERTIFICATE in PEM", cert.display())));
+    }
+    let private: PrivateKeyDer<'static> = rustls_pemfile::private_key(&mut &key_pem[..])
+        .map_err(|e| fail(format!("{}: unparseable PEM: {e}", key.display())))?
+        .ok_or_else(|| fail(format!("{}: no PRIVATE KEY in PEM", key.display())))?;
+    pingora::tls::install_default_crypto_provider();
+    let provider =
+        CryptoProvider::get_default().ok_or_else(|| fail("no TLS crypto provider".to_string()))?;
+    let certified = CertifiedKey::from_der(chain, private, provider).map_err(|e| {
+        fail(format!(
+            "{} and {} do not make a key pair: {e}",
+            cert.display(),
+            key.display()
+        ))
+    })?;
+    Ok(Tls {
+        cert,
+        key,
+        certified: Arc::new(certified),
     })
 }
 

@@ -27,4 +27,5 @@ mod reload;
 mod rls;
 mod settle;
 mod simulate;
+mod tls;
 mod tower_layer;

@@ -16,6 +16,7 @@ use tempfile::TempDir;
 pub mod decoding;
 pub mod postgres;
 pub mod redis;
+pub mod tls;
 
 /// The admin token every test gateway is started with.
 pub const ADMIN_TOKEN: &str = "test-admin-token";
