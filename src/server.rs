@@ -108,6 +108,9 @@ pub fn build(mut config: Config, extras: Extras) -> Result<Built, StartError> {
         ..Opt::default()
     };
     let mut server = Server::new_with_opt_and_conf(Some(opt), conf);
+    // rustls needs a process-wide crypto provider before the first `rediss://` connection
+    // (redis-rs builds its client config from the default); Pingora's is ring.
+    pingora::tls::install_default_crypto_provider();
     let memory = Arc::new(MemoryStore::new());
     let metrics = Arc::new(Metrics::new()?);
     let instances = Arc::new(AtomicU32::new(config.store.instances.unwrap_or(1)));

@@ -23,6 +23,7 @@ mod hardening;
 mod health;
 mod lifetime;
 mod proxy_e2e;
+mod rediss;
 mod reload;
 mod rls;
 mod settle;

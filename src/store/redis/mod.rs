@@ -14,6 +14,11 @@
 //! Time: the script reads `redis.call('TIME')`, so gateway clock skew cannot matter. Only
 //! `with_clock` (tests) passes a time. Every call carries the `timeout_ms` deadline.
 //!
+//! TLS: `rediss://` URLs (single node, Cluster seeds, Sentinels) connect over rustls,
+//! verified against the system trust store, or only the file named by `SSL_CERT_FILE`
+//! when it is set. Behind Sentinel, the master found is reached over TLS when the
+//! sentinels are (`rediss://` sentinel URLs).
+//!
 //! Settles (`LimitStore::settle`) are 'settle' calls spawned in the background, like
 //! Cluster refunds: one per request on a single node or Sentinel, one per scope on
 //! Cluster.
@@ -27,7 +32,7 @@ use async_trait::async_trait;
 use redis::aio::{ConnectionManager, MultiplexedConnection};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::sentinel::{SentinelClient, SentinelServerType};
+use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{RedisResult, Script, ScriptInvocation};
 
 pub mod concurrency;
@@ -255,7 +260,7 @@ impl RedisStore {
                 let mut client = SentinelClient::build(
                     urls.clone(),
                     master.clone(),
-                    None,
+                    master_tls(urls),
                     SentinelServerType::Master,
                 )?;
                 Conn::Sentinel(client.get_async_connection().await?)
@@ -735,6 +740,14 @@ impl<'a> Remote<'a> {
             })
             .collect()
     }
+}
+
+/// TLS to the master when the sentinels are reached over TLS (`rediss://`): one
+/// deployment, one transport.
+fn master_tls(urls: &[String]) -> Option<SentinelNodeConnectionInfo> {
+    urls.iter()
+        .any(|u| u.starts_with("rediss://"))
+        .then(|| SentinelNodeConnectionInfo::default().set_tls_mode(redis::TlsMode::Secure))
 }
 
 fn unavailable(e: redis::RedisError) -> StoreError {

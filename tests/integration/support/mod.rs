@@ -104,6 +104,16 @@ impl Gateway {
 
     /// As `start_with`, with extra `[server]` lines (e.g. a grace period).
     pub async fn start_full(args: &[&str], body: &str, server_extra: &str) -> Self {
+        Self::start_env(args, body, server_extra, &[]).await
+    }
+
+    /// As `start_full`, with environment changes for the process (`None`: removed).
+    pub async fn start_env(
+        args: &[&str],
+        body: &str,
+        server_extra: &str,
+        env: &[(&str, Option<&str>)],
+    ) -> Self {
         for _ in 0..5 {
             let (port, admin_port) = (free_port(), free_port());
             let dir = tempfile::tempdir().unwrap();
@@ -112,7 +122,14 @@ impl Gateway {
             let server = format!("[server]\nlisten = \"127.0.0.1:{port}\"\nadmin_listen = \"127.0.0.1:{admin_port}\"\ninstance_id = \"{id}\"\nthreads = 1\n{server_extra}\n\n");
             std::fs::write(&path, format!("{server}{body}")).unwrap();
             let log = std::fs::File::create(dir.path().join("gateway.log")).unwrap();
-            let child = Command::new(env!("CARGO_BIN_EXE_throttle"))
+            let mut cmd = Command::new(env!("CARGO_BIN_EXE_throttle"));
+            for (k, v) in env {
+                match v {
+                    Some(v) => cmd.env(k, v),
+                    None => cmd.env_remove(k),
+                };
+            }
+            let child = cmd
                 .args(args)
                 .arg("--config")
                 .arg(&path)
