@@ -373,6 +373,7 @@ impl BackgroundService for Heartbeat {
                 _ = shutdown.changed() => return,
                 _ = tick.tick() => {
                     use crate::clock::Clock;
+                    self.redis.follow_master().await;
                     match self.redis.heartbeat(&self.id, clock.now_ms(), 3_000).await {
                         Ok(n) => {
                             if let Some(i) = &self.instances {

@@ -26,6 +26,7 @@ mod proxy_e2e;
 mod rediss;
 mod reload;
 mod rls;
+mod sentinel_failover;
 mod settle;
 mod simulate;
 mod tls;

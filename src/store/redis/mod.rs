@@ -99,6 +99,8 @@ pub struct RedisStore {
     metrics: Option<Arc<Metrics>>,
     /// Concurrency slots this gateway holds (see `concurrency`).
     slots: RemoteSlots,
+    /// Behind Sentinel: the master address the sentinels named last (`follow_master`).
+    master_seen: std::sync::Mutex<Option<String>>,
 }
 
 // === impl RedisStore ===
@@ -120,6 +122,44 @@ impl RedisStore {
             lease_ms: 0,
             metrics: None,
             slots: RemoteSlots::new(concurrency::DEFAULT_LEASE_MS),
+            master_seen: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// Behind Sentinel: asks the sentinels which node is the master now (within the store
+    /// deadline) and, when it changed since the last ask, drops the connection so the next
+    /// call connects to the new master. A promoted replica is followed this way even while
+    /// the old master still accepts writes (a manual `SENTINEL FAILOVER` demotes it only
+    /// later), which no call error would reveal. Called every second by the heartbeat;
+    /// does nothing for a single node or Cluster.
+    pub async fn follow_master(&self) {
+        let Target::Sentinel(urls, master) = &self.target else {
+            return;
+        };
+        let ask = async {
+            let mut sentinel = redis::sentinel::Sentinel::build(urls.clone())?;
+            let info = master_tls(urls);
+            let client = sentinel.async_master_for(master, info.as_ref()).await?;
+            Ok::<_, redis::RedisError>(client.get_connection_info().addr().to_string())
+        };
+        let addr = match tokio::time::timeout(self.timeout.max(Duration::from_millis(500)), ask)
+            .await
+        {
+            Ok(Ok(addr)) => addr,
+            Ok(Err(e)) => return tracing::debug!(error = %e, "sentinels not asked for the master"),
+            Err(_) => return tracing::debug!("sentinels did not name the master in time"),
+        };
+        let changed = match self.master_seen.lock() {
+            Ok(mut seen) => {
+                let changed = seen.as_ref().is_some_and(|s| *s != addr);
+                *seen = Some(addr.clone());
+                changed
+            }
+            Err(_) => false,
+        };
+        if changed {
+            tracing::info!(master = %addr, "sentinels name a new master; reconnecting");
+            self.conn.store(None);
         }
     }
 

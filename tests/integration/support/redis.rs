@@ -131,13 +131,22 @@ impl RedisServer {
 
     /// A sentinel monitoring `master` as `name` (quorum 1).
     pub async fn sentinel(master: &RedisServer, name: &str) -> Self {
+        Self::sentinel_with(master, name, "").await
+    }
+
+    /// A sentinel as `sentinel`, with `extra` lines in its config (e.g.
+    /// `sentinel down-after-milliseconds NAME 1000`).
+    pub async fn sentinel_with(master: &RedisServer, name: &str, extra: &str) -> Self {
         require_redis();
         for _ in 0..5 {
             let dir = tempfile::tempdir().unwrap();
             let conf = dir.path().join("sentinel.conf");
             std::fs::write(
                 &conf,
-                format!("sentinel monitor {name} 127.0.0.1 {} 1\n", master.port),
+                format!(
+                    "sentinel monitor {name} 127.0.0.1 {} 1\n{extra}",
+                    master.port
+                ),
             )
             .unwrap();
             let port = free_port();
