@@ -36,14 +36,6 @@ impl HealthChecks {
     pub fn new(core: Arc<Core>) -> Self {
         Self { core }
     }
-
-    /// Whether any route of `rt` has a health check.
-    fn any(rt: &Runtime) -> bool {
-        rt.router
-            .entries()
-            .iter()
-            .any(|e| e.route.health_check.is_some())
-    }
 }
 
 #[async_trait]
@@ -64,11 +56,9 @@ impl BackgroundService for HealthChecks {
                     }
                     tasks.abort_all();
                     self.core.metrics.upstream_healthy.reset();
-                    if Self::any(&rt) {
-                        for entry in rt.router.entries() {
-                            if entry.route.health_check.is_some() {
-                                tasks.spawn(check_route(entry.clone(), self.core.metrics.clone()));
-                            }
+                    for entry in rt.router.entries() {
+                        if entry.route.health_check.is_some() {
+                            tasks.spawn(check_route(entry.clone(), self.core.metrics.clone()));
                         }
                     }
                     current = Some(rt);
