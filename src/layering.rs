@@ -21,7 +21,7 @@ const LAYERS: &[&[&str]] = &[
     ],
     &["store", "db", "routing"],
     &["admission"],
-    &["reply", "reload"],
+    &["reply", "reload", "upstream_health"],
     &["proxy", "admin", "sync", "rls"],
     &["layer"], // the tower adapter reuses the proxy's request-target parsing
     &["server", "simulate"],

@@ -14,7 +14,8 @@
 //!    (PostgreSQL records: keys, tenants, policies, blocks, the violation log).
 //! 4. `admission`: the one transport-neutral pipeline every entry point runs, with the
 //!    request lifetime and the database snapshot.
-//! 5. `reply` (the gateway's own HTTP answers) and `reload` (config hot reload).
+//! 5. `reply` (the gateway's own HTTP answers), `reload` (config hot reload) and
+//!    `upstream_health` (active health checks of route upstreams).
 //! 6. The entry points: `proxy` (Pingora), `admin` (the admin listener and `/v1/check`),
 //!    `rls` (Envoy's rate-limit gRPC service) and `sync` (the background link to
 //!    PostgreSQL); then `layer`, the `tower::Layer` for embedding (it reuses the proxy's
@@ -68,6 +69,7 @@ pub mod simulate;
 pub mod store;
 pub mod sync;
 pub mod top;
+pub mod upstream_health;
 
 #[cfg(test)]
 mod layering;

@@ -4,8 +4,8 @@
 //! scopes, decisions and store names, all bounded by the config.
 
 use prometheus::{
-    Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
-    Registry, TextEncoder,
+    Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 use crate::limiter::Scope;
@@ -64,6 +64,10 @@ pub struct Metrics {
     /// `throttle_adaptive_factor{route}`: the factor an adaptive route's limits are
     /// multiplied by (only adaptive routes have a series).
     pub adaptive_factor: GaugeVec,
+    /// `throttle_upstream_healthy{route,upstream}`: 1 while the upstream passes its
+    /// route's `health_check`, 0 while it fails (only routes with a health check; the
+    /// address is config, not a client identity).
+    pub upstream_healthy: IntGaugeVec,
 }
 
 // === impl Outcome ===
@@ -216,6 +220,14 @@ impl Metrics {
         let near_limit = Scope::ALL.map(|s| near_limit_total.with_label_values(&[s.as_str()]));
         let local_decisions =
             ["lease", "over_limit_cache"].map(|r| local_decisions_total.with_label_values(&[r]));
+        let upstream_healthy = IntGaugeVec::new(
+            Opts::new(
+                "throttle_upstream_healthy",
+                "1 while an upstream passes its route's health check, 0 while it fails.",
+            ),
+            &["route", "upstream"],
+        )?;
+        registry.register(Box::new(upstream_healthy.clone()))?;
         let decisions = Scope::ALL.map(|s| {
             Outcome::ALL.map(|o| decisions_total.with_label_values(&[s.as_str(), o.as_str()]))
         });
@@ -235,6 +247,7 @@ impl Metrics {
             cost_settled,
             near_limit,
             adaptive_factor,
+            upstream_healthy,
         })
     }
 

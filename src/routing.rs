@@ -1,8 +1,16 @@
 //! Route matching (host + longest path prefix on a segment boundary, on the normalized
 //! target of `target.rs`) and upstream choice.
+//!
+//! A route with `health_check` gets Pingora's `HttpHealthCheck` on its balancer: the
+//! checks themselves run in the background (`upstream_health`), and `select` only
+//! returns upstreams whose last check passed. Upstreams start healthy (Pingora's
+//! default), so a fresh config serves at once; the first pass runs right after start or
+//! reload.
 
 use std::sync::Arc;
+use std::time::Duration;
 
+use pingora::lb::health_check::HttpHealthCheck;
 use pingora::lb::selection::RoundRobin;
 use pingora::lb::LoadBalancer;
 
@@ -56,10 +64,14 @@ impl Router {
     pub fn new(routes: &[Route]) -> std::io::Result<Self> {
         let mut out = Vec::with_capacity(routes.len());
         for r in routes {
-            let upstreams = LoadBalancer::try_from_iter(r.upstreams.iter().copied())?;
+            let mut upstreams = LoadBalancer::try_from_iter(r.upstreams.iter().copied())?;
+            if let Some(hc) = health_check(r)? {
+                upstreams.set_health_check(Box::new(hc));
+            }
             out.push(Arc::new(RouteEntry {
-                single: match r.upstreams[..] {
-                    [one] => Some(one),
+                single: match (&r.upstreams[..], &r.health_check) {
+                    // A checked upstream goes through the balancer, which knows its health.
+                    ([one], None) => Some(*one),
                     _ => None,
                 },
                 route: r.clone(),
@@ -78,8 +90,8 @@ impl Router {
     }
 
     /// Every route, most specific first.
-    pub fn routes(&self) -> impl Iterator<Item = &Arc<RouteEntry>> {
-        self.routes.iter()
+    pub fn entries(&self) -> &[Arc<RouteEntry>] {
+        &self.routes
     }
 
     /// Takes over the adaptive state (window and factor) of every route of `old` that
@@ -119,6 +131,43 @@ impl Router {
             host_ok && prefix_matches(&e.route.path_prefix, path)
         })
     }
+}
+
+/// The `HttpHealthCheck` of a route with `health_check`: `GET path` with the route's
+/// host (or the first upstream's address) as `Host`; one failure marks an upstream down,
+/// one success up again. Timeouts are the route's, capped at the interval so that one
+/// pass never outlasts the next.
+///
+/// # Errors
+/// When the request cannot be built (the path was validated, so not in practice).
+fn health_check(r: &Route) -> std::io::Result<Option<HttpHealthCheck>> {
+    let Some(cfg) = &r.health_check else {
+        return Ok(None);
+    };
+    let host = match (&r.host, r.upstreams.first()) {
+        (Some(h), _) => h.clone(),
+        (None, Some(a)) => a.to_string(),
+        (None, None) => "localhost".to_string(),
+    };
+    let mut hc = HttpHealthCheck::new(&host, false);
+    let invalid = |e: Box<pingora::Error>| {
+        std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string())
+    };
+    hc.req.set_uri(
+        cfg.path
+            .parse::<http::Uri>()
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?,
+    );
+    hc.req
+        .insert_header("user-agent", "throttle-health-check")
+        .map_err(invalid)?;
+    let cap = |d: Duration| Some(d.min(cfg.interval));
+    let opts = &mut hc.peer_template.options;
+    opts.connection_timeout = cap(r.connect_timeout);
+    opts.total_connection_timeout = cap(r.connect_timeout);
+    opts.read_timeout = cap(r.read_timeout);
+    opts.write_timeout = cap(r.read_timeout);
+    Ok(Some(hc))
 }
 
 /// A route's `host` as compared: without one trailing dot.

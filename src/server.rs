@@ -108,6 +108,9 @@ pub fn build(mut config: Config, extras: Extras) -> Result<Built, StartError> {
         ..Opt::default()
     };
     let mut server = Server::new_with_opt_and_conf(Some(opt), conf);
+    // rustls needs a process-wide crypto provider before the first `rediss://` connection
+    // (redis-rs builds its client config from the default); Pingora's is ring.
+    pingora::tls::install_default_crypto_provider();
     let memory = Arc::new(MemoryStore::new());
     let metrics = Arc::new(Metrics::new()?);
     let instances = Arc::new(AtomicU32::new(config.store.instances.unwrap_or(1)));
@@ -158,7 +161,15 @@ pub fn build(mut config: Config, extras: Extras) -> Result<Built, StartError> {
         "throttle proxy".to_string(),
         Edge::new(gateway, core.clone(), lifecycle.clone(), max_connections),
     );
-    proxy.add_tcp(&listen.to_string());
+    match crate::proxy::tls::CertResolver::new(core.clone()) {
+        Some(resolver) => {
+            let settings = resolver
+                .settings()
+                .map_err(|e| StartError::Listen(format!("tls on {listen}: {e}")))?;
+            proxy.add_tls_with_settings(&listen.to_string(), None, settings);
+        }
+        None => proxy.add_tcp(&listen.to_string()),
+    }
     let token = std::env::var("THROTTLE_ADMIN_TOKEN").ok();
     let mut admin = Service::new(
         "throttle admin".to_string(),
@@ -185,6 +196,10 @@ pub fn build(mut config: Config, extras: Extras) -> Result<Built, StartError> {
             core: core.clone(),
             db: db.clone(),
         },
+    ));
+    server.add_service(background_service(
+        "upstream health checks",
+        crate::upstream_health::HealthChecks::new(core.clone()),
     ));
     if let Some(h) = heartbeat {
         server.add_service(background_service(
@@ -367,6 +382,7 @@ impl BackgroundService for Heartbeat {
                 _ = shutdown.changed() => return,
                 _ = tick.tick() => {
                     use crate::clock::Clock;
+                    self.redis.follow_master().await;
                     match self.redis.heartbeat(&self.id, clock.now_ms(), 3_000).await {
                         Ok(n) => {
                             if let Some(i) = &self.instances {
@@ -471,7 +487,7 @@ fn adaptive_tick(core: &Core, shown: &[Arc<str>]) -> Vec<Arc<str>> {
     let now_ms = core.clock.now_ms();
     let gauge = &core.metrics.adaptive_factor;
     let mut now_shown = Vec::new();
-    for entry in rt.router.routes() {
+    for entry in rt.router.entries() {
         let (Some(state), Some(settings)) = (&entry.adaptive, &entry.route.adaptive) else {
             continue;
         };

@@ -48,6 +48,7 @@ pub(crate) struct ServerFile {
     pub(crate) underscores_in_headers: Option<bool>,
     pub(crate) path_parameters: Option<PathParametersFile>,
     pub(crate) rate_limit_headers: Option<RateLimitHeadersFile>,
+    pub(crate) tls: Option<Spanned<TlsFile>>,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize)]
@@ -58,6 +59,14 @@ pub(crate) enum RateLimitHeadersFile {
     Ietf,
     #[serde(rename = "both")]
     Both,
+}
+
+/// `[server] tls = { cert = "cert.pem", key = "key.pem" }`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct TlsFile {
+    pub(crate) cert: String,
+    pub(crate) key: String,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize)]
@@ -222,6 +231,7 @@ pub(crate) struct RouteFile {
     pub(crate) read_timeout_ms: Option<Spanned<u64>>,
     pub(crate) cost_header: Option<Spanned<String>>,
     pub(crate) adaptive: Option<Spanned<AdaptiveFile>>,
+    pub(crate) health_check: Option<Spanned<HealthCheckFile>>,
 }
 
 /// A route's `adaptive = { target_p99_ms, max_error_rate, min_factor }`.
@@ -231,6 +241,14 @@ pub(crate) struct AdaptiveFile {
     pub(crate) target_p99_ms: Option<Spanned<u64>>,
     pub(crate) max_error_rate: Option<Spanned<f64>>,
     pub(crate) min_factor: Option<Spanned<f64>>,
+}
+
+/// A route's `health_check = { path = "/healthz", interval_ms = 1000 }`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct HealthCheckFile {
+    pub(crate) path: Spanned<String>,
+    pub(crate) interval_ms: Option<Spanned<u64>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -15,8 +15,8 @@ pub use limits::{
     BURST_RANGE, MAX_LIMIT, MAX_SLIDING_LOG,
 };
 pub use model::{
-    Auth, Backend, BlockEntry, BlockTarget, ClientIpHeader, Config, KeyEntry, Mode, PathParameters,
-    RateLimitHeaders, Route, Server, Store, Tier,
+    Auth, Backend, BlockEntry, BlockTarget, ClientIpHeader, Config, HealthCheck, KeyEntry, Mode,
+    PathParameters, RateLimitHeaders, Route, Server, Store, Tier, Tls,
 };
 pub use validate::{format_rfc3339, rfc3339_ms};
 

@@ -79,6 +79,8 @@ pub struct Server {
     pub path_parameters: PathParameters,
     /// `rate_limit_headers`: which rate-limit header family answers carry.
     pub rate_limit_headers: RateLimitHeaders,
+    /// `tls`: serve TLS (HTTP/2 and HTTP/1.1 by ALPN) on `listen`; `None`: plain HTTP.
+    pub tls: Option<Tls>,
 }
 
 /// `[server] rate_limit_headers`.
@@ -113,6 +115,19 @@ pub enum ClientIpHeader {
     XForwardedFor,
     /// RFC 7239 `Forwarded: for=...`.
     Forwarded,
+}
+
+/// `[server] tls`: the certificate chain and key, read and checked when the config is
+/// loaded (start, `throttle check`, every reload), so a reload serves the files as they
+/// are then.
+#[derive(Debug, Clone)]
+pub struct Tls {
+    /// The certificate chain file (PEM), as resolved against the config's directory.
+    pub cert: std::path::PathBuf,
+    /// The private key file (PEM: PKCS#8, PKCS#1 or SEC1).
+    pub key: std::path::PathBuf,
+    /// The chain and the signing key, ready for rustls.
+    pub certified: Arc<pingora::tls::sign::CertifiedKey>,
 }
 
 /// `[server] path_parameters`: what to do with `;` parameters in a request path.
@@ -223,6 +238,19 @@ pub struct Route {
     pub cost_header: Option<http::HeaderName>,
     /// `adaptive`: limits follow the upstream's health (see `adaptive`).
     pub adaptive: Option<crate::adaptive::Settings>,
+    /// `health_check`: upstreams failing it are skipped until they pass again.
+    pub health_check: Option<HealthCheck>,
+}
+
+/// A route's active upstream health check: `GET path` on every upstream each
+/// `interval`; anything but a 200 (or no answer within the route's timeouts, capped at
+/// the interval) marks the upstream down until a check passes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HealthCheck {
+    /// Request path (origin form, starts with `/`).
+    pub path: String,
+    /// Time between checks (`interval_ms`, default 1000).
+    pub interval: Duration,
 }
 
 /// `[[keys]]`: a key known from the file.

@@ -22,6 +22,8 @@ const MAX_THREADS: usize = 256;
 const MAX_CONNECTIONS: u32 = 10_000_000;
 /// An hour: a longer upstream timeout or drain is a typo, not a plan.
 const MAX_UPSTREAM_TIMEOUT_MS: u64 = 3_600_000;
+/// The shortest upstream health-check interval: faster probes are load, not safety.
+const MIN_HEALTH_INTERVAL_MS: u64 = 100;
 const MAX_STORE_TIMEOUT_MS: u64 = 60_000;
 /// The longest `[store] lease_ms` accepted.
 const MAX_LEASE_MS: u64 = 60_000;
@@ -171,6 +173,50 @@ fn server(cx: &Ctx<'_>, s: &ServerFile) -> Result<Server, ConfigError> {
             Some(RateLimitHeadersFile::Ietf) => RateLimitHeaders::Ietf,
             Some(RateLimitHeadersFile::Both) => RateLimitHeaders::Both,
         },
+        tls: match &s.tls {
+            Some(t) => Some(tls(cx, t)?),
+            None => None,
+        },
+    })
+}
+
+/// `[server] tls`: both files read and parsed now, the key matched to the certificate;
+/// any failure is reported at the `tls` value. Relative paths are taken from the config
+/// file's directory.
+fn tls(cx: &Ctx<'_>, t: &Spanned<TlsFile>) -> Result<Tls, ConfigError> {
+    use pingora::tls::{sign::CertifiedKey, CertificateDer, CryptoProvider, PrivateKeyDer};
+    let dir = std::path::Path::new(cx.name)
+        .parent()
+        .unwrap_or(std::path::Path::new(""));
+    let (cert, key) = (dir.join(&t.get_ref().cert), dir.join(&t.get_ref().key));
+    let fail = |msg: String| cx.err(t.span(), format!("tls: {msg}"));
+    let read = |p: &std::path::Path| {
+        std::fs::read(p).map_err(|e| fail(format!("cannot read {}: {e}", p.display())))
+    };
+    let (cert_pem, key_pem) = (read(&cert)?, read(&key)?);
+    let chain: Vec<CertificateDer<'static>> = rustls_pemfile::certs(&mut &cert_pem[..])
+        .collect::<Result<_, _>>()
+        .map_err(|e| fail(format!("{}: unparseable PEM: {e}", cert.display())))?;
+    if chain.is_empty() {
+        return Err(fail(format!("{}: no CERTIFICATE in PEM", cert.display())));
+    }
+    let private: PrivateKeyDer<'static> = rustls_pemfile::private_key(&mut &key_pem[..])
+        .map_err(|e| fail(format!("{}: unparseable PEM: {e}", key.display())))?
+        .ok_or_else(|| fail(format!("{}: no PRIVATE KEY in PEM", key.display())))?;
+    pingora::tls::install_default_crypto_provider();
+    let provider =
+        CryptoProvider::get_default().ok_or_else(|| fail("no TLS crypto provider".to_string()))?;
+    let certified = CertifiedKey::from_der(chain, private, provider).map_err(|e| {
+        fail(format!(
+            "{} and {} do not make a key pair: {e}",
+            cert.display(),
+            key.display()
+        ))
+    })?;
+    Ok(Tls {
+        cert,
+        key,
+        certified: Arc::new(certified),
     })
 }
 
@@ -639,6 +685,10 @@ fn routes(cx: &Ctx<'_>, list: &[Spanned<RouteFile>]) -> Result<Vec<Route>, Confi
                 Some(a) => Some(adaptive(cx, a)?),
                 None => None,
             },
+            health_check: match &r.health_check {
+                None => None,
+                Some(h) => Some(health_check(cx, h.get_ref())?),
+            },
         });
     }
     Ok(out)
@@ -690,6 +740,33 @@ fn adaptive(
         target_p99_ms,
         max_error_rate,
         min_factor,
+    })
+}
+
+/// A route's `health_check`: an origin-form path and an interval of 100 ms to an hour.
+fn health_check(cx: &Ctx<'_>, h: &HealthCheckFile) -> Result<HealthCheck, ConfigError> {
+    let path = h.path.get_ref();
+    let valid = path.starts_with('/')
+        && path
+            .parse::<http::uri::PathAndQuery>()
+            .is_ok_and(|pq| pq.as_str() == path);
+    if !valid {
+        return Err(cx.err(
+            h.path.span(),
+            format!(
+                "health_check path must be an origin-form path starting with '/', got {path:?}"
+            ),
+        ));
+    }
+    let interval = bounded(
+        cx,
+        "health_check interval_ms",
+        h.interval_ms.as_ref(),
+        MIN_HEALTH_INTERVAL_MS..=MAX_UPSTREAM_TIMEOUT_MS,
+    )?;
+    Ok(HealthCheck {
+        path: path.clone(),
+        interval: Duration::from_millis(interval.unwrap_or(1_000)),
     })
 }
 

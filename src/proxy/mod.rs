@@ -5,6 +5,7 @@
 pub mod listener;
 pub mod path;
 pub mod target;
+pub mod tls;
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;

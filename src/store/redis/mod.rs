@@ -14,6 +14,11 @@
 //! Time: the script reads `redis.call('TIME')`, so gateway clock skew cannot matter. Only
 //! `with_clock` (tests) passes a time. Every call carries the `timeout_ms` deadline.
 //!
+//! TLS: `rediss://` URLs (single node, Cluster seeds, Sentinels) connect over rustls,
+//! verified against the system trust store, or only the file named by `SSL_CERT_FILE`
+//! when it is set. Behind Sentinel, the master found is reached over TLS when the
+//! sentinels are (`rediss://` sentinel URLs).
+//!
 //! Settles (`LimitStore::settle`) are 'settle' calls spawned in the background, like
 //! Cluster refunds: one per request on a single node or Sentinel, one per scope on
 //! Cluster.
@@ -27,7 +32,7 @@ use async_trait::async_trait;
 use redis::aio::{ConnectionManager, MultiplexedConnection};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::sentinel::{SentinelClient, SentinelServerType};
+use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{RedisResult, Script, ScriptInvocation};
 
 pub mod bans;
@@ -95,6 +100,8 @@ pub struct RedisStore {
     metrics: Option<Arc<Metrics>>,
     /// Concurrency slots this gateway holds (see `concurrency`).
     slots: RemoteSlots,
+    /// Behind Sentinel: the master address the sentinels named last (`follow_master`).
+    master_seen: std::sync::Mutex<Option<String>>,
 }
 
 // === impl RedisStore ===
@@ -116,6 +123,44 @@ impl RedisStore {
             lease_ms: 0,
             metrics: None,
             slots: RemoteSlots::new(concurrency::DEFAULT_LEASE_MS),
+            master_seen: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// Behind Sentinel: asks the sentinels which node is the master now (within the store
+    /// deadline) and, when it changed since the last ask, drops the connection so the next
+    /// call connects to the new master. A promoted replica is followed this way even while
+    /// the old master still accepts writes (a manual `SENTINEL FAILOVER` demotes it only
+    /// later), which no call error would reveal. Called every second by the heartbeat;
+    /// does nothing for a single node or Cluster.
+    pub async fn follow_master(&self) {
+        let Target::Sentinel(urls, master) = &self.target else {
+            return;
+        };
+        let ask = async {
+            let mut sentinel = redis::sentinel::Sentinel::build(urls.clone())?;
+            let info = master_tls(urls);
+            let client = sentinel.async_master_for(master, info.as_ref()).await?;
+            Ok::<_, redis::RedisError>(client.get_connection_info().addr().to_string())
+        };
+        let addr = match tokio::time::timeout(self.timeout.max(Duration::from_millis(500)), ask)
+            .await
+        {
+            Ok(Ok(addr)) => addr,
+            Ok(Err(e)) => return tracing::debug!(error = %e, "sentinels not asked for the master"),
+            Err(_) => return tracing::debug!("sentinels did not name the master in time"),
+        };
+        let changed = match self.master_seen.lock() {
+            Ok(mut seen) => {
+                let changed = seen.as_ref().is_some_and(|s| *s != addr);
+                *seen = Some(addr.clone());
+                changed
+            }
+            Err(_) => false,
+        };
+        if changed {
+            tracing::info!(master = %addr, "sentinels name a new master; reconnecting");
+            self.conn.store(None);
         }
     }
 
@@ -256,7 +301,7 @@ impl RedisStore {
                 let mut client = SentinelClient::build(
                     urls.clone(),
                     master.clone(),
-                    None,
+                    master_tls(urls),
                     SentinelServerType::Master,
                 )?;
                 Conn::Sentinel(client.get_async_connection().await?)
@@ -736,6 +781,14 @@ impl<'a> Remote<'a> {
             })
             .collect()
     }
+}
+
+/// TLS to the master when the sentinels are reached over TLS (`rediss://`): one
+/// deployment, one transport.
+fn master_tls(urls: &[String]) -> Option<SentinelNodeConnectionInfo> {
+    urls.iter()
+        .any(|u| u.starts_with("rediss://"))
+        .then(|| SentinelNodeConnectionInfo::default().set_tls_mode(redis::TlsMode::Secure))
 }
 
 fn unavailable(e: redis::RedisError) -> StoreError {

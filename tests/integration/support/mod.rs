@@ -16,6 +16,7 @@ use tempfile::TempDir;
 pub mod decoding;
 pub mod postgres;
 pub mod redis;
+pub mod tls;
 
 /// The admin token every test gateway is started with.
 pub const ADMIN_TOKEN: &str = "test-admin-token";
@@ -103,6 +104,16 @@ impl Gateway {
 
     /// As `start_with`, with extra `[server]` lines (e.g. a grace period).
     pub async fn start_full(args: &[&str], body: &str, server_extra: &str) -> Self {
+        Self::start_env(args, body, server_extra, &[]).await
+    }
+
+    /// As `start_full`, with environment changes for the process (`None`: removed).
+    pub async fn start_env(
+        args: &[&str],
+        body: &str,
+        server_extra: &str,
+        env: &[(&str, Option<&str>)],
+    ) -> Self {
         for _ in 0..5 {
             let (port, admin_port) = (free_port(), free_port());
             let dir = tempfile::tempdir().unwrap();
@@ -111,7 +122,14 @@ impl Gateway {
             let server = format!("[server]\nlisten = \"127.0.0.1:{port}\"\nadmin_listen = \"127.0.0.1:{admin_port}\"\ninstance_id = \"{id}\"\nthreads = 1\n{server_extra}\n\n");
             std::fs::write(&path, format!("{server}{body}")).unwrap();
             let log = std::fs::File::create(dir.path().join("gateway.log")).unwrap();
-            let child = Command::new(env!("CARGO_BIN_EXE_throttle"))
+            let mut cmd = Command::new(env!("CARGO_BIN_EXE_throttle"));
+            for (k, v) in env {
+                match v {
+                    Some(v) => cmd.env(k, v),
+                    None => cmd.env_remove(k),
+                };
+            }
+            let child = cmd
                 .args(args)
                 .arg("--config")
                 .arg(&path)
@@ -292,4 +310,85 @@ pub fn raw_exchange(stream: &mut TcpStream, request: &[u8]) -> Option<(u16, Stri
 pub fn raw_status(addr: SocketAddr, request: &[u8]) -> Option<u16> {
     let mut s = TcpStream::connect(addr).unwrap();
     raw_exchange(&mut s, request).map(|(status, _, _)| status)
+}
+
+/// An upstream whose `/healthz` answers 200 or 503 on demand; every other path answers
+/// 200 with `{"upstream": label}` and is counted (health checks are not).
+pub struct HealthUpstream {
+    pub addr: SocketAddr,
+    pub healthy: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    pub served: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl HealthUpstream {
+    pub async fn start(label: &'static str) -> Self {
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+        use std::sync::Arc;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let healthy = Arc::new(AtomicBool::new(true));
+        let served = Arc::new(AtomicUsize::new(0));
+        let (tx, mut rx) = tokio::sync::oneshot::channel::<()>();
+        let (h, s) = (healthy.clone(), served.clone());
+        tokio::spawn(async move {
+            loop {
+                let (stream, _) = tokio::select! {
+                    _ = &mut rx => return,
+                    a = listener.accept() => match a { Ok(a) => a, Err(_) => continue },
+                };
+                let (h, s) = (h.clone(), s.clone());
+                tokio::spawn(async move {
+                    let svc = hyper::service::service_fn(
+                        move |req: hyper::Request<hyper::body::Incoming>| {
+                            let (h, s) = (h.clone(), s.clone());
+                            async move {
+                                let (status, body) = if req.uri().path() == "/healthz" {
+                                    if h.load(Ordering::SeqCst) {
+                                        (200, "ok".to_string())
+                                    } else {
+                                        (503, "down".to_string())
+                                    }
+                                } else {
+                                    s.fetch_add(1, Ordering::SeqCst);
+                                    (200, format!("{{\"upstream\":\"{label}\"}}"))
+                                };
+                                let mut resp = hyper::Response::new(http_body_util::Full::new(
+                                    bytes::Bytes::from(body),
+                                ));
+                                *resp.status_mut() = hyper::StatusCode::from_u16(status).unwrap();
+                                Ok::<_, std::convert::Infallible>(resp)
+                            }
+                        },
+                    );
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+        });
+        Self {
+            addr,
+            healthy,
+            served,
+            stop: Some(tx),
+        }
+    }
+
+    pub fn set_healthy(&self, healthy: bool) {
+        self.healthy
+            .store(healthy, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    pub fn served(&self) -> usize {
+        self.served.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Drop for HealthUpstream {
+    fn drop(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+    }
 }

@@ -102,15 +102,51 @@ impl RedisServer {
         s
     }
 
+    /// A server that also serves TLS on `tls_port` with `cert.pem`/`key.pem` from `dir`
+    /// (clients are not asked for certificates); the plain port stays for assertions.
+    pub async fn start_tls(certs: &std::path::Path) -> (Self, u16) {
+        for _ in 0..5 {
+            let tls_port = free_port();
+            let path = |f: &str| certs.join(f).to_str().unwrap().to_string();
+            let extra = [
+                "--tls-port".to_string(),
+                tls_port.to_string(),
+                "--tls-cert-file".to_string(),
+                path("cert.pem"),
+                "--tls-key-file".to_string(),
+                path("key.pem"),
+                "--tls-ca-cert-file".to_string(),
+                path("ca.pem"),
+                "--tls-auth-clients".to_string(),
+                "no".to_string(),
+            ];
+            let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+            let s = Self::start_with(&extra).await;
+            if TcpStream::connect(("127.0.0.1", tls_port)).is_ok() {
+                return (s, tls_port);
+            }
+        }
+        panic!("redis-server with TLS did not start (built without TLS support?)");
+    }
+
     /// A sentinel monitoring `master` as `name` (quorum 1).
     pub async fn sentinel(master: &RedisServer, name: &str) -> Self {
+        Self::sentinel_with(master, name, "").await
+    }
+
+    /// A sentinel as `sentinel`, with `extra` lines in its config (e.g.
+    /// `sentinel down-after-milliseconds NAME 1000`).
+    pub async fn sentinel_with(master: &RedisServer, name: &str, extra: &str) -> Self {
         require_redis();
         for _ in 0..5 {
             let dir = tempfile::tempdir().unwrap();
             let conf = dir.path().join("sentinel.conf");
             std::fs::write(
                 &conf,
-                format!("sentinel monitor {name} 127.0.0.1 {} 1\n", master.port),
+                format!(
+                    "sentinel monitor {name} 127.0.0.1 {} 1\n{extra}",
+                    master.port
+                ),
             )
             .unwrap();
             let port = free_port();
