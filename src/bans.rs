@@ -141,10 +141,6 @@ impl Bans {
                 active.remove(&k);
             }
         }
-        self.strikes
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&(ban.scope, ident.clone()));
         active.insert((ban.scope, ident), ban);
         self.any.store(true, Ordering::Relaxed);
     }

@@ -61,6 +61,8 @@ pub struct Metrics {
     /// `throttle_near_limit_total{scope}`: admitted requests that left their governing
     /// window (the one with the fewest remaining) at most 10% of its limit, by its scope.
     near_limit: [IntCounter; 5],
+    /// `throttle_bans_total{scope}`: automatic bans this gateway imposed.
+    bans: [IntCounter; 5],
     /// `throttle_adaptive_factor{route}`: the factor an adaptive route's limits are
     /// multiplied by (only adaptive routes have a series).
     pub adaptive_factor: GaugeVec,
@@ -218,6 +220,15 @@ impl Metrics {
         )?;
         registry.register(Box::new(adaptive_factor.clone()))?;
         let near_limit = Scope::ALL.map(|s| near_limit_total.with_label_values(&[s.as_str()]));
+        let bans_total = IntCounterVec::new(
+            Opts::new(
+                "throttle_bans_total",
+                "Automatic temporary bans this gateway imposed, by scope.",
+            ),
+            &["scope"],
+        )?;
+        registry.register(Box::new(bans_total.clone()))?;
+        let bans = Scope::ALL.map(|s| bans_total.with_label_values(&[s.as_str()]));
         let local_decisions =
             ["lease", "over_limit_cache"].map(|r| local_decisions_total.with_label_values(&[r]));
         let upstream_healthy = IntGaugeVec::new(
@@ -246,6 +257,7 @@ impl Metrics {
             upstream_seconds,
             cost_settled,
             near_limit,
+            bans,
             adaptive_factor,
             upstream_healthy,
         })
@@ -271,6 +283,11 @@ impl Metrics {
     /// Counts an admitted request whose governing window of `scope` is near its limit.
     pub fn near_limit(&self, scope: Scope) {
         self.near_limit[scope as usize].inc();
+    }
+
+    /// The counter of automatic bans imposed by `scope`.
+    pub fn bans(&self, scope: Scope) -> IntCounter {
+        self.bans[scope as usize].clone()
     }
 
     /// Counts one decision of `scope`.

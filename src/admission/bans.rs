@@ -34,7 +34,8 @@ pub(super) struct Offender<'a> {
     pub(super) key: Option<&'a KeyInfo>,
 }
 
-/// Counts a rejection of `ident` by `scope` under `rule`; bans it on the `after`-th.
+/// Counts a rejection of `ident` by `scope` under `rule`; bans it on the `after`-th of
+/// the span (at most one ban per span).
 pub(super) fn strike(core: &Core, scope: Scope, ident: &Ident, rule: BanRule, who: &Offender<'_>) {
     let now_ms = core.clock.now_ms();
     let event = core.events.as_ref().map(|q| {
@@ -56,9 +57,11 @@ pub(super) fn strike(core: &Core, scope: Scope, ident: &Ident, rule: BanRule, wh
         (q.clone(), e)
     });
     let ban = Ban::new(scope, ident, &rule, now_ms);
+    let counted = core.metrics.bans(scope);
     let Some(redis) = core.shared_bans.clone() else {
         let n = core.bans.strike(scope, ident, &rule, now_ms);
-        if n >= rule.after {
+        if n == rule.after {
+            counted.inc();
             impose(&core.bans, ident.clone(), ban, event, now_ms);
         }
         return;
@@ -74,13 +77,15 @@ pub(super) fn strike(core: &Core, scope: Scope, ident: &Ident, rule: BanRule, wh
             // Redis away: this gateway's own count decides.
             Err(_) => u64::from(bans.strike(scope, &ident, &rule, now_ms)),
         };
-        // Exactly one gateway sees the `after`-th rejection (and each further `after`).
-        if n == 0 || n % u64::from(rule.after) != 0 {
+        // Exactly one gateway sees the `after`-th rejection of the span: one ban per
+        // span, however many gateways go on refusing before the ban reaches them.
+        if n != u64::from(rule.after) {
             return;
         }
         if let Err(e) = redis.publish_ban(&ban).await {
             tracing::warn!(error = %e, "publishing an automatic ban failed: it holds on this gateway only");
         }
+        counted.inc();
         impose(&bans, ident, ban, event, now_ms);
     });
 }

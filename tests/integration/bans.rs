@@ -99,6 +99,23 @@ async fn repeated_429s_ban_fleet_wide_until_lifted() {
         assert_eq!(listed[0]["value"], "2001:db8:7:7::/64");
         assert!(listed[0]["expires_at"].as_str().unwrap().ends_with('Z'));
     }
+    // Exactly one gateway imposed it.
+    let mut imposed = 0.0;
+    for gw in [&a, &b] {
+        let text = client()
+            .get(gw.admin_url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        imposed += text
+            .lines()
+            .find_map(|l| l.strip_prefix("throttle_bans_total{scope=\"ip\"} "))
+            .map_or(0.0, |v| v.parse::<f64>().unwrap());
+    }
+    assert_eq!(imposed, 1.0);
     // Another client is untouched.
     assert_eq!(get(&b, "203.0.113.50").await.status(), 200);
 
