@@ -71,24 +71,10 @@ impl ClientIpResolver {
         peer: IpAddr,
         xff: impl DoubleEndedIterator<Item = &'h [u8]>,
     ) -> IpAddr {
-        let mut client = peer.to_canonical();
-        if !self.is_trusted(client) {
-            return client;
-        }
-        for value in xff.rev() {
-            for entry in value.rsplit(|b| *b == b',') {
-                match parse_entry(entry) {
-                    Some(ip) => {
-                        client = ip;
-                        if !self.is_trusted(ip) {
-                            return ip;
-                        }
-                    }
-                    None => return client,
-                }
-            }
-        }
-        client
+        let hops = xff
+            .rev()
+            .flat_map(|value| value.rsplit(|b| *b == b',').map(parse_entry));
+        self.walk(peer, hops)
     }
 
     /// As [`resolve`](Self::resolve), over RFC 7239 `Forwarded` values: each element's
@@ -98,24 +84,30 @@ impl ClientIpResolver {
         peer: IpAddr,
         values: impl DoubleEndedIterator<Item = &'h [u8]>,
     ) -> IpAddr {
+        let hops = values
+            .rev()
+            .flat_map(|value| match std::str::from_utf8(value) {
+                Ok(v) => split_quoted(v, ',').rev().map(forwarded_for).collect(),
+                Err(_) => vec![None], // garbage stops the walk
+            });
+        self.walk(peer, hops)
+    }
+
+    /// The walk itself over `hops`, right to left (`None`: an entry that does not parse).
+    fn walk(&self, peer: IpAddr, hops: impl Iterator<Item = Option<IpAddr>>) -> IpAddr {
         let mut client = peer.to_canonical();
         if !self.is_trusted(client) {
             return client;
         }
-        for value in values.rev() {
-            let Ok(value) = std::str::from_utf8(value) else {
-                return client;
-            };
-            for element in split_quoted(value, ',').rev() {
-                match forwarded_for(element) {
-                    Some(ip) => {
-                        client = ip;
-                        if !self.is_trusted(ip) {
-                            return ip;
-                        }
+        for hop in hops {
+            match hop {
+                Some(ip) => {
+                    client = ip;
+                    if !self.is_trusted(ip) {
+                        return ip;
                     }
-                    None => return client,
                 }
+                None => return client,
             }
         }
         client
