@@ -41,6 +41,8 @@ pub(super) struct LimitOutcome {
     pub(super) shadow_rejected: bool,
     /// The check's windows, when the IETF headers are on.
     pub(super) policy: Option<Box<[Quota]>>,
+    /// The time the check was decided at (`Check::at_ms`); 0 when nothing was checked.
+    pub(super) at_ms: u64,
 }
 
 /// Enforces ip -> key -> tenant -> global for one request of `cost`, every limit
@@ -60,14 +62,18 @@ pub(super) async fn limit(
 ) -> Result<LimitOutcome, Rejection> {
     let base = build_check(rt, client_ip, key, cost);
     let scaled = scaled_limits(&base, factor);
-    let check = rebind(base, &scaled);
+    let mut check = rebind(base, &scaled);
     if check.is_empty() {
         return Ok(LimitOutcome {
             verdict: Verdict::UNLIMITED,
             shadow_rejected: false,
             policy: None,
+            at_ms: 0,
         });
     }
+    // The time the (memory) store decides at, and so the time a settle names.
+    let at_ms = core.clock.now_ms();
+    check.at_ms = Some(at_ms);
     let policy = rt
         .config
         .server
@@ -92,6 +98,7 @@ pub(super) async fn limit(
                 verdict,
                 shadow_rejected: false,
                 policy,
+                at_ms,
             })
         }
     };
@@ -100,6 +107,7 @@ pub(super) async fn limit(
             verdict,
             shadow_rejected: true,
             policy,
+            at_ms,
         });
     }
     let rejecting = check.scopes.iter().find(|s| s.scope == governing.scope);
@@ -150,6 +158,7 @@ fn store_failed(core: &Core, check: &Check<'_>) -> Result<LimitOutcome, Rejectio
         verdict: Verdict::UNLIMITED,
         shadow_rejected: false,
         policy: None,
+        at_ms: 0,
     })
 }
 

@@ -785,3 +785,48 @@ auth = "none"
     assert_eq!(entry.factor(), Factor::from_f64(0.8));
     assert!(Arc::ptr_eq(entry.adaptive.as_ref().unwrap(), &state));
 }
+
+/// A refund finds the request's own sliding-log entry even when the store's clock reads
+/// later than the admission's (the clock ticked between the two readings): the store
+/// decides at the time the admission records, and the settle names that time.
+#[tokio::test]
+async fn a_refund_finds_its_entry_when_the_clock_ticks() {
+    let config = r#"
+[tiers.t]
+key = { per_hour = 100, algorithm = "sliding_log" }
+
+[[keys]]
+id = "k1"
+key = "good-key"
+tenant = "acme"
+tier = "t"
+
+[[routes]]
+name = "llm"
+path_prefix = "/v1"
+upstreams = ["127.0.0.1:1"]
+cost = 10
+"#;
+    let c = crate::config::parse("t.toml", config).unwrap();
+    let metrics = Arc::new(Metrics::new().unwrap());
+    // The store's own clock is 1 ms ahead of the pipeline's.
+    let store = Arc::new(MemoryStore::with_clock(ManualClock::at(NOW + 1)));
+    let core = Core::with_clock(
+        Runtime::from_config(c).unwrap(),
+        store,
+        metrics.clone(),
+        Arc::new(ManualClock::at(NOW)),
+    );
+    let mut a = admit(&core, &req("198.51.100.1", "/v1/x", Some("good-key")))
+        .await
+        .unwrap();
+    assert_eq!(a.rate.unwrap().decision.remaining, 90);
+    assert_eq!(a.settle(3, &metrics), -7);
+    a.finish(Ending::Completed { status: 200 });
+    let b = admit(&core, &req("198.51.100.1", "/v1/x", Some("good-key")))
+        .await
+        .unwrap();
+    // 3 used, 10 reserved: 87 left (a lost refund would leave 80).
+    assert_eq!(b.rate.unwrap().decision.remaining, 87);
+    b.finish(Ending::Completed { status: 200 });
+}

@@ -41,6 +41,10 @@ pub struct Check<'a> {
     pub cost: u32,
     /// Decide without charging anything (a look at the state).
     pub peek: bool,
+    /// Decide as of this time (Unix ms) instead of the store's own clock reading (the
+    /// memory store only): a later settle then finds the request's entry at the time
+    /// the admission recorded, whatever the clock did in between.
+    pub at_ms: Option<u64>,
 }
 
 /// The network the `ip` scope counts `ip` by: the address itself for IPv4 (and for IPv6
@@ -125,6 +129,7 @@ impl<'a> Check<'a> {
             scopes: ArrayVec::new(),
             cost: cost.max(1),
             peek: false,
+            at_ms: None,
         }
     }
 

@@ -107,7 +107,8 @@ impl<C: Clock> MemoryStore<C> {
 
     /// Decides `check` now; see the module docs for the atomicity argument.
     pub fn decide(&self, check: &Check<'_>) -> Verdict {
-        self.decide_at(check, self.clock.now_ms())
+        let now_ms = check.at_ms.unwrap_or_else(|| self.clock.now_ms());
+        self.decide_at(check, now_ms)
     }
 
     /// Decides `check` at `now_ms`.
