@@ -35,71 +35,95 @@ pub(super) struct Offender<'a> {
 }
 
 /// Counts a rejection of `ident` by `scope` under `rule`; bans it on the `after`-th of
-/// the span (at most one ban per span).
+/// the span (at most one ban per span). Only a ban formats anything: a rejection that
+/// does not ban costs the count alone.
 pub(super) fn strike(core: &Core, scope: Scope, ident: &Ident, rule: BanRule, who: &Offender<'_>) {
-    let now_ms = core.clock.now_ms();
-    let event = core.events.as_ref().map(|q| {
-        let e = Event {
-            tenant_id: who.key.map(|k| k.tenant.clone()),
-            api_key_id: who
-                .key
-                .map(|k| k.key_id.clone())
-                .filter(|id| !id.is_empty()),
-            ip: who.client_ip,
-            scope: scope.as_str(),
-            limit_key: format!("ban:{}:{ident}", scope.as_str()),
-            limit_value: u64::from(rule.after),
-            count: u64::from(rule.after),
-            window: Window::Second,
-            span_secs: Some(rule.within_ms / 1000),
-            at_ms: now_ms,
-        };
-        (q.clone(), e)
-    });
-    let ban = Ban::new(scope, ident, &rule, now_ms);
-    let counted = core.metrics.bans(scope);
+    let ban = Pending {
+        scope,
+        ident: ident.clone(),
+        rule,
+        now_ms: core.clock.now_ms(),
+        client_ip: who.client_ip,
+        tenant: who.key.map(|k| k.tenant.clone()),
+        key_id: who
+            .key
+            .map(|k| k.key_id.clone())
+            .filter(|id| !id.is_empty()),
+        events: core.events.clone(),
+        counted: core.metrics.bans(scope),
+        bans: core.bans.clone(),
+    };
     let Some(redis) = core.shared_bans.clone() else {
-        let n = core.bans.strike(scope, ident, &rule, now_ms);
-        if n == rule.after {
-            counted.inc();
-            impose(&core.bans, ident.clone(), ban, event, now_ms);
+        if ban.local_strike() == rule.after {
+            ban.impose();
         }
         return;
     };
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return;
     };
-    let bans = core.bans.clone();
-    let ident = ident.clone();
     runtime.spawn(async move {
-        let n = match redis.strike(scope, &ident, rule.within_ms).await {
+        let n = match redis.strike(scope, &ban.ident, rule.within_ms).await {
             Ok(n) => n,
             // Redis away: this gateway's own count decides.
-            Err(_) => u64::from(bans.strike(scope, &ident, &rule, now_ms)),
+            Err(_) => u64::from(ban.local_strike()),
         };
         // Exactly one gateway sees the `after`-th rejection of the span: one ban per
         // span, however many gateways go on refusing before the ban reaches them.
         if n != u64::from(rule.after) {
             return;
         }
-        if let Err(e) = redis.publish_ban(&ban).await {
+        if let Err(e) = redis.publish_ban(&ban.ban()).await {
             tracing::warn!(error = %e, "publishing an automatic ban failed: it holds on this gateway only");
         }
-        counted.inc();
-        impose(&bans, ident, ban, event, now_ms);
+        ban.impose();
     });
 }
 
-fn impose(
-    bans: &Bans,
+/// A rejection that may become a ban: what imposing it needs, none of it formatted yet.
+struct Pending {
+    scope: Scope,
     ident: Ident,
-    ban: Ban,
-    event: Option<(Arc<EventQueue>, Event)>,
+    rule: BanRule,
     now_ms: u64,
-) {
-    tracing::info!(scope = ban.scope.as_str(), reason = %ban.reason, "automatic ban");
-    bans.insert(ident, ban, now_ms);
-    if let Some((queue, e)) = event {
-        queue.push(e);
+    client_ip: IpAddr,
+    tenant: Option<Arc<str>>,
+    key_id: Option<Arc<str>>,
+    events: Option<Arc<EventQueue>>,
+    counted: prometheus::IntCounter,
+    bans: Arc<Bans>,
+}
+
+impl Pending {
+    /// Counts the rejection on this gateway.
+    fn local_strike(&self) -> u32 {
+        self.bans
+            .strike(self.scope, &self.ident, &self.rule, self.now_ms)
+    }
+
+    fn ban(&self) -> Ban {
+        Ban::new(self.scope, &self.ident, &self.rule, self.now_ms)
+    }
+
+    /// Bans here, counts it, and logs it when a database is configured.
+    fn impose(self) {
+        let ban = self.ban();
+        tracing::info!(scope = ban.scope.as_str(), reason = %ban.reason, "automatic ban");
+        self.counted.inc();
+        if let Some(queue) = &self.events {
+            queue.push(Event {
+                tenant_id: self.tenant.clone(),
+                api_key_id: self.key_id.clone(),
+                ip: self.client_ip,
+                scope: self.scope.as_str(),
+                limit_key: format!("ban:{}:{}", self.scope.as_str(), self.ident),
+                limit_value: u64::from(self.rule.after),
+                count: u64::from(self.rule.after),
+                window: Window::Second,
+                span_secs: Some(self.rule.within_ms / 1000),
+                at_ms: self.now_ms,
+            });
+        }
+        self.bans.insert(self.ident, ban, self.now_ms);
     }
 }
