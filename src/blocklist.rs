@@ -62,7 +62,7 @@ impl BlockList {
 
     /// The block on `ip` in force at `now_ms`.
     pub fn ip(&self, ip: IpAddr, now_ms: u64) -> Option<&BlockEntry> {
-        let ip = ip.to_canonical();
+        let ip = crate::limiter::canonical(ip);
         self.addrs.get(&ip).filter(|b| live(b, now_ms)).or_else(|| {
             self.nets
                 .iter()

@@ -19,6 +19,7 @@ use http::HeaderMap;
 use ipnet::IpNet;
 
 use crate::config::ClientIpHeader;
+pub use crate::limiter::canonical;
 
 /// Resolves the client address of a request.
 #[derive(Debug, Clone, Default)]
@@ -60,7 +61,7 @@ impl ClientIpResolver {
 
     /// Whether `ip` is a trusted proxy.
     pub fn is_trusted(&self, ip: IpAddr) -> bool {
-        let ip = ip.to_canonical();
+        let ip = canonical(ip);
         self.trusted.iter().any(|n| n.contains(&ip))
     }
 
@@ -95,7 +96,7 @@ impl ClientIpResolver {
 
     /// The walk itself over `hops`, right to left (`None`: an entry that does not parse).
     fn walk(&self, peer: IpAddr, hops: impl Iterator<Item = Option<IpAddr>>) -> IpAddr {
-        let mut client = peer.to_canonical();
+        let mut client = canonical(peer);
         if !self.is_trusted(client) {
             return client;
         }
@@ -176,7 +177,7 @@ fn node(value: &str) -> Option<IpAddr> {
         return addr
             .parse::<Ipv6Addr>()
             .ok()
-            .map(|a| IpAddr::V6(a).to_canonical());
+            .map(|a| canonical(IpAddr::V6(a)));
     }
     let (addr, p) = match raw.split_once(':') {
         Some((addr, p)) => (addr, Some(p)),
@@ -226,12 +227,48 @@ pub fn parse_entry(raw: &[u8]) -> Option<IpAddr> {
     s.parse::<IpAddr>()
         .or_else(|_| s.parse::<SocketAddr>().map(|a| a.ip()))
         .ok()
-        .map(|ip| ip.to_canonical())
+        .map(canonical)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// IPv4 carried in IPv6 (mapped, translated, compatible, NAT64 well-known and
+    /// local-use) is that IPv4 address; other IPv6 addresses are left alone.
+    #[test]
+    fn ipv4_inside_ipv6_is_ipv4() {
+        let cases = [
+            ("::ffff:192.0.2.7", "192.0.2.7"),
+            ("::ffff:0:192.0.2.7", "192.0.2.7"),
+            ("::192.0.2.7", "192.0.2.7"),
+            ("64:ff9b::192.0.2.7", "192.0.2.7"),
+            ("64:ff9b::c633:6409", "198.51.100.9"),
+            ("64:ff9b:1::192.0.2.7", "192.0.2.7"),
+            // RFC 6052 /48 layout: octets at bytes 6, 7, 9, 10 (byte 8 is zero).
+            ("64:ff9b:1:c000:2:700::", "192.0.2.7"),
+            ("192.0.2.7", "192.0.2.7"),
+            ("::", "::"),
+            ("::1", "::1"),
+            ("2001:db8::7", "2001:db8::7"),
+            ("64:ff9c::192.0.2.7", "64:ff9c::c000:207"),
+            // a non-zero u octet (byte 8) is no RFC 6052 address
+            ("64:ff9b:1:c000:ff02:700::", "64:ff9b:1:c000:ff02:700::"),
+        ];
+        for (input, want) in cases {
+            let got = canonical(input.parse().unwrap());
+            assert_eq!(got, want.parse::<IpAddr>().unwrap(), "{input}");
+        }
+        // Two IPv4 clients behind one NAT64 are two identities for the ip scope.
+        let (a, b) = (
+            canonical("64:ff9b::c000:207".parse().unwrap()),
+            canonical("64:ff9b::c000:208".parse().unwrap()),
+        );
+        assert_ne!(
+            crate::limiter::Ident::client(a, 64).to_string(),
+            crate::limiter::Ident::client(b, 64).to_string()
+        );
+    }
 
     fn resolver(trusted: &[&str]) -> ClientIpResolver {
         ClientIpResolver::new(trusted.iter().map(|s| s.parse().unwrap()).collect())

@@ -50,9 +50,9 @@ pub(super) async fn check(core: &Core, session: &mut ServerSession) -> Reply {
     let caller = session
         .client_addr()
         .and_then(|a| a.as_inet())
-        .map(|a| a.ip().to_canonical());
+        .map(|a| crate::client_ip::canonical(a.ip()));
     let request = AdmitRequest {
-        client_ip: req.ip.to_canonical(),
+        client_ip: crate::client_ip::canonical(req.ip),
         target: req.route.as_deref().map_or(Target::Any, Target::Named),
         key: req
             .api_key

@@ -47,6 +47,39 @@ pub struct Check<'a> {
     pub at_ms: Option<u64>,
 }
 
+/// The address a client is counted, banned and blocked by: an IPv4 address carried in an
+/// IPv6 one is that IPv4 address, so every IPv4 client behind a NAT64 gateway or a
+/// dual-stack socket keeps a limit of its own instead of sharing one /64:
+/// - IPv4-mapped `::ffff:a.b.c.d` and IPv4-translated `::ffff:0:a.b.c.d` (RFC 2765);
+/// - IPv4-compatible `::a.b.c.d` (deprecated; `::` and `::1` excepted);
+/// - NAT64 `64:ff9b::a.b.c.d` (RFC 6052, the well-known /96) and the local-use
+///   `64:ff9b:1::/48` (RFC 8215): the /96 layout when bits 48..96 are zero, else the /48
+///   layout of RFC 6052 (octets at bytes 6, 7, 9, 10; byte 8 is zero).
+///
+/// Any other address is returned unchanged.
+pub fn canonical(ip: IpAddr) -> IpAddr {
+    let IpAddr::V6(v6) = ip else {
+        return ip;
+    };
+    let b = v6.octets();
+    let v4 = |i: usize| IpAddr::V4(std::net::Ipv4Addr::new(b[i], b[i + 1], b[i + 2], b[i + 3]));
+    let s = v6.segments();
+    match s {
+        // ::ffff:a.b.c.d (mapped) and ::ffff:0:a.b.c.d (translated)
+        [0, 0, 0, 0, 0, 0xffff, _, _] | [0, 0, 0, 0, 0xffff, 0, _, _] => v4(12),
+        // ::a.b.c.d (compatible), not :: or ::1
+        [0, 0, 0, 0, 0, 0, hi, lo] if hi != 0 || lo > 1 => v4(12),
+        // 64:ff9b::/96
+        [0x64, 0xff9b, 0, 0, 0, 0, _, _] => v4(12),
+        // 64:ff9b:1::/48
+        [0x64, 0xff9b, 1, 0, 0, 0, _, _] => v4(12),
+        [0x64, 0xff9b, 1, ..] if b[8] == 0 => {
+            IpAddr::V4(std::net::Ipv4Addr::new(b[6], b[7], b[9], b[10]))
+        }
+        _ => ip,
+    }
+}
+
 /// The network the `ip` scope counts `ip` by: the address itself for IPv4 (and for IPv6
 /// when `ipv6_prefix` is 128), else its `/ipv6_prefix` network.
 pub fn network(ip: IpAddr, ipv6_prefix: u8) -> ipnet::IpNet {

@@ -67,8 +67,8 @@ pub(super) fn read(req: &RateLimitRequest) -> Result<Asked<'_>, String> {
     };
     let client_ip = address
         .parse::<IpAddr>()
-        .map_err(|_| format!("remote_address {address:?} is not an IP address"))?
-        .to_canonical();
+        .map_err(|_| format!("remote_address {address:?} is not an IP address"))?;
+    let client_ip = crate::client_ip::canonical(client_ip);
     let caller = match (found.api_key, found.key_id) {
         (Some(_), Some(_)) => {
             return Err("api_key and key_id both name the caller: send one".into())
