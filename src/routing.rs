@@ -20,6 +20,8 @@ use crate::config::Route;
 /// The routes of one config, most specific first.
 pub struct Router {
     routes: Vec<Arc<RouteEntry>>,
+    /// `[server] case_insensitive_paths`: match on `fold_path` of the path.
+    case_insensitive: bool,
 }
 
 /// A route and its upstream set.
@@ -34,6 +36,8 @@ pub struct RouteEntry {
     pub counters: std::sync::OnceLock<crate::metrics::RouteCounters>,
     /// The live state of an `adaptive` route (None otherwise); carried over reloads.
     pub adaptive: Option<Arc<RouteState>>,
+    /// The prefix requests are matched on (`fold_path`ed with `case_insensitive_paths`).
+    match_prefix: String,
 }
 
 impl std::fmt::Debug for RouteEntry {
@@ -57,11 +61,11 @@ impl RouteEntry {
 // === impl Router ===
 
 impl Router {
-    /// Builds the router; longer prefixes first, host-specific before host-less.
+    /// Builds the router; host-specific routes first, then longer prefixes first.
     ///
     /// # Errors
     /// When an upstream set cannot be built.
-    pub fn new(routes: &[Route]) -> std::io::Result<Self> {
+    pub fn new(routes: &[Route], case_insensitive: bool) -> std::io::Result<Self> {
         let mut out = Vec::with_capacity(routes.len());
         for r in routes {
             let mut upstreams = LoadBalancer::try_from_iter(r.upstreams.iter().copied())?;
@@ -78,15 +82,28 @@ impl Router {
                 upstreams,
                 counters: std::sync::OnceLock::new(),
                 adaptive: r.adaptive.map(|_| Arc::new(RouteState::default())),
+                match_prefix: if case_insensitive {
+                    fold_path(&r.path_prefix)
+                } else {
+                    r.path_prefix.to_string()
+                },
             }));
         }
+        // Host first, then the longest prefix: a route naming the request's host wins over
+        // every host-less route, whatever their prefix lengths (nginx picks the server
+        // block before the location, Envoy the virtual host before the route). A request
+        // whose host has routes but no matching prefix among them falls through to the
+        // host-less routes.
         out.sort_by_key(|e| {
             (
-                std::cmp::Reverse(e.route.path_prefix.len()),
                 e.route.host.is_none(),
+                std::cmp::Reverse(e.route.path_prefix.len()),
             )
         });
-        Ok(Self { routes: out })
+        Ok(Self {
+            routes: out,
+            case_insensitive,
+        })
     }
 
     /// Every route, most specific first.
@@ -122,13 +139,20 @@ impl Router {
     /// The route for a normalized `host` (lower case, no port, no trailing dot; see
     /// `target`) and a normalized `path`.
     pub fn find(&self, host: Option<&str>, path: &str) -> Option<&Arc<RouteEntry>> {
+        let folded;
+        let path = if self.case_insensitive {
+            folded = fold_path(path);
+            folded.as_str()
+        } else {
+            path
+        };
         self.routes.iter().find(|e| {
             let host_ok = match (&e.route.host, host) {
                 (None, _) => true,
                 (Some(want), Some(got)) => route_host(want).eq_ignore_ascii_case(got),
                 (Some(_), None) => false,
             };
-            host_ok && prefix_matches(&e.route.path_prefix, path)
+            host_ok && prefix_matches(&e.match_prefix, path)
         })
     }
 }
@@ -175,6 +199,29 @@ fn route_host(h: &str) -> &str {
     h.strip_suffix('.').unwrap_or(h)
 }
 
+/// A path as a case-insensitive upstream resolves it (IIS; Windows and macOS file
+/// systems): ASCII letters in lower case, and each segment without trailing dots and
+/// spaces (`%20`), so `/ADMIN/`, `/admin./` and `/admin%20/` are all `/admin/`.
+pub fn fold_path(path: &str) -> String {
+    let mut out = String::with_capacity(path.len());
+    for (i, seg) in path.split('/').enumerate() {
+        if i > 0 {
+            out.push('/');
+        }
+        let mut s = seg;
+        loop {
+            let t = s.trim_end_matches('.');
+            let t = t.strip_suffix("%20").unwrap_or(t);
+            if t.len() == s.len() {
+                break;
+            }
+            s = t;
+        }
+        out.extend(s.chars().map(|c| c.to_ascii_lowercase()));
+    }
+    out
+}
+
 /// `/v1` matches `/v1`, `/v1/` and `/v1/x`, never `/v1x`; `/` matches everything.
 pub fn prefix_matches(prefix: &str, path: &str) -> bool {
     if prefix == "/" {
@@ -188,6 +235,46 @@ pub fn prefix_matches(prefix: &str, path: &str) -> bool {
 mod tests {
     use super::*;
     use crate::config::parse;
+
+    /// Case-insensitive upstreams: case, trailing dots and spaces do not make another path.
+    #[test]
+    fn folded_paths() {
+        let cases = [
+            ("/Admin/Users", "/admin/users"),
+            ("/admin./x", "/admin/x"),
+            ("/admin%20/x", "/admin/x"),
+            ("/admin.%20.%20/x", "/admin/x"),
+            ("/admin...", "/admin"),
+            ("/a.b/c", "/a.b/c"),
+            ("/", "/"),
+        ];
+        for (path, want) in cases {
+            assert_eq!(fold_path(path), want, "{path}");
+        }
+        let c = parse(
+            "x.toml",
+            r#"
+[[routes]]
+name = "public"
+path_prefix = "/"
+upstreams = ["127.0.0.1:1"]
+auth = "none"
+[[routes]]
+name = "admin"
+path_prefix = "/Admin"
+upstreams = ["127.0.0.1:2"]
+"#,
+        )
+        .unwrap();
+        let name = |r: &Router, path: &str| r.find(Some("h"), path).unwrap().route.name.to_string();
+        let sensitive = Router::new(&c.routes, false).unwrap();
+        let folding = Router::new(&c.routes, true).unwrap();
+        for path in ["/admin/x", "/ADMIN/x", "/Admin./x", "/admin%20"] {
+            assert_eq!(name(&folding, path), "admin", "{path}");
+        }
+        assert_eq!(name(&sensitive, "/Admin/x"), "admin");
+        assert_eq!(name(&sensitive, "/admin/x"), "public");
+    }
 
     /// Segment-boundary prefix matching.
     #[test]
@@ -206,7 +293,8 @@ mod tests {
         }
     }
 
-    /// Longest prefix wins; a host-specific route beats a host-less one; ports ignored.
+    /// A route naming the request's host beats every host-less one, whatever the prefix
+    /// lengths; among routes of one kind the longest prefix wins.
     #[test]
     fn finds_most_specific_route() {
         let c = parse(
@@ -233,7 +321,7 @@ upstreams = ["127.0.0.1:5"]
 "#,
         )
         .unwrap();
-        let r = Router::new(&c.routes).unwrap();
+        let r = Router::new(&c.routes, false).unwrap();
         let name =
             |host: Option<&str>, path: &str| r.find(host, path).map(|e| e.route.name.to_string());
         assert_eq!(name(None, "/v1/users").as_deref(), Some("v1"));
@@ -242,9 +330,17 @@ upstreams = ["127.0.0.1:5"]
             Some("v1-acme")
         );
         assert_eq!(name(Some("other.test"), "/v1/users").as_deref(), Some("v1"));
+        // The host route wins over a longer host-less prefix (an internal site behind
+        // `host` must not be reached through a public host-less route).
         assert_eq!(
             name(Some("api.acme.test"), "/v1/search/x").as_deref(),
-            Some("search")
+            Some("v1-acme")
+        );
+        assert_eq!(name(None, "/v1/search/x").as_deref(), Some("search"));
+        // No prefix of the host's routes matches: the host-less routes decide.
+        assert_eq!(
+            name(Some("api.acme.test"), "/other").as_deref(),
+            Some("root")
         );
         assert_eq!(name(None, "/v1x").as_deref(), Some("root"));
         assert_eq!(name(None, "/").as_deref(), Some("root"));

@@ -104,7 +104,7 @@ impl Runtime {
         Ok(Self {
             resolver: ClientIpResolver::new(config.trusted_proxies.clone())
                 .with_header(config.client_ip_header),
-            router: Router::new(&config.routes)?,
+            router: Router::new(&config.routes, config.server.case_insensitive_paths)?,
             keys: KeyTable::from_config(&config),
             blocks: BlockList::new(config.blocks.iter().cloned()),
             config,

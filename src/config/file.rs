@@ -47,6 +47,7 @@ pub(crate) struct ServerFile {
     pub(crate) max_connections_per_ip: Option<Spanned<u32>>,
     pub(crate) underscores_in_headers: Option<bool>,
     pub(crate) path_parameters: Option<PathParametersFile>,
+    pub(crate) case_insensitive_paths: Option<bool>,
     pub(crate) rate_limit_headers: Option<RateLimitHeadersFile>,
     pub(crate) tls: Option<Spanned<TlsFile>>,
 }
@@ -232,6 +233,7 @@ pub(crate) struct RouteFile {
     pub(crate) cost_header: Option<Spanned<String>>,
     pub(crate) adaptive: Option<Spanned<AdaptiveFile>>,
     pub(crate) health_check: Option<Spanned<HealthCheckFile>>,
+    pub(crate) upgrade: Option<bool>,
 }
 
 /// A route's `adaptive = { target_p99_ms, max_error_rate, min_factor }`.

@@ -77,6 +77,10 @@ pub struct Server {
     pub underscores_in_headers: bool,
     /// Whether `;` path parameters are accepted.
     pub path_parameters: PathParameters,
+    /// `case_insensitive_paths`: routes are matched as a case-insensitive upstream (IIS,
+    /// a Windows or macOS file system) would serve the path: ASCII case folded, trailing
+    /// dots and spaces of each segment ignored. The forwarded path is unchanged.
+    pub case_insensitive_paths: bool,
     /// `rate_limit_headers`: which rate-limit header family answers carry.
     pub rate_limit_headers: RateLimitHeaders,
     /// `tls`: serve TLS (HTTP/2 and HTTP/1.1 by ALPN) on `listen`; `None`: plain HTTP.
@@ -240,6 +244,10 @@ pub struct Route {
     pub adaptive: Option<crate::adaptive::Settings>,
     /// `health_check`: upstreams failing it are skipped until they pass again.
     pub health_check: Option<HealthCheck>,
+    /// `upgrade`: forward protocol upgrades (WebSocket) on this route. Off by default: a
+    /// 101 tunnel is admitted once however many messages it carries, so the gateway
+    /// removes `Upgrade` and the upstream answers plain HTTP.
+    pub upgrade: bool,
 }
 
 /// A route's active upstream health check: `GET path` on every upstream each

@@ -168,6 +168,7 @@ fn server(cx: &Ctx<'_>, s: &ServerFile) -> Result<Server, ConfigError> {
             None | Some(PathParametersFile::Reject) => PathParameters::Reject,
             Some(PathParametersFile::Allow) => PathParameters::Allow,
         },
+        case_insensitive_paths: s.case_insensitive_paths.unwrap_or(false),
         rate_limit_headers: match s.rate_limit_headers {
             None | Some(RateLimitHeadersFile::XRateLimit) => RateLimitHeaders::XRateLimit,
             Some(RateLimitHeadersFile::Ietf) => RateLimitHeaders::Ietf,
@@ -689,6 +690,7 @@ fn routes(cx: &Ctx<'_>, list: &[Spanned<RouteFile>]) -> Result<Vec<Route>, Confi
                 None => None,
                 Some(h) => Some(health_check(cx, h.get_ref())?),
             },
+            upgrade: r.upgrade.unwrap_or(false),
         });
     }
     Ok(out)
