@@ -274,20 +274,40 @@ pub fn apply_override(
     })
 }
 
-/// The key from `Authorization: Bearer <key>`, else `X-API-Key: <key>`. An `Authorization`
-/// header of another scheme is left for the upstream and does not count.
-pub fn api_key_from(headers: &HeaderMap) -> Presented<'_> {
-    if let Some(v) = headers.get(http::header::AUTHORIZATION) {
-        let b = v.as_bytes();
-        if b.len() >= 6 && b[..6].eq_ignore_ascii_case(b"bearer") && (b.len() == 6 || b[6] == b' ')
-        {
-            return validate_key(b.get(7..).unwrap_or_default());
+/// More than one credential where the gateway can only honour one: several
+/// `Authorization` headers, several `X-API-Key` headers, or a Bearer key and an
+/// `X-API-Key` that differ. An upstream that reads the other one would serve a caller the
+/// gateway did not identify (400 `ambiguous_credentials`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AmbiguousCredentials;
+
+/// The API key of a request: `Authorization: Bearer <key>`, else `X-API-Key: <key>`.
+/// A non-Bearer `Authorization` (e.g. Basic) is left for the upstream and is no key.
+///
+/// # Errors
+/// `AmbiguousCredentials` when the request carries more than one credential.
+pub fn api_key_from(headers: &HeaderMap) -> Result<Presented<'_>, AmbiguousCredentials> {
+    let mut auth = headers.get_all(http::header::AUTHORIZATION).iter();
+    let mut api = headers.get_all("x-api-key").iter();
+    let (auth, api) = match ((auth.next(), auth.next()), (api.next(), api.next())) {
+        ((_, Some(_)), _) | (_, (_, Some(_))) => return Err(AmbiguousCredentials),
+        ((a, None), (k, None)) => (a, k),
+    };
+    let bearer = auth.and_then(|v| bearer(v.as_bytes()));
+    match (bearer, api) {
+        (Some(b), Some(k)) if b.trim_ascii() != k.as_bytes().trim_ascii() => {
+            Err(AmbiguousCredentials)
         }
+        (Some(b), _) => Ok(validate_key(b)),
+        (None, Some(k)) => Ok(validate_key(k.as_bytes())),
+        (None, None) => Ok(Presented::Missing),
     }
-    match headers.get("x-api-key") {
-        Some(v) => validate_key(v.as_bytes()),
-        None => Presented::Missing,
-    }
+}
+
+/// The credential of a Bearer `Authorization` value (case-insensitive scheme).
+fn bearer(b: &[u8]) -> Option<&[u8]> {
+    (b.len() >= 6 && b[..6].eq_ignore_ascii_case(b"bearer") && (b.len() == 6 || b[6] == b' '))
+        .then(|| b.get(7..).unwrap_or_default())
 }
 
 /// Classifies a raw key value: a usable key or malformed.
@@ -319,30 +339,63 @@ mod tests {
     #[test]
     fn extracts_key_table() {
         let long = vec![b'a'; 10_000];
-        type Case<'a> = (&'a [(&'a str, &'a [u8])], Presented<'a>);
+        type Case<'a> = (
+            &'a [(&'a str, &'a [u8])],
+            Result<Presented<'a>, AmbiguousCredentials>,
+        );
         let cases: &[Case<'_>] = &[
-            (&[], Presented::Missing),
-            (&[("authorization", b"Bearer abc")], Presented::Key(b"abc")),
+            (&[], Ok(Presented::Missing)),
+            (
+                &[("authorization", b"Bearer abc")],
+                Ok(Presented::Key(b"abc")),
+            ),
             (
                 &[("authorization", b"bearer  abc ")],
-                Presented::Key(b"abc"),
+                Ok(Presented::Key(b"abc")),
             ),
-            (&[("x-api-key", b"k1")], Presented::Key(b"k1")),
+            (&[("x-api-key", b"k1")], Ok(Presented::Key(b"k1"))),
+            // One credential given twice the same way is one credential.
+            (
+                &[("authorization", b"Bearer k1"), ("x-api-key", b" k1")],
+                Ok(Presented::Key(b"k1")),
+            ),
+            // Two different credentials, or one header twice: refused.
             (
                 &[("authorization", b"Bearer b1"), ("x-api-key", b"k1")],
-                Presented::Key(b"b1"),
+                Err(AmbiguousCredentials),
+            ),
+            (
+                &[
+                    ("authorization", b"Bearer b1"),
+                    ("authorization", b"Bearer b1"),
+                ],
+                Err(AmbiguousCredentials),
+            ),
+            (
+                &[
+                    ("authorization", b"Basic dXNlcg=="),
+                    ("authorization", b"Bearer b1"),
+                ],
+                Err(AmbiguousCredentials),
+            ),
+            (
+                &[("x-api-key", b"k1"), ("x-api-key", b"k2")],
+                Err(AmbiguousCredentials),
             ),
             (
                 &[("authorization", b"Basic dXNlcg=="), ("x-api-key", b"k1")],
-                Presented::Key(b"k1"),
+                Ok(Presented::Key(b"k1")),
             ),
-            (&[("authorization", b"Basic dXNlcg==")], Presented::Missing),
-            (&[("authorization", b"Bearer")], Presented::Malformed),
-            (&[("authorization", b"Bearer   ")], Presented::Malformed),
-            (&[("x-api-key", b"")], Presented::Malformed),
-            (&[("x-api-key", &long)], Presented::Malformed),
-            (&[("x-api-key", b"caf\xc3\xa9")], Presented::Malformed),
-            (&[("authorization", b"Bearerabc")], Presented::Missing),
+            (
+                &[("authorization", b"Basic dXNlcg==")],
+                Ok(Presented::Missing),
+            ),
+            (&[("authorization", b"Bearer")], Ok(Presented::Malformed)),
+            (&[("authorization", b"Bearer   ")], Ok(Presented::Malformed)),
+            (&[("x-api-key", b"")], Ok(Presented::Malformed)),
+            (&[("x-api-key", &long)], Ok(Presented::Malformed)),
+            (&[("x-api-key", b"caf\xc3\xa9")], Ok(Presented::Malformed)),
+            (&[("authorization", b"Bearerabc")], Ok(Presented::Missing)),
         ];
         for (i, (h, want)) in cases.iter().enumerate() {
             assert_eq!(api_key_from(&headers(h)), *want, "case {i}");

@@ -123,6 +123,10 @@ pub enum Rejection {
     InvalidPath,
     /// 400: no, several or a malformed `Host` (the proxy's target parsing).
     InvalidHost,
+    /// 400: more than one credential (see `identity::api_key_from`).
+    AmbiguousCredentials,
+    /// 405: a method the gateway does not forward (see `proxy::target::method_allowed`).
+    MethodNotAllowed,
     /// 503: a fail-closed scope could not reach its store.
     Unavailable,
 }

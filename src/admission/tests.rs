@@ -169,6 +169,8 @@ fn kind(r: &Result<Admission, Refusal>) -> String {
             Rejection::UnknownRoute(_) => "404 unknown".into(),
             Rejection::InvalidPath => "400 path".into(),
             Rejection::InvalidHost => "400 host".into(),
+            Rejection::AmbiguousCredentials => "400 credentials".into(),
+            Rejection::MethodNotAllowed => "405 method".into(),
             Rejection::Unavailable => "503".into(),
         },
     }

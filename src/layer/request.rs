@@ -7,11 +7,11 @@ use bytes::Bytes;
 use http::header::{CACHE_CONTROL, CONTENT_TYPE, HOST};
 use http::request::Parts;
 use http::uri::PathAndQuery;
-use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode, Uri, Version};
+use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode, Uri};
 
 use crate::admission::{Admission, Rejection};
 use crate::proxy::path::{self, Normalized};
-use crate::proxy::target::parse_authority;
+use crate::proxy::target::{method_allowed, parse_authority};
 use crate::reply::headers::rate_pairs;
 use crate::reply::Reply;
 
@@ -30,6 +30,9 @@ pub(super) struct Routed<'a> {
 /// # Errors
 /// 400 `invalid_path` or `invalid_host`, as the proxy answers them.
 pub(super) fn routed(parts: &Parts, allow_params: bool) -> Result<Routed<'_>, Rejection> {
+    if !method_allowed(&parts.method) {
+        return Err(Rejection::MethodNotAllowed);
+    }
     let path = path::normalize(parts.uri.path(), allow_params).map_err(|e| {
         tracing::debug!(error = %e, "invalid path");
         Rejection::InvalidPath
@@ -51,10 +54,10 @@ pub(super) fn routed(parts: &Parts, allow_params: bool) -> Result<Routed<'_>, Re
             }
             Some(host)
         }
-        None => match single_host(&parts.headers, parts.version)? {
-            Some(h) => Some(parse_authority(h).ok_or(Rejection::InvalidHost)?.0),
-            None => None,
-        },
+        None => {
+            let h = single_host(&parts.headers)?;
+            Some(parse_authority(h).ok_or(Rejection::InvalidHost)?.0)
+        }
     };
     let uri = match &path.forward {
         Cow::Owned(p) => Some(with_path(&parts.uri, p).ok_or(Rejection::InvalidPath)?),
@@ -63,14 +66,12 @@ pub(super) fn routed(parts: &Parts, allow_params: bool) -> Result<Routed<'_>, Re
     Ok(Routed { host, path, uri })
 }
 
-/// The one `Host` of a request: several are refused, and none for HTTP/1.1.
-fn single_host(headers: &HeaderMap, version: Version) -> Result<Option<&[u8]>, Rejection> {
+/// The one `Host` of a request: none or several are refused, as the proxy does.
+fn single_host(headers: &HeaderMap) -> Result<&[u8], Rejection> {
     let mut hosts = headers.get_all(HOST).iter();
     match (hosts.next(), hosts.next()) {
-        (Some(h), None) => Ok(Some(h.as_bytes())),
-        (Some(_), Some(_)) => Err(Rejection::InvalidHost),
-        (None, _) if version == Version::HTTP_11 => Err(Rejection::InvalidHost),
-        (None, _) => Ok(None),
+        (Some(h), None) => Ok(h.as_bytes()),
+        _ => Err(Rejection::InvalidHost),
     }
 }
 
@@ -143,6 +144,7 @@ fn insert_all(h: &mut HeaderMap, pairs: impl IntoIterator<Item = (&'static str, 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::Version;
 
     fn parts(uri: &str, hosts: &[&str], version: Version) -> Parts {
         let mut b = http::Request::builder().uri(uri).version(version);
@@ -166,7 +168,7 @@ mod tests {
             Some("api.example.com")
         );
         let p = parts("/v1/x", &[], Version::HTTP_10);
-        assert_eq!(routed(&p, false).unwrap().host, None);
+        assert!(matches!(routed(&p, false), Err(Rejection::InvalidHost)));
     }
 
     /// No `Host` on HTTP/1.1, several, or a malformed one: 400 `invalid_host`.

@@ -158,7 +158,12 @@ async fn admit(
     let client_ip = rt.resolver.resolve_headers(peer, &parts.headers);
     let allow_params = rt.config.server.path_parameters == PathParameters::Allow;
     drop(rt);
-    let Routed { host, path, uri } = match request::routed(parts, allow_params) {
+    let checked = request::routed(parts, allow_params).and_then(|r| {
+        let key =
+            api_key_from(&parts.headers).map_err(|_| admission::Rejection::AmbiguousCredentials)?;
+        Ok((r, key))
+    });
+    let (Routed { host, path, uri }, key) = match checked {
         Ok(r) => r,
         // An IP block still answers 403 before a malformed target's 400.
         Err(rejection) => {
@@ -172,7 +177,7 @@ async fn admit(
             host: host.as_deref(),
             path: &path.route,
         },
-        key: api_key_from(&parts.headers),
+        key,
         cost: None,
         also_charge: None,
     };

@@ -18,7 +18,7 @@ use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use pingora::{Error, ErrorSource, ErrorType};
 
 use crate::admission::{self, Admission, AdmitRequest, Core};
-use crate::config::PathParameters;
+use crate::config::{ClientIpHeader, PathParameters};
 use crate::identity::api_key_from;
 use crate::metrics::RouteCounters;
 use crate::reply::headers::rate_pairs;
@@ -69,7 +69,12 @@ impl Gateway {
         let client_ip = rt.resolver.resolve_headers(peer, &req.headers);
         let allow_params = rt.config.server.path_parameters == PathParameters::Allow;
         drop(rt);
-        let t = match target::target(req, allow_params) {
+        let checked = target::target(req, allow_params).and_then(|t| {
+            let key = api_key_from(&req.headers)
+                .map_err(|_| admission::Rejection::AmbiguousCredentials)?;
+            Ok((t, key))
+        });
+        let (t, key) = match checked {
             Ok(t) => t,
             // An IP block still answers 403 before a malformed target's 400.
             Err(rejection) => {
@@ -83,7 +88,7 @@ impl Gateway {
                 host: t.host.as_deref(),
                 path: &t.path.route,
             },
-            key: api_key_from(&req.headers),
+            key,
             cost: None,
             also_charge: None,
         };
@@ -110,6 +115,14 @@ impl ProxyHttp for Gateway {
         let peer = peer_ip(session);
         match self.admit(session.req_header(), peer, ctx).await {
             Ok(a) => {
+                // A route without `upgrade = true` forwards no protocol upgrade: with
+                // `Upgrade` gone, Pingora treats the request as plain HTTP and the
+                // upstream cannot open a 101 tunnel that one admission would pay for.
+                let upgrade_ok = a.route.as_ref().is_some_and(|r| r.route.upgrade);
+                let upgrade = &http::header::UPGRADE;
+                if !upgrade_ok && session.req_header().headers.contains_key(upgrade) {
+                    session.req_header_mut().remove_header(upgrade);
+                }
                 ctx.route = a.route.clone();
                 ctx.admission = Some(a);
                 Ok(false)
@@ -201,25 +214,25 @@ impl ProxyHttp for Gateway {
             upstream.insert_header(http::header::HOST, host.clone())?;
         }
         let ips = AddressValues::new(peer, a.client_ip);
-        let xff = if trusted {
+        // Only the chain the gateway read is forwarded as received (from a trusted proxy,
+        // plus this hop): the other was never checked, so an upstream reading it would
+        // believe whatever the client wrote. `X-Forwarded-For` always carries this hop.
+        let reads_forwarded = rt.config.client_ip_header == ClientIpHeader::Forwarded;
+        let xff = if trusted && !reads_forwarded {
             forwarded_for(session.req_header(), peer)
         } else {
             ips.peer.clone()
         };
         upstream.insert_header("x-forwarded-for", xff)?;
-        // A client's `Forwarded` is replaced by `for=<peer>` (untrusted peer) or extended
-        // with it (trusted proxy); without one, `X-Forwarded-For` carries the same.
-        if session
-            .req_header()
-            .headers
-            .contains_key(http::header::FORWARDED)
-        {
+        if reads_forwarded {
             let fwd = if trusted {
                 forwarded(session.req_header(), &ips.forwarded)
             } else {
                 ips.forwarded
             };
             upstream.insert_header(http::header::FORWARDED, fwd)?;
+        } else {
+            upstream.remove_header(&http::header::FORWARDED);
         }
         upstream.insert_header("x-real-ip", ips.client)?;
         if let Some((tenant, key_id)) = a.key.as_ref().and_then(|k| k.headers.clone()) {
@@ -345,7 +358,9 @@ fn peer_ip(session: &Session) -> IpAddr {
     session
         .client_addr()
         .and_then(|a| a.as_inet())
-        .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |a| a.ip().to_canonical())
+        .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |a| {
+            crate::client_ip::canonical(a.ip())
+        })
 }
 
 /// Removes the request headers an upstream must not take from a client:

@@ -11,7 +11,7 @@
 use std::borrow::Cow;
 
 use http::header::HOST;
-use http::{HeaderValue, Uri, Version};
+use http::{HeaderValue, Uri};
 use pingora::http::RequestHeader;
 use pingora::protocols::http::authority::{raw_target_authority, RawTargetAuthority};
 
@@ -24,7 +24,8 @@ const MAX_HOST: usize = 253;
 /// The routed and forwarded form of a request target.
 #[derive(Debug)]
 pub struct Target<'a> {
-    /// Lower-case host without port and trailing dot; None for HTTP/1.0 without `Host`.
+    /// Lower-case host without port and trailing dot (always present: a request without
+    /// one is refused).
     pub host: Option<Cow<'a, str>>,
     /// The normalized path.
     pub path: Normalized<'a>,
@@ -39,6 +40,9 @@ pub struct Target<'a> {
 /// # Errors
 /// 400 `invalid_path` or `invalid_host`.
 pub fn target(req: &RequestHeader, allow_params: bool) -> Result<Target<'_>, Rejection> {
+    if !method_allowed(&req.method) {
+        return Err(Rejection::MethodNotAllowed);
+    }
     let path = path::normalize(req.uri.path(), allow_params).map_err(|e| {
         tracing::debug!(error = %e, "invalid path");
         Rejection::InvalidPath
@@ -83,15 +87,25 @@ pub fn target(req: &RequestHeader, allow_params: bool) -> Result<Target<'_>, Rej
     })
 }
 
-/// The one `Host` of a request: several are refused; none is refused for HTTP/1.1.
+/// The one `Host` of a request: none or several are refused, whatever the version (an
+/// HTTP/1.0 request without `Host` would reach the upstream's default virtual host, which
+/// need not be the one its route was chosen for).
 fn single_host(req: &RequestHeader) -> Result<Option<&[u8]>, Rejection> {
     let mut hosts = req.headers.get_all(HOST).iter();
     match (hosts.next(), hosts.next()) {
         (Some(h), None) => Ok(Some(h.as_bytes())),
-        (Some(_), Some(_)) => Err(Rejection::InvalidHost),
-        (None, _) if req.version == Version::HTTP_11 => Err(Rejection::InvalidHost),
-        (None, _) => Ok(None),
+        _ => Err(Rejection::InvalidHost),
     }
+}
+
+/// Whether the gateway forwards a request with this method: any upper-case token but
+/// `TRACE` and `TRACK` (they echo the request, credentials included, back to whoever can
+/// read the response) and `CONNECT` (a tunnel is not an API request). Methods are
+/// case-sensitive (RFC 9110 §9.1): a lower-case `get` is not `GET` to the gateway, but an
+/// upstream that folds case would serve it as one, so it is refused (405).
+pub fn method_allowed(m: &http::Method) -> bool {
+    let s = m.as_str();
+    !matches!(s, "TRACE" | "TRACK" | "CONNECT") && !s.bytes().any(|b| b.is_ascii_lowercase())
 }
 
 /// `host[:port]` or `[v6][:port]` -> (lower-case host without one trailing dot, port).
@@ -180,6 +194,7 @@ fn origin_form(path: &str, query: Option<&str>) -> Result<Uri, Rejection> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::Version;
 
     fn req(raw_target: &str, hosts: &[&str], version: Version) -> RequestHeader {
         let mut r = RequestHeader::build("GET", raw_target.as_bytes(), None).unwrap();
@@ -203,7 +218,7 @@ mod tests {
     #[test]
     fn authority_table() {
         use Version as V;
-        let ok: [Row<'_>; 9] = [
+        let ok: [Row<'_>; 8] = [
             (
                 "/x",
                 &["api.example.com"],
@@ -244,7 +259,6 @@ mod tests {
                 Some("internal.example.com"),
                 Some("/x?q=1"),
             ),
-            ("/x", &[], V::HTTP_10, None, None, None),
             ("/x", &["[::1]:80"], V::HTTP_11, Some("[::1]"), None, None),
             (
                 "/a//b?z",
@@ -300,6 +314,34 @@ mod tests {
                 matches!(target(&r, false), Err(Rejection::InvalidHost)),
                 "case {i}"
             );
+        }
+        // HTTP/1.0 without `Host` would reach the upstream's default virtual host.
+        let r = req("/x", &[], Version::HTTP_10);
+        assert!(matches!(target(&r, false), Err(Rejection::InvalidHost)));
+    }
+
+    /// Upper-case token methods pass; TRACE, TRACK, CONNECT and lower-case ones do not.
+    #[test]
+    fn method_table() {
+        let cases = [
+            ("GET", true),
+            ("POST", true),
+            ("PATCH", true),
+            ("PROPFIND", true),
+            ("TRACE", false),
+            ("TRACK", false),
+            ("CONNECT", false),
+            ("get", false),
+            ("Get", false),
+            ("trace", false),
+        ];
+        for (m, want) in cases {
+            let m = http::Method::from_bytes(m.as_bytes()).unwrap();
+            assert_eq!(method_allowed(&m), want, "{m}");
+            let mut r = req("/x", &["h"], Version::HTTP_11);
+            r.set_method(m.clone());
+            let refused = matches!(target(&r, false), Err(Rejection::MethodNotAllowed));
+            assert_eq!(refused, !want, "{m}");
         }
     }
 

@@ -115,6 +115,14 @@ pub fn render(rejection: &Rejection, now_ms: u64, style: RateLimitHeaders) -> Re
         ),
         Rejection::InvalidPath => json(400, r#"{"error":"invalid_path"}"#.into(), Vec::new()),
         Rejection::InvalidHost => json(400, r#"{"error":"invalid_host"}"#.into(), Vec::new()),
+        Rejection::MethodNotAllowed => {
+            json(405, r#"{"error":"method_not_allowed"}"#.into(), Vec::new())
+        }
+        Rejection::AmbiguousCredentials => json(
+            400,
+            r#"{"error":"ambiguous_credentials"}"#.into(),
+            Vec::new(),
+        ),
         Rejection::Unavailable => json(
             503,
             r#"{"error":"rate_limiter_unavailable"}"#.into(),

@@ -21,6 +21,8 @@
 mod report;
 mod trace;
 
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 use std::io::Read;
 use std::sync::Arc;
 
@@ -70,18 +72,71 @@ pub fn simulate(config: &Config, trace: impl Read) -> Result<Report, SimError> {
 }
 
 /// `simulate`, also answering the pipeline it ran (its metrics, for tests).
+///
+/// Rows are replayed in time order through a window of `REORDER` rows: a trace merged
+/// from several gateways' logs may be slightly out of order, but memory stays bounded
+/// however long the trace; a row earlier than one already replayed is an error naming it.
 fn run(config: &Config, trace: impl Read) -> Result<(Report, Replay), SimError> {
-    let mut rows = trace::read(trace)?;
-    rows.sort_by_key(|r| r.time_ms);
     let replay = Replay::new(config)?;
     let mut report = Report::default();
-    for (i, row) in rows.iter().enumerate() {
-        if i % SWEEP_EVERY == SWEEP_EVERY - 1 {
+    let mut pending = BinaryHeap::new();
+    let mut replayed = 0usize;
+    let mut last_ms = 0u64;
+    let mut play = |row: Row, report: &mut Report| -> Result<(), SimError> {
+        if replayed % SWEEP_EVERY == SWEEP_EVERY - 1 {
             replay.store.sweep_at(row.time_ms);
         }
-        replay.row(row, &mut report)?;
+        replayed += 1;
+        replay.row(&row, report)
+    };
+    for (seq, row) in trace::Rows::new(trace)?.enumerate() {
+        let row = row?;
+        if row.time_ms < last_ms {
+            return Err(SimError::Line {
+                line: row.line,
+                reason: format!(
+                    "time is earlier than a row more than {REORDER} rows before it: sort the trace by time"
+                ),
+            });
+        }
+        pending.push(Reverse(Pending(row.time_ms, seq, row)));
+        if pending.len() > REORDER {
+            if let Some(Reverse(Pending(t, _, row))) = pending.pop() {
+                last_ms = t;
+                play(row, &mut report)?;
+            }
+        }
+    }
+    while let Some(Reverse(Pending(_, _, row))) = pending.pop() {
+        play(row, &mut report)?;
     }
     Ok((report, replay))
+}
+
+/// Rows held back to be replayed in time order, at most this many.
+const REORDER: usize = 65_536;
+
+/// A row waiting in the reorder window, ordered by (time, position in the file).
+struct Pending(u64, usize, Row);
+
+impl PartialEq for Pending {
+    fn eq(&self, other: &Self) -> bool {
+        (self.0, self.1) == (other.0, other.1)
+    }
+}
+
+impl Eq for Pending {}
+
+impl PartialOrd for Pending {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Pending {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (self.0, self.1).cmp(&(other.0, other.1))
+    }
 }
 
 /// A gateway's pipeline on simulated time.
@@ -207,6 +262,8 @@ impl Replay {
             Rejection::InvalidKey => "invalid_api_key",
             Rejection::InvalidPath => "invalid_path",
             Rejection::InvalidHost => "invalid_host",
+            Rejection::AmbiguousCredentials => "ambiguous_credentials",
+            Rejection::MethodNotAllowed => "method_not_allowed",
             Rejection::Unavailable => "rate_limiter_unavailable",
             Rejection::UnknownRoute(_) => "no_route",
         };

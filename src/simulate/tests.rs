@@ -498,3 +498,72 @@ refused\n\
 invalid_api_key         1\n";
     assert_eq!(text, want);
 }
+
+/// Rows are read one at a time: a reader that never ends still yields its first rows
+/// (reading the whole trace first would never return).
+#[test]
+fn rows_stream_from_an_endless_reader() {
+    struct Endless {
+        header: bool,
+        n: u64,
+        pending: Vec<u8>,
+    }
+    impl std::io::Read for Endless {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            if self.pending.is_empty() {
+                self.pending = if self.header {
+                    self.header = false;
+                    b"time,ip,path\n".to_vec()
+                } else {
+                    self.n += 1;
+                    format!("{},10.0.0.1,/a\n", T0 + self.n).into_bytes()
+                };
+            }
+            let n = buf.len().min(self.pending.len());
+            buf[..n].copy_from_slice(&self.pending[..n]);
+            self.pending.drain(..n);
+            Ok(n)
+        }
+    }
+    let endless = Endless {
+        header: true,
+        n: 0,
+        pending: Vec::new(),
+    };
+    let rows: Vec<Row> = trace::Rows::new(endless)
+        .unwrap()
+        .take(3)
+        .collect::<Result<_, _>>()
+        .unwrap();
+    let lines: Vec<u64> = rows.iter().map(|r| r.line).collect();
+    assert_eq!(lines, [2, 3, 4]);
+}
+
+/// Times past year 9999 are refused (window arithmetic would leave u64), and a row
+/// earlier than one already replayed (beyond the reorder window) is named, not
+/// silently replayed out of order.
+#[test]
+fn times_out_of_range_or_order_are_named() {
+    let late = format!("time,ip,path\n{},10.0.0.1,/a\n", u64::MAX - 5);
+    let e = trace::read(late.as_bytes()).unwrap_err().to_string();
+    assert!(e.contains("line 2") && e.contains("out of range"), "{e}");
+    let mut trace = String::from("time,ip,path\n");
+    for i in 0..=REORDER as u64 + 1 {
+        trace.push_str(&format!("{},10.0.0.1,/a\n", T0 + 1000 + i));
+    }
+    trace.push_str(&format!("{T0},10.0.0.1,/a\n"));
+    let cfg = config::parse(
+        "x.toml",
+        "[[routes]]\nname = \"a\"\npath_prefix = \"/\"\nupstreams = [\"127.0.0.1:1\"]\nauth = \"none\"\n",
+    )
+    .unwrap();
+    let e = simulate(&cfg, trace.as_bytes()).unwrap_err().to_string();
+    let line = REORDER + 4;
+    assert!(
+        e.contains(&format!("line {line}")) && e.contains("sort the trace"),
+        "{e}"
+    );
+    // Within the window, disorder is sorted out.
+    let small = format!("time,ip,path\n{},10.0.0.1,/a\n{T0},10.0.0.1,/a\n", T0 + 5);
+    assert_eq!(simulate(&cfg, small.as_bytes()).unwrap().requests, 2);
+}

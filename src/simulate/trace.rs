@@ -15,6 +15,10 @@ use crate::config::rfc3339_ms;
 /// Below this a `time` is taken for Unix seconds (before March 1973 in milliseconds).
 const MIN_UNIX_MS: u64 = 100_000_000_000;
 
+/// The last instant a trace may name: 9999-12-31T23:59:59.999Z. Window arithmetic on
+/// later times (a window's end, a month's length) would leave `u64` milliseconds.
+const MAX_UNIX_MS: u64 = 253_402_300_799_999;
+
 /// One request of the trace.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Row {
@@ -57,58 +61,92 @@ struct Columns {
     cost: Option<usize>,
 }
 
-/// Reads every row of `trace`, in file order.
+/// Reads every row of `trace`, in file order (tests; the replay streams with `Rows`).
 ///
 /// # Errors
 /// `SimError::Line` for the first line that cannot be read.
-pub(super) fn read(mut trace: impl Read) -> Result<Vec<Row>, SimError> {
-    // The whole trace is read first: the csv crate does not count the blank lines it skips,
-    // so lines are counted here from each record's byte offset.
-    let mut data = Vec::new();
-    trace.read_to_end(&mut data).map_err(|e| SimError::Line {
-        line: 1,
-        reason: format!("cannot read: {e}"),
-    })?;
-    let mut lines = Lines::new(&data);
-    let mut csv = csv::ReaderBuilder::new()
-        .has_headers(true)
-        .trim(csv::Trim::All)
-        .from_reader(&data[..]);
-    let header = csv
-        .headers()
-        .map_err(|e| csv_error(&e, &mut lines))?
-        .clone();
-    let columns = Columns::from_header(&header)?;
-    let mut rows = Vec::new();
-    let mut record = csv::StringRecord::new();
-    loop {
-        match csv.read_record(&mut record) {
-            Ok(true) => {}
-            Ok(false) => break,
-            Err(e) => return Err(csv_error(&e, &mut lines)),
-        }
-        let line = record.position().map_or(0, |p| lines.at(p.byte()));
-        let row = columns
-            .row(&record, line)
-            .map_err(|reason| SimError::Line { line, reason })?;
-        rows.push(row);
-    }
-    Ok(rows)
+#[cfg(test)]
+pub(super) fn read(trace: impl Read) -> Result<Vec<Row>, SimError> {
+    Rows::new(trace)?.collect()
 }
 
-/// Line numbers of byte offsets, asked in increasing order (one pass over the trace).
-struct Lines<'a> {
-    data: &'a [u8],
-    /// Bytes counted so far, and the line the byte at `byte` is on.
-    byte: usize,
+/// The rows of a trace, read one at a time: memory holds one record and the reader's
+/// buffer, however long the trace.
+pub(super) struct Rows<R: Read> {
+    csv: csv::Reader<Counted<R>>,
+    columns: Columns,
+    record: csv::StringRecord,
+    failed: bool,
+}
+
+impl<R: Read> Rows<R> {
+    /// Reads the header.
+    ///
+    /// # Errors
+    /// `SimError::Line` (line 1) for a missing or bad header.
+    pub(super) fn new(trace: R) -> Result<Self, SimError> {
+        let mut csv = csv::ReaderBuilder::new()
+            .has_headers(true)
+            .trim(csv::Trim::All)
+            .from_reader(Counted::new(trace));
+        let header = match csv.headers() {
+            Ok(h) => h.clone(),
+            Err(e) => return Err(csv_error(&e, csv.get_mut())),
+        };
+        let columns = Columns::from_header(&header)?;
+        Ok(Self {
+            csv,
+            columns,
+            record: csv::StringRecord::new(),
+            failed: false,
+        })
+    }
+}
+
+impl<R: Read> Iterator for Rows<R> {
+    type Item = Result<Row, SimError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.failed {
+            return None;
+        }
+        let result = match self.csv.read_record(&mut self.record) {
+            Ok(false) => return None,
+            Ok(true) => {
+                let line = self
+                    .record
+                    .position()
+                    .map_or(0, |p| self.csv.get_mut().line_at(p.byte()));
+                self.columns
+                    .row(&self.record, line)
+                    .map_err(|reason| SimError::Line { line, reason })
+            }
+            Err(e) => Err(csv_error(&e, self.csv.get_mut())),
+        };
+        self.failed = result.is_err();
+        Some(result)
+    }
+}
+
+/// The trace as the CSV reader reads it, noting where each line break passes so that a
+/// record's byte offset can be told as a line number (the csv crate does not count the
+/// blank lines it skips). Only breaks the reader has not yet moved past are kept.
+struct Counted<R> {
+    inner: R,
+    /// Bytes read so far.
+    read: u64,
+    /// Offsets of `\n` (true) and `\r` (false) bytes at or after the last offset asked.
+    breaks: std::collections::VecDeque<(u64, bool)>,
+    /// Line feeds before the front of `breaks`.
     line: u64,
 }
 
-impl<'a> Lines<'a> {
-    fn new(data: &'a [u8]) -> Self {
+impl<R> Counted<R> {
+    fn new(inner: R) -> Self {
         Self {
-            data,
-            byte: 0,
+            inner,
+            read: 0,
+            breaks: std::collections::VecDeque::new(),
             line: 1,
         }
     }
@@ -116,25 +154,37 @@ impl<'a> Lines<'a> {
     /// The 1-based line of the record starting at `offset` (not below the last offset
     /// asked): a record's position is where the reader stood, before the blank lines it
     /// skips, so those are stepped over first.
-    fn at(&mut self, offset: u64) -> u64 {
-        let mut end = usize::try_from(offset)
-            .unwrap_or(usize::MAX)
-            .min(self.data.len());
-        while matches!(self.data.get(end), Some(b'\n' | b'\r')) {
-            end += 1;
-        }
-        if end > self.byte {
-            let newlines = memchr::memchr_iter(b'\n', &self.data[self.byte..end]).count();
-            self.line += newlines as u64;
-            self.byte = end;
+    fn line_at(&mut self, mut offset: u64) -> u64 {
+        while let Some(&(at, lf)) = self.breaks.front() {
+            if at > offset {
+                break;
+            }
+            if at == offset {
+                offset += 1; // a blank line the reader skips
+            }
+            self.line += u64::from(lf);
+            self.breaks.pop_front();
         }
         self.line
     }
 }
 
+impl<R: Read> Read for Counted<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        for (i, b) in buf.iter().take(n).enumerate() {
+            if matches!(b, b'\n' | b'\r') {
+                self.breaks.push_back((self.read + i as u64, *b == b'\n'));
+            }
+        }
+        self.read += n as u64;
+        Ok(n)
+    }
+}
+
 /// A CSV error as the line it happened on.
-fn csv_error(e: &csv::Error, lines: &mut Lines<'_>) -> SimError {
-    let line = e.position().map_or(1, |p| lines.at(p.byte()));
+fn csv_error<R>(e: &csv::Error, lines: &mut Counted<R>) -> SimError {
+    let line = e.position().map_or(1, |p| lines.line_at(p.byte()));
     let reason = match e.kind() {
         csv::ErrorKind::UnequalLengths {
             expected_len, len, ..
@@ -209,18 +259,29 @@ impl Columns {
 
 /// `time`: RFC 3339 (`2026-01-01T00:00:00.250Z`, any offset) or Unix milliseconds.
 fn time_ms(s: &str) -> Result<u64, String> {
-    if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
-        return match s.parse::<u64>() {
-            Ok(ms) if ms >= MIN_UNIX_MS => Ok(ms),
-            Ok(_) => Err(format!(
-                "time {s:?} looks like Unix seconds: give Unix milliseconds or RFC 3339"
-            )),
-            Err(_) => Err(format!("time {s:?} is out of range")),
-        };
+    let ms = if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
+        match s.parse::<u64>() {
+            Ok(ms) if ms >= MIN_UNIX_MS => ms,
+            Ok(_) => {
+                return Err(format!(
+                    "time {s:?} looks like Unix seconds: give Unix milliseconds or RFC 3339"
+                ))
+            }
+            Err(_) => return Err(format!("time {s:?} is out of range")),
+        }
+    } else {
+        rfc3339_ms(s).ok_or_else(|| {
+            format!(
+                "invalid time {s:?}: expected RFC 3339 (2026-01-01T00:00:00Z) or Unix milliseconds"
+            )
+        })?
+    };
+    if ms > MAX_UNIX_MS {
+        return Err(format!(
+            "time {s:?} is out of range: the last is 9999-12-31T23:59:59.999Z"
+        ));
     }
-    rfc3339_ms(s).ok_or_else(|| {
-        format!("invalid time {s:?}: expected RFC 3339 (2026-01-01T00:00:00Z) or Unix milliseconds")
-    })
+    Ok(ms)
 }
 
 /// `ip`: an IPv4 or IPv6 address.

@@ -20,6 +20,7 @@ mod concurrency;
 mod dashboards;
 mod db;
 mod edge;
+mod edge_round2;
 mod events;
 mod hardening;
 mod health;
