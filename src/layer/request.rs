@@ -92,7 +92,8 @@ fn with_path(uri: &Uri, path: &str) -> Option<Uri> {
 /// tenant and id added.
 pub(super) fn identity_headers(headers: &mut HeaderMap, a: &Admission, trusted: bool) {
     let underscores = a.runtime.config.server.underscores_in_headers;
-    let doomed = |n: &HeaderName| crate::proxy::scrubbed(n.as_str(), trusted, underscores);
+    let fwd = a.runtime.config.client_ip_header == crate::config::ClientIpHeader::Forwarded;
+    let doomed = |n: &HeaderName| crate::proxy::scrubbed(n.as_str(), trusted, underscores, fwd);
     if headers.keys().any(doomed) {
         let doomed: Vec<HeaderName> = headers.keys().filter(|n| doomed(n)).cloned().collect();
         for name in doomed {

@@ -206,7 +206,14 @@ impl ProxyHttp for Gateway {
         let peer = peer_ip(session);
         let rt = &a.runtime; // the config the request was admitted on
         let trusted = rt.resolver.is_trusted(peer);
-        scrub_headers(upstream, trusted, rt.config.server.underscores_in_headers);
+        let reads_forwarded = rt.config.client_ip_header == ClientIpHeader::Forwarded;
+        let server = &rt.config.server;
+        scrub_headers(
+            upstream,
+            trusted,
+            server.underscores_in_headers,
+            reads_forwarded,
+        );
         if let Some(uri) = &ctx.uri {
             upstream.set_uri(uri.clone());
         }
@@ -217,7 +224,6 @@ impl ProxyHttp for Gateway {
         // Only the chain the gateway read is forwarded as received (from a trusted proxy,
         // plus this hop): the other was never checked, so an upstream reading it would
         // believe whatever the client wrote. `X-Forwarded-For` always carries this hop.
-        let reads_forwarded = rt.config.client_ip_header == ClientIpHeader::Forwarded;
         let xff = if trusted && !reads_forwarded {
             forwarded_for(session.req_header(), peer)
         } else {
@@ -231,8 +237,6 @@ impl ProxyHttp for Gateway {
                 ips.forwarded
             };
             upstream.insert_header(http::header::FORWARDED, fwd)?;
-        } else {
-            upstream.remove_header(&http::header::FORWARDED);
         }
         upstream.insert_header("x-real-ip", ips.client)?;
         if let Some((tenant, key_id)) = a.key.as_ref().and_then(|k| k.headers.clone()) {
@@ -369,11 +373,12 @@ fn peer_ip(session: &Session) -> IpAddr {
 ///   `X_Throttle_Tenant` as `X-Throttle-Tenant`;
 /// - `X-Original-URL` / `X-Rewrite-URL`: some frameworks route on them instead of the
 ///   path this gateway matched;
+/// - the client-IP chain the gateway does not read (`fwd`: it reads `Forwarded`);
 /// - from a peer that is not a trusted proxy, `Forwarded` and `X-Forwarded-Host`,
 ///   `-Proto`, `-Port`, `-Prefix` (the gateway sets `Forwarded` and `X-Forwarded-For`
 ///   itself).
-fn scrub_headers(req: &mut RequestHeader, trusted: bool, underscores: bool) {
-    let doomed = |n: &str| scrubbed(n, trusted, underscores);
+fn scrub_headers(req: &mut RequestHeader, trusted: bool, underscores: bool, fwd: bool) {
+    let doomed = |n: &str| scrubbed(n, trusted, underscores, fwd);
     if !req.headers.keys().any(|n| doomed(n.as_str())) {
         return; // the common case: nothing to remove, nothing allocated
     }
@@ -491,11 +496,14 @@ fn forwarded_for(req: &RequestHeader, peer: IpAddr) -> HeaderValue {
 
 /// Whether a client-sent request header (lower-case `name`) is removed before the request
 /// goes upstream: `X-Throttle-*` (only the gateway sets them), names with `_` (unless
-/// `underscores_in_headers`), URL-override headers, and, from an untrusted peer, the
-/// forwarding headers that would name another host, scheme or prefix. The tower layer
-/// applies the same rule.
-pub fn scrubbed(n: &str, trusted: bool, underscores: bool) -> bool {
+/// `underscores_in_headers`), URL-override headers, the client-IP chain the gateway does
+/// not read (`Forwarded`, or `X-Forwarded-For` with `reads_forwarded`), and, from an
+/// untrusted peer, the forwarding headers that would name another host, scheme or prefix.
+/// The tower layer applies the same rule.
+pub fn scrubbed(n: &str, trusted: bool, underscores: bool, reads_forwarded: bool) -> bool {
     n.starts_with("x-throttle-")
+        // The client-IP chain the gateway does not read was never checked.
+        || (if reads_forwarded { n == "x-forwarded-for" } else { n == "forwarded" })
         || (!underscores && n.contains('_'))
         || matches!(n, "x-original-url" | "x-rewrite-url")
         || (!trusted
