@@ -239,8 +239,14 @@ impl ProxyHttp for Gateway {
             return Ok(());
         };
         // Reserve, then settle: the upstream reports the request's true cost.
-        if let Some(name) = a.route.as_ref().and_then(|r| r.route.cost_header.as_ref()) {
-            if let Some(actual) = resp.headers.get(name).and_then(|v| true_cost(v.as_bytes())) {
+        let route = a.route.as_ref().map(|r| &r.route);
+        if let Some((name, r)) = route.and_then(|r| Some((r.cost_header.as_ref()?, r))) {
+            let values = resp.headers.get_all(name).iter().map(|v| v.as_bytes());
+            if let Some(reported) = reported_usage(values) {
+                let (actual, clamped) = clamp_usage(reported, r.max_cost);
+                if clamped {
+                    self.core.metrics.cost_clamped.inc();
+                }
                 a.settle(actual, &self.core.metrics);
             }
         }
@@ -288,8 +294,20 @@ impl ProxyHttp for Gateway {
 
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut RequestCtx) {
         let status = session.response_written().map_or(0, |r| r.status.as_u16());
-        if let Some(a) = ctx.admission.take() {
-            a.finish(ending(e, status));
+        if let Some(mut a) = ctx.admission.take() {
+            let ending = ending(e, status);
+            // A client cannot pay less by leaving: gone before a valid usage header, the
+            // request settles at the route's `max_cost` (without one, the reserve stays).
+            let max_cost = a.route.as_ref().and_then(|r| {
+                let r = &r.route;
+                r.cost_header.as_ref().and(r.max_cost)
+            });
+            if let Some(max) = max_cost.filter(|_| ending == Ending::ClientGone) {
+                if !a.is_settled() {
+                    a.settle(max, &self.core.metrics);
+                }
+            }
+            a.finish(ending);
         }
         let counters = match &ctx.route {
             Some(r) => r
@@ -494,6 +512,29 @@ pub fn scrubbed(n: &str, trusted: bool, underscores: bool) -> bool {
             ))
 }
 
+/// The usage an upstream reported in its `cost_header` lines: every line and every
+/// comma-separated element of a line is one value (RFC 9110 5.3: repeated field lines are
+/// one list); the largest counts, so repeating the header can never lower the bill. No
+/// value, or any malformed or empty element among them: `None` (nothing settles).
+pub fn reported_usage<'a>(values: impl IntoIterator<Item = &'a [u8]>) -> Option<u32> {
+    let mut largest: Option<u32> = None;
+    for line in values {
+        for element in line.split(|b| *b == b',') {
+            let v = true_cost(element)?;
+            largest = Some(largest.map_or(v, |l| l.max(v)));
+        }
+    }
+    largest
+}
+
+/// A reported usage bounded by the route's `max_cost`; `true` when it was clamped.
+pub fn clamp_usage(reported: u32, max_cost: Option<u32>) -> (u32, bool) {
+    match max_cost {
+        Some(max) if reported > max => (max, true),
+        _ => (reported, false),
+    }
+}
+
 /// A `cost_header` value: decimal digits only (at most 9, so it fits any window math), or
 /// nothing is settled.
 pub fn true_cost(v: &[u8]) -> Option<u32> {
@@ -506,7 +547,37 @@ pub fn true_cost(v: &[u8]) -> Option<u32> {
 
 #[cfg(test)]
 mod tests {
-    use super::true_cost;
+    use super::{clamp_usage, reported_usage, true_cost};
+
+    /// Repeated usage headers: the largest value counts; one malformed element voids
+    /// them all.
+    #[test]
+    fn repeated_usage_headers() {
+        let cases: &[(&[&[u8]], Option<u32>)] = &[
+            (&[], None),
+            (&[b"7"], Some(7)),
+            (&[b"900", b"3"], Some(900)),
+            (&[b"3", b"900"], Some(900)),
+            (&[b"12, 13"], Some(13)),
+            (&[b"5", b"12,13", b" 4 "], Some(13)),
+            (&[b"900", b"abc"], None),
+            (&[b"abc", b"900"], None),
+            (&[b"900", b""], None),
+            (&[b"1,"], None),
+            (&[b"900", b"-1"], None),
+        ];
+        for (values, want) in cases {
+            assert_eq!(reported_usage(values.iter().copied()), *want, "{values:?}");
+        }
+    }
+
+    #[test]
+    fn usage_is_clamped_to_max_cost() {
+        assert_eq!(clamp_usage(5_000, Some(900)), (900, true));
+        assert_eq!(clamp_usage(900, Some(900)), (900, false));
+        assert_eq!(clamp_usage(3, Some(900)), (3, false));
+        assert_eq!(clamp_usage(5_000, None), (5_000, false));
+    }
 
     #[test]
     fn cost_header_values() {
