@@ -45,6 +45,11 @@ pub struct RequestCtx {
     route: Option<Arc<RouteEntry>>,
     connect_tries: usize,
     upstream_started: Option<tokio::time::Instant>,
+    /// When the request's last byte went to the upstream (its body's end, or its head
+    /// for a request without a body): where the adaptive latency starts.
+    upstream_sent: Option<tokio::time::Instant>,
+    /// When the upstream's response head arrived, and its status.
+    upstream_head: Option<(tokio::time::Instant, u16)>,
 }
 
 // === impl Gateway ===
@@ -229,6 +234,31 @@ impl ProxyHttp for Gateway {
         Ok(())
     }
 
+    async fn request_body_filter(
+        &self,
+        _session: &mut Session,
+        _body: &mut Option<bytes::Bytes>,
+        end_of_stream: bool,
+        ctx: &mut RequestCtx,
+    ) -> pingora::Result<()> {
+        // Called with `end_of_stream` for a request without a body too; a retry on
+        // another upstream sends it again and moves the mark.
+        if end_of_stream {
+            ctx.upstream_sent = Some(tokio::time::Instant::now());
+        }
+        Ok(())
+    }
+
+    async fn upstream_response_filter(
+        &self,
+        _session: &mut Session,
+        resp: &mut ResponseHeader,
+        ctx: &mut RequestCtx,
+    ) -> pingora::Result<()> {
+        ctx.upstream_head = Some((tokio::time::Instant::now(), resp.status.as_u16()));
+        Ok(())
+    }
+
     async fn response_filter(
         &self,
         _session: &mut Session,
@@ -294,6 +324,10 @@ impl ProxyHttp for Gateway {
 
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut RequestCtx) {
         let status = session.response_written().map_or(0, |r| r.status.as_u16());
+        let client = ctx
+            .admission
+            .as_ref()
+            .map(|a| crate::adaptive::client_id(a.client_ip, a.runtime.config.ipv6_prefix));
         if let Some(mut a) = ctx.admission.take() {
             let ending = ending(e, status);
             // A client cannot pay less by leaving: gone before a valid usage header, the
@@ -319,14 +353,57 @@ impl ProxyHttp for Gateway {
         if let Some(started) = ctx.upstream_started {
             let took = started.elapsed();
             counters.upstream_seconds.observe(took.as_secs_f64());
-            // An adaptive route learns from every upstream answer, the gateway's own 502
-            // or 504 for an upstream it could not reach or that timed out included.
-            let adaptive = ctx.route.as_ref().and_then(|r| r.adaptive.as_ref());
-            if let Some(state) = adaptive.filter(|_| status != 0) {
-                state.record(self.core.clock.now_ms(), took, status >= 500);
+            // An adaptive route learns from its upstream alone (see `upstream_sample`).
+            let route = ctx.route.as_ref();
+            let adaptive = route.and_then(|r| Some((r.adaptive.as_ref()?, r.route.adaptive?)));
+            let sample = upstream_sample(ctx, started, e);
+            if let (Some((state, settings)), Some((latency, error))) = (adaptive, sample) {
+                let now_ms = self.core.clock.now_ms();
+                state.record_from(&settings, now_ms, client.unwrap_or(0), latency, error);
             }
         }
     }
+}
+
+/// What an adaptive route learns from a proxied request: (latency, error), or nothing.
+/// - The upstream answered: the time from the request's last byte written to the
+///   response head (not the client's upload or download), an error when it answered 5xx.
+/// - No answer, and the upstream is to blame: the gateway could not connect (the connect
+///   time), or the request was fully sent and the upstream failed or timed out before
+///   its head (the time since the last byte): an error.
+/// - Otherwise nothing: the client went away or failed, the gateway refused or timed the
+///   client out, or the upstream failed while the client was still uploading.
+fn upstream_sample(
+    ctx: &RequestCtx,
+    started: tokio::time::Instant,
+    e: Option<&Error>,
+) -> Option<(std::time::Duration, bool)> {
+    if let Some((at, status)) = ctx.upstream_head {
+        // An upstream that answers before the body ends took no time after it.
+        let from = ctx.upstream_sent.unwrap_or(at);
+        return Some((at.saturating_duration_since(from), status >= 500));
+    }
+    let e = e.filter(|e| e.esource() == &ErrorSource::Upstream)?;
+    if is_connect_failure(e.etype()) {
+        return Some((started.elapsed(), true));
+    }
+    ctx.upstream_sent.map(|sent| (sent.elapsed(), true))
+}
+
+/// Whether the gateway never got a connection to the upstream.
+fn is_connect_failure(t: &ErrorType) -> bool {
+    matches!(
+        t,
+        ErrorType::ConnectTimedout
+            | ErrorType::ConnectRefused
+            | ErrorType::ConnectNoRoute
+            | ErrorType::ConnectError
+            | ErrorType::ConnectProxyFailure
+            | ErrorType::TLSHandshakeFailure
+            | ErrorType::TLSHandshakeTimedout
+            | ErrorType::SocketError
+            | ErrorType::BindError
+    )
 }
 
 /// How a request that reached `logging` ended.
