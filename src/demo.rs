@@ -2,8 +2,8 @@
 //! JSON body with the method, path and the headers the upstream received, so one can
 //! see exactly what the gateway forwarded. `?delay_ms=N` makes it answer N ms late;
 //! `?status=N` makes it answer with status N (100..=599; e.g. 503 for a failing upstream);
-//! `?usage=N` makes it report `X-Usage-Tokens: N`, like an LLM API reporting the tokens a
-//! request used (a route's `cost_header`).
+//! `?usage=N` makes it report `X-Usage-Tokens: N` (one line per `usage=`), like an LLM
+//! API reporting the tokens a request used (a route's `cost_header`).
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -124,13 +124,12 @@ async fn echo(
         "content-type",
         http::HeaderValue::from_static("application/json"),
     );
-    let usage = req
-        .uri()
-        .query()
-        .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("usage=")))
-        .and_then(|v| http::HeaderValue::from_str(v).ok());
-    if let Some(v) = usage {
-        resp.headers_mut().insert("x-usage-tokens", v);
+    // Each `usage=` adds one `X-Usage-Tokens` line (a repeated header in tests).
+    let usages = req.uri().query().into_iter().flat_map(|q| q.split('&'));
+    for v in usages.filter_map(|kv| kv.strip_prefix("usage=")) {
+        if let Ok(v) = http::HeaderValue::from_str(v) {
+            resp.headers_mut().append("x-usage-tokens", v);
+        }
     }
     if let Some(code) = status(req.uri().query()) {
         *resp.status_mut() = code;

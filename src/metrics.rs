@@ -58,6 +58,9 @@ pub struct Metrics {
     /// `throttle_cost_settled_total{direction}`: tokens settled after the response
     /// (`charge`: the true cost was higher than reserved; `refund`: lower).
     pub cost_settled: [IntCounter; 2],
+    /// `throttle_cost_clamped_total`: settlements whose reported usage was above the
+    /// route's `max_cost` and settled as `max_cost`.
+    pub cost_clamped: IntCounter,
     /// `throttle_near_limit_total{scope}`: admitted requests that left their governing
     /// window (the one with the fewest remaining) at most 10% of its limit, by its scope.
     near_limit: [IntCounter; 5],
@@ -203,6 +206,11 @@ impl Metrics {
         )?;
         registry.register(Box::new(cost_settled_total.clone()))?;
         let cost_settled = ["charge", "refund"].map(|d| cost_settled_total.with_label_values(&[d]));
+        let cost_clamped = IntCounter::new(
+            "throttle_cost_clamped_total",
+            "Settlements whose reported usage was above the route's max_cost, settled as max_cost.",
+        )?;
+        registry.register(Box::new(cost_clamped.clone()))?;
         let near_limit_total = IntCounterVec::new(
             Opts::new(
                 "throttle_near_limit_total",
@@ -256,6 +264,7 @@ impl Metrics {
             lease_tokens_returned_total,
             upstream_seconds,
             cost_settled,
+            cost_clamped,
             near_limit,
             bans,
             adaptive_factor,

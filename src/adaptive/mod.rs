@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-pub use self::window::{Observed, Window};
+pub use self::window::{Client, Observed, Sample, Window};
 
 /// A limit multiplier in `(0, 1]`, in millionths.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -43,6 +43,15 @@ pub struct Settings {
 pub struct RouteState {
     window: Mutex<Window>,
     factor: AtomicU32,
+}
+
+/// The window's name for the client at `ip`: the `ip` scope's identity (IPv4 as its
+/// IPv4-mapped IPv6 number, IPv6 as its `/ipv6_prefix` network).
+pub fn client_id(ip: std::net::IpAddr, ipv6_prefix: u8) -> Client {
+    match crate::limiter::check::network(ip, ipv6_prefix) {
+        ipnet::IpNet::V4(n) => u128::from(n.addr().to_ipv6_mapped()),
+        ipnet::IpNet::V6(n) => u128::from(n.network()),
+    }
 }
 
 // === impl Factor ===
@@ -121,6 +130,31 @@ impl RouteState {
             .record(now_ms, latency, error);
     }
 
+    /// Counts one upstream response of a client at `now_ms`; `slow` is judged against
+    /// the route's `target_p99_ms`.
+    pub fn record_from(
+        &self,
+        settings: &Settings,
+        now_ms: u64,
+        client: Client,
+        latency: Duration,
+        error: bool,
+    ) {
+        let slow = settings
+            .target_p99_ms
+            .is_some_and(|t| latency > Duration::from_millis(t));
+        let sample = Sample {
+            client,
+            latency,
+            error,
+            slow,
+        };
+        self.window
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .record_sample(now_ms, sample);
+    }
+
     /// What the window shows at `now_ms`.
     pub fn observe(&self, now_ms: u64) -> Observed {
         self.window
@@ -129,9 +163,18 @@ impl RouteState {
             .observe(now_ms)
     }
 
+    /// What the controller judges at `now_ms` (`Window::judge`: without the worst
+    /// client's bad responses).
+    pub fn judged(&self, now_ms: u64) -> Observed {
+        self.window
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .judge(now_ms)
+    }
+
     /// One controller step at `now_ms`; answers the new factor.
     pub fn tick(&self, settings: &Settings, now_ms: u64) -> Factor {
-        let observed = self.observe(now_ms);
+        let observed = self.judged(now_ms);
         let next = controller::next(self.factor(), settings, &observed);
         self.factor.store(next.0, Ordering::Relaxed);
         next

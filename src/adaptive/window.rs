@@ -5,7 +5,16 @@
 //! response and 5xx counts. A bucket is tagged with the Unix second it counts; a response
 //! of a later second reuses the slot of the second 10 s earlier (resetting it), and a
 //! reading sums only the buckets of the 10 seconds ending at the reading's second. No
-//! sample is ever stored: memory is `BUCKETS x (BINS x 4 + 24)` bytes (about 6.6 KiB).
+//! sample is ever stored: memory is `BUCKETS x (BINS x 4 + 24 + HITTERS x 32)` bytes
+//! (about 9 KiB).
+//!
+//! Each bucket also tracks, per client (the `ip` scope's identity), the responses of up
+//! to `HITTERS` clients: how many, how many were bad (5xx, or slower than the route's
+//! `target_p99_ms`), how many 5xx and how many slow. A new client takes a free entry, or,
+//! with a bad response, the entry of a client with no bad response; otherwise it is not
+//! tracked in that second. `judge` reads the window as the controller sees it: without
+//! the bad responses of the one client with the most of them, unless that client is all
+//! the traffic of the window (see `judge`).
 
 use std::time::Duration;
 
@@ -18,6 +27,35 @@ const BUCKETS: usize = WINDOW_SECS as usize;
 const BINS: usize = 160;
 const BINS_PER_DOUBLING: f64 = 8.0;
 const FIRST_EDGE_US: f64 = 250.0;
+/// Clients tracked per bucket.
+const HITTERS: usize = 8;
+
+/// A client as the window tells them apart: the `ip` scope's identity (an IPv4 address,
+/// or an IPv6 client's `/ipv6_prefix` network), as a 128-bit number.
+pub type Client = u128;
+
+/// One client's responses within a bucket (`samples` 0: a free entry).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Hitter {
+    client: Client,
+    samples: u32,
+    bad: u32,
+    errors: u32,
+    slow: u32,
+}
+
+/// One response as the window counts it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Sample {
+    /// Who sent the request.
+    pub client: Client,
+    /// From the upstream request's last byte written to the response head.
+    pub latency: Duration,
+    /// A 5xx from the upstream, or no answer from it (connect failure, timeout).
+    pub error: bool,
+    /// Slower than the route's `target_p99_ms`.
+    pub slow: bool,
+}
 
 /// One second of responses.
 #[derive(Debug, Clone)]
@@ -27,6 +65,7 @@ struct Bucket {
     total: u32,
     errors: u32,
     bins: [u32; BINS],
+    hitters: [Hitter; HITTERS],
 }
 
 /// The last 10 s of one route's upstream responses.
@@ -56,6 +95,7 @@ impl Default for Window {
             total: 0,
             errors: 0,
             bins: [0; BINS],
+            hitters: [Hitter::default(); HITTERS],
         };
         Self {
             buckets: Box::new(std::array::from_fn(|_| empty.clone())),
@@ -64,8 +104,22 @@ impl Default for Window {
 }
 
 impl Window {
-    /// Counts one response at `now_ms` (limiter clock) that took `latency`.
+    /// Counts one response at `now_ms` (limiter clock) that took `latency`, from no
+    /// client in particular.
     pub fn record(&mut self, now_ms: u64, latency: Duration, error: bool) {
+        self.record_sample(
+            now_ms,
+            Sample {
+                client: 0,
+                latency,
+                error,
+                slow: false,
+            },
+        );
+    }
+
+    /// Counts one response at `now_ms` (limiter clock).
+    pub fn record_sample(&mut self, now_ms: u64, s: Sample) {
         let second = now_ms / 1_000;
         let Some(b) = self.buckets.get_mut((second % WINDOW_SECS) as usize) else {
             return;
@@ -75,38 +129,158 @@ impl Window {
             b.total = 0;
             b.errors = 0;
             b.bins = [0; BINS];
+            b.hitters = [Hitter::default(); HITTERS];
         }
         b.total = b.total.saturating_add(1);
-        if error {
+        if s.error {
             b.errors = b.errors.saturating_add(1);
         }
-        if let Some(n) = b.bins.get_mut(bin(latency)) {
+        if let Some(n) = b.bins.get_mut(bin(s.latency)) {
             *n = n.saturating_add(1);
         }
+        b.hit(&s);
     }
 
     /// The responses of the 10 seconds ending with `now_ms`'s second.
     pub fn observe(&self, now_ms: u64) -> Observed {
+        let (total, errors, bins) = self.sums(now_ms);
+        Observed {
+            total,
+            errors,
+            p99_ms: quantile(&bins, total, 0.99),
+        }
+    }
+
+    /// The window as the controller judges it at `now_ms`: without the bad responses
+    /// (5xx or slow) of the one client with the most of them, so one client cannot
+    /// shrink a route for everyone; its good responses still count as traffic. When that
+    /// client sent every response of the window, nothing is left out (it is the whole
+    /// traffic, and its share explains everything).
+    pub fn judge(&self, now_ms: u64) -> Observed {
+        let (total, errors, mut bins) = self.sums(now_ms);
+        let Some(worst) = self.worst(now_ms).filter(|w| u64::from(w.samples) < total) else {
+            return Observed {
+                total,
+                errors,
+                p99_ms: quantile(&bins, total, 0.99),
+            };
+        };
+        // Its slow responses leave from the top of the histogram, its other bad ones
+        // (fast 5xx) from the bottom: the count above the target drops by exactly its
+        // slow responses, as if they had never been recorded.
+        let slow = u64::from(worst.slow);
+        let fast_bad = u64::from(worst.bad.saturating_sub(worst.slow));
+        remove(bins.iter_mut().rev(), slow);
+        remove(bins.iter_mut(), fast_bad);
+        let total = total.saturating_sub(u64::from(worst.bad));
+        Observed {
+            total,
+            errors: errors.saturating_sub(u64::from(worst.errors)),
+            p99_ms: quantile(&bins, total, 0.99),
+        }
+    }
+
+    /// The buckets of the 10 seconds ending with `now_ms`'s second.
+    fn live(&self, now_ms: u64) -> impl Iterator<Item = &Bucket> {
         let now = now_ms / 1_000;
+        self.buckets
+            .iter()
+            .filter(move |b| b.second <= now && now - b.second < WINDOW_SECS)
+    }
+
+    /// (responses, 5xx, histogram) of the window.
+    fn sums(&self, now_ms: u64) -> (u64, u64, [u64; BINS]) {
         let mut total = 0u64;
         let mut errors = 0u64;
         let mut bins = [0u64; BINS];
-        let live = self
-            .buckets
-            .iter()
-            .filter(|b| b.second <= now && now - b.second < WINDOW_SECS);
-        for b in live {
+        for b in self.live(now_ms) {
             total += u64::from(b.total);
             errors += u64::from(b.errors);
             for (sum, n) in bins.iter_mut().zip(b.bins.iter()) {
                 *sum += u64::from(*n);
             }
         }
-        Observed {
-            total,
-            errors,
-            p99_ms: quantile(&bins, total, 0.99),
+        (total, errors, bins)
+    }
+
+    /// The client with the most bad responses in the window (ties: the most responses,
+    /// then the lowest identity), if any client has one.
+    fn worst(&self, now_ms: u64) -> Option<Hitter> {
+        let mut merged: Vec<Hitter> = Vec::with_capacity(HITTERS * BUCKETS);
+        for h in self.live(now_ms).flat_map(|b| b.hitters.iter()) {
+            if h.samples == 0 {
+                continue;
+            }
+            match merged.iter_mut().find(|m| m.client == h.client) {
+                Some(m) => {
+                    m.samples = m.samples.saturating_add(h.samples);
+                    m.bad = m.bad.saturating_add(h.bad);
+                    m.errors = m.errors.saturating_add(h.errors);
+                    m.slow = m.slow.saturating_add(h.slow);
+                }
+                None => merged.push(*h),
+            }
         }
+        merged
+            .into_iter()
+            .filter(|h| h.bad > 0)
+            .max_by_key(|h| (h.bad, h.samples, std::cmp::Reverse(h.client)))
+    }
+}
+
+/// Takes `n` responses out of the bins `iter` walks, in its order.
+fn remove<'a>(iter: impl Iterator<Item = &'a mut u64>, mut n: u64) {
+    for c in iter {
+        if n == 0 {
+            return;
+        }
+        let take = n.min(*c);
+        *c -= take;
+        n -= take;
+    }
+}
+
+// === impl Bucket ===
+
+impl Bucket {
+    /// Counts `s` for its client (see the module docs for who is tracked).
+    fn hit(&mut self, s: &Sample) {
+        let bad = s.error || s.slow;
+        let i = match self
+            .hitters
+            .iter()
+            .position(|h| h.samples > 0 && h.client == s.client)
+        {
+            Some(i) => i,
+            None => {
+                let free = self.hitters.iter().position(|h| h.samples == 0);
+                let spare = || {
+                    self.hitters
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, h)| h.bad == 0)
+                        .min_by_key(|(_, h)| h.samples)
+                        .map(|(i, _)| i)
+                };
+                match free.or_else(|| if bad { spare() } else { None }) {
+                    Some(i) => i,
+                    None => return, // not tracked this second
+                }
+            }
+        };
+        let Some(h) = self.hitters.get_mut(i) else {
+            return;
+        };
+        if h.samples == 0 || h.client != s.client {
+            *h = Hitter {
+                client: s.client,
+                ..Hitter::default()
+            };
+        }
+        h.samples = h.samples.saturating_add(1);
+        h.bad = h.bad.saturating_add(u32::from(bad));
+        h.errors = h.errors.saturating_add(u32::from(s.error));
+        h.slow = h.slow.saturating_add(u32::from(s.slow));
     }
 }
 
@@ -213,6 +387,99 @@ mod tests {
             assert!(*lo <= p99 && p99 <= *hi, "case {i}: p99 {p99}");
             assert_eq!(o.error_rate(), Some(*errors as f64 / 100.0), "case {i}");
         }
+    }
+
+    /// `n` responses of `client` at `t`, `latency` ms each.
+    fn feed(w: &mut Window, t: u64, client: Client, n: u32, latency: u64, error: bool) {
+        for _ in 0..n {
+            let slow = latency > 100; // target_p99_ms 100
+            w.record_sample(
+                t,
+                Sample {
+                    client,
+                    latency: ms(latency),
+                    error,
+                    slow,
+                },
+            );
+        }
+    }
+
+    /// The controller's reading leaves out the bad responses of the one client with the
+    /// most of them, unless it is all the traffic. Rows: traffic as (client, count,
+    /// latency ms, 5xx), then the judged (total, errors) and whether p99 > 100 ms.
+    #[test]
+    fn judge_leaves_out_the_worst_client() {
+        type Row = (&'static [(Client, u32, u64, bool)], (u64, u64), bool);
+        let rows: &[Row] = &[
+            // Nobody bad: everything counts.
+            (&[(1, 50, 10, false), (2, 50, 10, false)], (100, 0), false),
+            // One client's 500s among healthy traffic: left out.
+            (&[(1, 90, 10, false), (9, 60, 10, true)], (90, 0), false),
+            // One client's slow responses: left out of the percentile.
+            (&[(1, 90, 10, false), (9, 60, 300, false)], (90, 0), false),
+            // Its good responses still count as traffic.
+            (
+                &[(1, 90, 10, false), (9, 30, 10, false), (9, 60, 10, true)],
+                (120, 0),
+                false,
+            ),
+            // A truly failing upstream: every client sees 5xx, only the worst is left out.
+            (
+                &[(1, 40, 10, true), (2, 30, 10, true), (3, 30, 10, false)],
+                (60, 30),
+                false,
+            ),
+            // ... and truly slow: p99 stays above target without the worst client.
+            (&[(1, 40, 300, false), (2, 30, 300, false)], (30, 0), true),
+            // The worst client alone is the whole traffic: judged as it is.
+            (&[(9, 5, 10, false), (9, 20, 10, true)], (25, 20), false),
+            (&[(9, 3, 300, false)], (3, 0), true),
+            // Only the single worst: a second bad client still counts.
+            (
+                &[(1, 50, 10, false), (8, 20, 10, true), (9, 30, 10, true)],
+                (70, 20),
+                false,
+            ),
+        ];
+        for (i, (traffic, (total, errors), slow)) in rows.iter().enumerate() {
+            let mut w = Window::default();
+            for (k, &(client, n, latency, error)) in traffic.iter().enumerate() {
+                // Spread over two seconds: the worst client is merged across buckets.
+                feed(
+                    &mut w,
+                    T0 + (k as u64 % 2) * 1_000,
+                    client,
+                    n,
+                    latency,
+                    error,
+                );
+            }
+            let o = w.judge(T0 + 1_000);
+            assert_eq!((o.total, o.errors), (*total, *errors), "row {i}");
+            assert_eq!(o.p99_ms.unwrap_or(0.0) > 100.0, *slow, "row {i}: {o:?}");
+            // `observe` is the raw window, everything counted.
+            let all: u64 = traffic.iter().map(|t| u64::from(t.1)).sum();
+            assert_eq!(w.observe(T0 + 1_000).total, all, "row {i}");
+        }
+    }
+
+    /// A bucket tracks at most `HITTERS` clients; a bad response takes the entry of a
+    /// client with none, so the one bad client among many healthy ones is still found.
+    #[test]
+    fn a_bad_client_is_tracked_among_many() {
+        let mut w = Window::default();
+        for c in 1..=20 {
+            feed(&mut w, T0, c, 5, 10, false);
+        }
+        feed(&mut w, T0, 99, 30, 10, true);
+        let o = w.judge(T0);
+        assert_eq!((o.total, o.errors), (100, 0));
+        // A slow upstream for everyone is not hidden by it.
+        for c in 1..=20 {
+            feed(&mut w, T0 + 1_000, c, 5, 400, false);
+        }
+        assert!(w.judge(T0 + 1_000).p99_ms.unwrap() > 100.0);
     }
 
     /// The window slides: a response counts for the 10 seconds starting at its second,

@@ -233,6 +233,11 @@ impl Admission {
         delta
     }
 
+    /// Whether the request's cost was settled (`settle` ran with a charged reservation).
+    pub fn is_settled(&self) -> bool {
+        self.settled
+    }
+
     /// Ends the request: what it holds goes back to the store, once.
     pub fn finish(mut self, ending: Ending) {
         self.end(ending);

@@ -240,6 +240,9 @@ pub struct Route {
     /// `cost_header`: the response header carrying the request's true cost (lower-case);
     /// the reserved `cost` is settled against it.
     pub cost_header: Option<http::HeaderName>,
+    /// `max_cost`: a reported usage above it settles as it; a client that leaves before
+    /// the usage header is settled at it (needs `cost_header`; at least `cost`).
+    pub max_cost: Option<u32>,
     /// `adaptive`: limits follow the upstream's health (see `adaptive`).
     pub adaptive: Option<crate::adaptive::Settings>,
     /// `health_check`: upstreams failing it are skipped until they pass again.

@@ -644,6 +644,22 @@ fn routes(cx: &Ctx<'_>, list: &[Spanned<RouteFile>]) -> Result<Vec<Route>, Confi
             Some(c) => *c.get_ref(),
             None => 1,
         };
+        let max_cost = match &r.max_cost {
+            Some(m) if r.cost_header.is_none() => {
+                return Err(cx.err(
+                    m.span(),
+                    "max_cost needs cost_header (it bounds the reported usage)",
+                ))
+            }
+            Some(m) if *m.get_ref() < cost => {
+                return Err(cx.err(
+                    m.span(),
+                    format!("max_cost {} is below the route's cost {cost}", m.get_ref()),
+                ))
+            }
+            Some(m) => Some(*m.get_ref()),
+            None => None,
+        };
         let trimmed = prefix.trim_end_matches('/');
         out.push(Route {
             name: Arc::from(r.name.get_ref().as_str()),
@@ -682,6 +698,7 @@ fn routes(cx: &Ctx<'_>, list: &[Spanned<RouteFile>]) -> Result<Vec<Route>, Confi
                     })?,
                 ),
             },
+            max_cost,
             adaptive: match &r.adaptive {
                 Some(a) => Some(adaptive(cx, a)?),
                 None => None,

@@ -45,6 +45,11 @@ pub struct RequestCtx {
     route: Option<Arc<RouteEntry>>,
     connect_tries: usize,
     upstream_started: Option<tokio::time::Instant>,
+    /// When the request's last byte went to the upstream (its body's end, or its head
+    /// for a request without a body): where the adaptive latency starts.
+    upstream_sent: Option<tokio::time::Instant>,
+    /// When the upstream's response head arrived, and its status.
+    upstream_head: Option<(tokio::time::Instant, u16)>,
 }
 
 // === impl Gateway ===
@@ -246,6 +251,31 @@ impl ProxyHttp for Gateway {
         Ok(())
     }
 
+    async fn request_body_filter(
+        &self,
+        _session: &mut Session,
+        _body: &mut Option<bytes::Bytes>,
+        end_of_stream: bool,
+        ctx: &mut RequestCtx,
+    ) -> pingora::Result<()> {
+        // Called with `end_of_stream` for a request without a body too; a retry on
+        // another upstream sends it again and moves the mark.
+        if end_of_stream {
+            ctx.upstream_sent = Some(tokio::time::Instant::now());
+        }
+        Ok(())
+    }
+
+    async fn upstream_response_filter(
+        &self,
+        _session: &mut Session,
+        resp: &mut ResponseHeader,
+        ctx: &mut RequestCtx,
+    ) -> pingora::Result<()> {
+        ctx.upstream_head = Some((tokio::time::Instant::now(), resp.status.as_u16()));
+        Ok(())
+    }
+
     async fn response_filter(
         &self,
         _session: &mut Session,
@@ -256,8 +286,14 @@ impl ProxyHttp for Gateway {
             return Ok(());
         };
         // Reserve, then settle: the upstream reports the request's true cost.
-        if let Some(name) = a.route.as_ref().and_then(|r| r.route.cost_header.as_ref()) {
-            if let Some(actual) = resp.headers.get(name).and_then(|v| true_cost(v.as_bytes())) {
+        let route = a.route.as_ref().map(|r| &r.route);
+        if let Some((name, r)) = route.and_then(|r| Some((r.cost_header.as_ref()?, r))) {
+            let values = resp.headers.get_all(name).iter().map(|v| v.as_bytes());
+            if let Some(reported) = reported_usage(values) {
+                let (actual, clamped) = clamp_usage(reported, r.max_cost);
+                if clamped {
+                    self.core.metrics.cost_clamped.inc();
+                }
                 a.settle(actual, &self.core.metrics);
             }
         }
@@ -305,8 +341,24 @@ impl ProxyHttp for Gateway {
 
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut RequestCtx) {
         let status = session.response_written().map_or(0, |r| r.status.as_u16());
-        if let Some(a) = ctx.admission.take() {
-            a.finish(ending(e, status));
+        let client = ctx
+            .admission
+            .as_ref()
+            .map(|a| crate::adaptive::client_id(a.client_ip, a.runtime.config.ipv6_prefix));
+        if let Some(mut a) = ctx.admission.take() {
+            let ending = ending(e, status);
+            // A client cannot pay less by leaving: gone before a valid usage header, the
+            // request settles at the route's `max_cost` (without one, the reserve stays).
+            let max_cost = a.route.as_ref().and_then(|r| {
+                let r = &r.route;
+                r.cost_header.as_ref().and(r.max_cost)
+            });
+            if let Some(max) = max_cost.filter(|_| ending == Ending::ClientGone) {
+                if !a.is_settled() {
+                    a.settle(max, &self.core.metrics);
+                }
+            }
+            a.finish(ending);
         }
         let counters = match &ctx.route {
             Some(r) => r
@@ -318,14 +370,57 @@ impl ProxyHttp for Gateway {
         if let Some(started) = ctx.upstream_started {
             let took = started.elapsed();
             counters.upstream_seconds.observe(took.as_secs_f64());
-            // An adaptive route learns from every upstream answer, the gateway's own 502
-            // or 504 for an upstream it could not reach or that timed out included.
-            let adaptive = ctx.route.as_ref().and_then(|r| r.adaptive.as_ref());
-            if let Some(state) = adaptive.filter(|_| status != 0) {
-                state.record(self.core.clock.now_ms(), took, status >= 500);
+            // An adaptive route learns from its upstream alone (see `upstream_sample`).
+            let route = ctx.route.as_ref();
+            let adaptive = route.and_then(|r| Some((r.adaptive.as_ref()?, r.route.adaptive?)));
+            let sample = upstream_sample(ctx, started, e);
+            if let (Some((state, settings)), Some((latency, error))) = (adaptive, sample) {
+                let now_ms = self.core.clock.now_ms();
+                state.record_from(&settings, now_ms, client.unwrap_or(0), latency, error);
             }
         }
     }
+}
+
+/// What an adaptive route learns from a proxied request: (latency, error), or nothing.
+/// - The upstream answered: the time from the request's last byte written to the
+///   response head (not the client's upload or download), an error when it answered 5xx.
+/// - No answer, and the upstream is to blame: the gateway could not connect (the connect
+///   time), or the request was fully sent and the upstream failed or timed out before
+///   its head (the time since the last byte): an error.
+/// - Otherwise nothing: the client went away or failed, the gateway refused or timed the
+///   client out, or the upstream failed while the client was still uploading.
+fn upstream_sample(
+    ctx: &RequestCtx,
+    started: tokio::time::Instant,
+    e: Option<&Error>,
+) -> Option<(std::time::Duration, bool)> {
+    if let Some((at, status)) = ctx.upstream_head {
+        // An upstream that answers before the body ends took no time after it.
+        let from = ctx.upstream_sent.unwrap_or(at);
+        return Some((at.saturating_duration_since(from), status >= 500));
+    }
+    let e = e.filter(|e| e.esource() == &ErrorSource::Upstream)?;
+    if is_connect_failure(e.etype()) {
+        return Some((started.elapsed(), true));
+    }
+    ctx.upstream_sent.map(|sent| (sent.elapsed(), true))
+}
+
+/// Whether the gateway never got a connection to the upstream.
+fn is_connect_failure(t: &ErrorType) -> bool {
+    matches!(
+        t,
+        ErrorType::ConnectTimedout
+            | ErrorType::ConnectRefused
+            | ErrorType::ConnectNoRoute
+            | ErrorType::ConnectError
+            | ErrorType::ConnectProxyFailure
+            | ErrorType::TLSHandshakeFailure
+            | ErrorType::TLSHandshakeTimedout
+            | ErrorType::SocketError
+            | ErrorType::BindError
+    )
 }
 
 /// How a request that reached `logging` ended.
@@ -517,6 +612,29 @@ pub fn scrubbed(n: &str, trusted: bool, underscores: bool, reads_forwarded: bool
             ))
 }
 
+/// The usage an upstream reported in its `cost_header` lines: every line and every
+/// comma-separated element of a line is one value (RFC 9110 5.3: repeated field lines are
+/// one list); the largest counts, so repeating the header can never lower the bill. No
+/// value, or any malformed or empty element among them: `None` (nothing settles).
+pub fn reported_usage<'a>(values: impl IntoIterator<Item = &'a [u8]>) -> Option<u32> {
+    let mut largest: Option<u32> = None;
+    for line in values {
+        for element in line.split(|b| *b == b',') {
+            let v = true_cost(element)?;
+            largest = Some(largest.map_or(v, |l| l.max(v)));
+        }
+    }
+    largest
+}
+
+/// A reported usage bounded by the route's `max_cost`; `true` when it was clamped.
+pub fn clamp_usage(reported: u32, max_cost: Option<u32>) -> (u32, bool) {
+    match max_cost {
+        Some(max) if reported > max => (max, true),
+        _ => (reported, false),
+    }
+}
+
 /// A `cost_header` value: decimal digits only (at most 9, so it fits any window math), or
 /// nothing is settled.
 pub fn true_cost(v: &[u8]) -> Option<u32> {
@@ -529,7 +647,37 @@ pub fn true_cost(v: &[u8]) -> Option<u32> {
 
 #[cfg(test)]
 mod tests {
-    use super::true_cost;
+    use super::{clamp_usage, reported_usage, true_cost};
+
+    /// Repeated usage headers: the largest value counts; one malformed element voids
+    /// them all.
+    #[test]
+    fn repeated_usage_headers() {
+        let cases: &[(&[&[u8]], Option<u32>)] = &[
+            (&[], None),
+            (&[b"7"], Some(7)),
+            (&[b"900", b"3"], Some(900)),
+            (&[b"3", b"900"], Some(900)),
+            (&[b"12, 13"], Some(13)),
+            (&[b"5", b"12,13", b" 4 "], Some(13)),
+            (&[b"900", b"abc"], None),
+            (&[b"abc", b"900"], None),
+            (&[b"900", b""], None),
+            (&[b"1,"], None),
+            (&[b"900", b"-1"], None),
+        ];
+        for (values, want) in cases {
+            assert_eq!(reported_usage(values.iter().copied()), *want, "{values:?}");
+        }
+    }
+
+    #[test]
+    fn usage_is_clamped_to_max_cost() {
+        assert_eq!(clamp_usage(5_000, Some(900)), (900, true));
+        assert_eq!(clamp_usage(900, Some(900)), (900, false));
+        assert_eq!(clamp_usage(3, Some(900)), (3, false));
+        assert_eq!(clamp_usage(5_000, None), (5_000, false));
+    }
 
     #[test]
     fn cost_header_values() {

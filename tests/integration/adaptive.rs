@@ -134,3 +134,139 @@ async fn erroring_upstreams_lower_the_factor() {
     assert_eq!(get(&gw, "/ok").await, (200, 1000));
     assert_eq!(factor(&gw, "steady").await, Some(1.0));
 }
+
+/// One route shared by several clients told apart by `X-Forwarded-For` (from a trusted
+/// proxy), each well within its ip limit.
+const SHARED: &str = r#"
+[client_ip]
+trusted_proxies = ["127.0.0.1/32"]
+
+[limits.ip]
+per_second = 50
+
+[[routes]]
+name = "shared"
+path_prefix = "/"
+upstreams = ["{upstream}"]
+auth = "none"
+adaptive = { target_p99_ms = 100, max_error_rate = 0.1 }
+"#;
+
+/// Status of one request from `client` (its `X-Forwarded-For`).
+async fn get_as(gw: &Gateway, client: &str, path: &str) -> u16 {
+    let r = crate::support::client()
+        .get(gw.url(path))
+        .header("x-forwarded-for", client)
+        .send()
+        .await
+        .unwrap();
+    r.status().as_u16()
+}
+
+/// The lowest factor seen while polling for `secs` seconds (letting the controller tick).
+async fn lowest_factor_over(gw: &Gateway, route: &str, secs: u64) -> f64 {
+    let mut lowest = f64::MAX;
+    let until = tokio::time::Instant::now() + Duration::from_secs(secs);
+    while tokio::time::Instant::now() < until {
+        lowest = lowest.min(factor(gw, route).await.unwrap_or(f64::MAX));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    lowest
+}
+
+/// One client within its limits hitting a URL that answers 500 and a slow one, while
+/// three others use the route normally, does not move the route's factor at all (the
+/// controller leaves out the bad responses of the one client with the most of them);
+/// when the upstream fails for everyone, the factor still drops.
+#[tokio::test(flavor = "multi_thread")]
+async fn one_client_cannot_shrink_a_shared_route() {
+    let up = Upstream::start("shared").await;
+    let gw = Gateway::start(SHARED, Some(&up)).await;
+    eventually(
+        Duration::from_secs(15),
+        "the route exported at 1",
+        || async { (factor(&gw, "shared").await == Some(1.0)).then_some(()) },
+    )
+    .await;
+    let good = ["10.0.0.1", "10.0.0.2", "10.0.0.3"];
+    let (mut bad_sent, mut all_sent) = (0u32, 0u32);
+    let mut lowest = f64::MAX;
+    let started = tokio::time::Instant::now();
+    // About 4 s of traffic: the bad client sends 1/4 of all requests, every one bad.
+    while started.elapsed() < Duration::from_secs(4) {
+        let (a, b, c) = tokio::join!(
+            get_as(&gw, "10.9.9.9", "/x?status=500"),
+            get_as(&gw, "10.9.9.9", "/x?delay_ms=300"),
+            async {
+                for g in good {
+                    for _ in 0..2 {
+                        assert_eq!(get_as(&gw, g, "/x").await, 200);
+                    }
+                }
+            },
+        );
+        assert_eq!((a, b, c), (500, 200, ()));
+        bad_sent += 2;
+        all_sent += 8;
+        lowest = lowest.min(factor(&gw, "shared").await.unwrap_or(0.0));
+    }
+    lowest = lowest.min(lowest_factor_over(&gw, "shared", 3).await);
+    eprintln!(
+        "one bad client: {bad_sent} of {all_sent} responses bad ({:.0}%), lowest factor {lowest}",
+        f64::from(bad_sent) * 100.0 / f64::from(all_sent)
+    );
+    assert_eq!(lowest, 1.0, "one client moved the shared route's factor");
+
+    // The upstream fails for everyone: the factor drops.
+    for _ in 0..3 {
+        for c in good.iter().chain(["10.9.9.9"].iter()) {
+            assert_eq!(get_as(&gw, c, "/x?status=503").await, 503);
+        }
+    }
+    eventually(
+        Duration::from_secs(15),
+        "a real outage shrinks the route",
+        || async { factor(&gw, "shared").await.filter(|f| *f < 1.0) },
+    )
+    .await;
+}
+
+/// A client dripping its request body takes long, but the upstream answers at once:
+/// the controller measures the upstream alone (last request byte written to response
+/// head), so the route keeps its factor; a slow upstream still lowers it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_slow_upload_is_not_upstream_latency() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (gw, _up) = start().await;
+    eventually(
+        Duration::from_secs(15),
+        "the route exported at 1",
+        || async { (factor(&gw, "slow").await == Some(1.0)).then_some(()) },
+    )
+    .await;
+    let drip = || async {
+        let mut s = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+        let head = "POST /slow/up HTTP/1.1\r\nhost: x\r\ncontent-length: 8\r\n\r\n";
+        s.write_all(head.as_bytes()).await.unwrap();
+        for _ in 0..8 {
+            // Letting time pass: the client uploads slowly (400 ms in all).
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            if s.write_all(b"x").await.is_err() {
+                break;
+            }
+        }
+        let mut buf = vec![0u8; 4096];
+        let n = s.read(&mut buf).await.unwrap_or(0);
+        assert!(buf[..n].starts_with(b"HTTP/1.1 200"), "{:?}", &buf[..n]);
+    };
+    tokio::join!(drip(), drip(), drip());
+    let lowest = lowest_factor_over(&gw, "slow", 3).await;
+    assert_eq!(lowest, 1.0, "a slow upload counted as upstream latency");
+    assert_eq!(get(&gw, "/slow/x?delay_ms=300").await.0, 200);
+    eventually(
+        Duration::from_secs(15),
+        "a slow upstream lowers it",
+        || async { factor(&gw, "slow").await.filter(|f| *f < 1.0) },
+    )
+    .await;
+}
