@@ -49,6 +49,8 @@ pub(crate) struct ServerFile {
     pub(crate) path_parameters: Option<PathParametersFile>,
     pub(crate) rate_limit_headers: Option<RateLimitHeadersFile>,
     pub(crate) tls: Option<Spanned<TlsFile>>,
+    /// `check_token = "${VAR}"`: the bearer token `POST /v1/check` and the RLS require.
+    pub(crate) check_token: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize)]
@@ -180,6 +182,8 @@ pub(crate) struct BanFile {
     pub(crate) after: Spanned<u64>,
     pub(crate) within_secs: Spanned<u64>,
     pub(crate) for_secs: Spanned<u64>,
+    /// Whether rejections answered by `/v1/check` and the RLS count towards a ban.
+    pub(crate) from_check: Option<bool>,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize)]
@@ -283,4 +287,6 @@ pub(crate) struct BlockFile {
     pub(crate) value: Spanned<String>,
     pub(crate) reason: Option<String>,
     pub(crate) expires_at: Option<Spanned<toml::value::Datetime>>,
+    /// Accept an IP block wider than /8 (IPv4) or /32 (IPv6).
+    pub(crate) force: Option<bool>,
 }
