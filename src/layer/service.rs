@@ -175,6 +175,7 @@ async fn admit(
         key: api_key_from(&parts.headers),
         cost: None,
         also_charge: None,
+        origin: admission::Origin::Proxy,
     };
     match admission::admit(core, &request).await {
         Ok(a) => Ok((a, uri)),

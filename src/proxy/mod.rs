@@ -86,6 +86,7 @@ impl Gateway {
             key: api_key_from(&req.headers),
             cost: None,
             also_charge: None,
+            origin: admission::Origin::Proxy,
         };
         let a = admission::admit(&self.core, &request).await?;
         ctx.host_header = t.host_header;
