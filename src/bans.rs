@@ -13,10 +13,11 @@ use std::sync::{Mutex, PoisonError, RwLock};
 
 use crate::limiter::{BanRule, Ident, Scope};
 
-/// Most bans held; past it the ones expiring first are dropped.
-const MAX_BANS: usize = 100_000;
+/// Most bans held. At the cap a new ban is refused (and counted), never put in place of
+/// another: a flood of bans on others cannot lift an earlier one.
+pub const MAX_BANS: usize = 100_000;
 /// Most identities whose rejections are counted locally (memory store).
-const MAX_STRIKES: usize = 100_000;
+pub const MAX_STRIKES: usize = 100_000;
 
 /// One ban.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,20 +32,33 @@ pub struct Ban {
     pub expires_at_ms: u64,
 }
 
-/// Rejections of one identity in its current span.
+/// Rejections of one identity: counted in `[starts_ms, ends_ms)`. After a ban the entry
+/// is quiet until the ban ends (`starts_ms == ends_ms ==` its end): rejections then are
+/// not counted, and the first one after it starts a new span.
 #[derive(Debug, Clone, Copy)]
 struct Strike {
-    since_ms: u64,
+    starts_ms: u64,
+    ends_ms: u64,
     count: u32,
 }
 
-/// The bans in force and the local rejection counts.
+/// The bans in force and when the first of them ends.
 #[derive(Default)]
+struct Active {
+    map: HashMap<(Scope, Ident), Ban>,
+    /// No ban in `map` ends before this (`u64::MAX` when empty): at the cap, nothing can
+    /// be pruned before then, so a refusal costs no scan.
+    soonest_ms: u64,
+}
+
+/// The bans in force and the local rejection counts.
 pub struct Bans {
-    active: RwLock<HashMap<(Scope, Ident), Ban>>,
+    active: RwLock<Active>,
     /// Whether `active` may hold anything: lets the common case skip the lock.
     any: AtomicBool,
     strikes: Mutex<HashMap<(Scope, Ident), Strike>>,
+    max_bans: usize,
+    max_strikes: usize,
 }
 
 // === impl Ban ===
@@ -92,7 +106,27 @@ pub fn ban_id(scope: Scope, value: &str) -> i64 {
 
 // === impl Bans ===
 
+impl Default for Bans {
+    fn default() -> Self {
+        Self::with_caps(MAX_BANS, MAX_STRIKES)
+    }
+}
+
 impl Bans {
+    /// A table holding at most `max_bans` bans and `max_strikes` rejection counts.
+    pub fn with_caps(max_bans: usize, max_strikes: usize) -> Self {
+        Self {
+            active: RwLock::new(Active {
+                map: HashMap::new(),
+                soonest_ms: u64::MAX,
+            }),
+            any: AtomicBool::new(false),
+            strikes: Mutex::new(HashMap::new()),
+            max_bans,
+            max_strikes,
+        }
+    }
+
     /// The ban on `ident` in `scope`, if one is in force at `now_ms`.
     pub fn banned(&self, scope: Scope, ident: &Ident, now_ms: u64) -> Option<Ban> {
         if !self.any.load(Ordering::Relaxed) {
@@ -100,28 +134,37 @@ impl Bans {
         }
         let active = self.active.read().unwrap_or_else(PoisonError::into_inner);
         active
+            .map
             .get(&(scope, ident.clone()))
             .filter(|b| b.expires_at_ms > now_ms)
             .cloned()
     }
 
     /// Counts a rejection of `ident` by `scope` under `rule` (memory store): the count in
-    /// the current span, which starts at the first rejection and lasts `within_ms`.
+    /// the current span, which starts at the first rejection and lasts `within_ms`. While
+    /// a ban this table imposed on `ident` lasts, nothing is counted (0): the span
+    /// restarts when the ban ends.
+    ///
+    /// At the cap, spans that are over are forgotten, then (a spray of identities) the
+    /// half with the fewest rejections: an identity close to its ban keeps its count.
     pub fn strike(&self, scope: Scope, ident: &Ident, rule: &BanRule, now_ms: u64) -> u32 {
         let mut strikes = self.strikes.lock().unwrap_or_else(PoisonError::into_inner);
-        if strikes.len() >= MAX_STRIKES {
-            strikes.retain(|_, s| now_ms < s.since_ms.saturating_add(rule.within_ms));
-            if strikes.len() >= MAX_STRIKES {
-                strikes.clear(); // a spray of identities: forget them rather than grow
-            }
+        let key = (scope, ident.clone());
+        if strikes.len() >= self.max_strikes && !strikes.contains_key(&key) {
+            shed(&mut strikes, now_ms, self.max_strikes);
         }
-        let s = strikes.entry((scope, ident.clone())).or_insert(Strike {
-            since_ms: now_ms,
+        let s = strikes.entry(key).or_insert(Strike {
+            starts_ms: now_ms,
+            ends_ms: now_ms,
             count: 0,
         });
-        if now_ms >= s.since_ms.saturating_add(rule.within_ms) {
+        if now_ms < s.starts_ms {
+            return 0; // quiet: the ban is in force
+        }
+        if now_ms >= s.ends_ms {
             *s = Strike {
-                since_ms: now_ms,
+                starts_ms: now_ms,
+                ends_ms: now_ms.saturating_add(rule.within_ms),
                 count: 0,
             };
         }
@@ -129,28 +172,54 @@ impl Bans {
         s.count
     }
 
-    /// Puts `ban` on `ident` (replacing an earlier one) at `now_ms`.
-    pub fn insert(&self, ident: Ident, ban: Ban, now_ms: u64) {
-        let mut active = self.active.write().unwrap_or_else(PoisonError::into_inner);
-        if active.len() >= MAX_BANS {
-            active.retain(|_, b| b.expires_at_ms > now_ms);
-        }
-        if active.len() >= MAX_BANS {
-            let first = active.iter().min_by_key(|(_, b)| b.expires_at_ms);
-            if let Some(k) = first.map(|(k, _)| k.clone()) {
-                active.remove(&k);
+    /// Puts `ban` on `ident` at `now_ms` (replacing an earlier ban on it) and makes its
+    /// rejection count quiet until the ban ends. False (nothing changed) when the table
+    /// is full of bans still in force.
+    pub fn insert(&self, ident: Ident, ban: Ban, now_ms: u64) -> bool {
+        let key = (ban.scope, ident);
+        let until_ms = ban.expires_at_ms;
+        {
+            let mut active = self.active.write().unwrap_or_else(PoisonError::into_inner);
+            if active.map.len() >= self.max_bans && !active.map.contains_key(&key) {
+                if active.soonest_ms <= now_ms {
+                    active.map.retain(|_, b| b.expires_at_ms > now_ms);
+                    active.soonest_ms = soonest(&active.map);
+                }
+                if active.map.len() >= self.max_bans {
+                    return false;
+                }
             }
+            active.soonest_ms = active.soonest_ms.min(until_ms);
+            active.map.insert(key.clone(), ban);
+            self.any.store(true, Ordering::Relaxed);
         }
-        active.insert((ban.scope, ident), ban);
-        self.any.store(true, Ordering::Relaxed);
+        let mut strikes = self.strikes.lock().unwrap_or_else(PoisonError::into_inner);
+        if strikes.len() >= self.max_strikes && !strikes.contains_key(&key) {
+            shed(&mut strikes, now_ms, self.max_strikes);
+        }
+        strikes.insert(
+            key,
+            Strike {
+                starts_ms: until_ms,
+                ends_ms: until_ms,
+                count: 0,
+            },
+        );
+        true
     }
 
-    /// Lifts the ban of `/v1/blocks` id `id`; the lifted ban, if there was one.
+    /// Lifts the ban of `/v1/blocks` id `id`; the lifted ban, if there was one. The
+    /// identity's rejections are counted afresh.
     pub fn lift(&self, id: i64) -> Option<Ban> {
-        let mut active = self.active.write().unwrap_or_else(PoisonError::into_inner);
-        let key = active.iter().find(|(_, b)| b.id() == id)?.0.clone();
-        let ban = active.remove(&key);
-        self.any.store(!active.is_empty(), Ordering::Relaxed);
+        let (key, ban) = {
+            let mut active = self.active.write().unwrap_or_else(PoisonError::into_inner);
+            let key = active.map.iter().find(|(_, b)| b.id() == id)?.0.clone();
+            let ban = active.map.remove(&key);
+            self.any.store(!active.map.is_empty(), Ordering::Relaxed);
+            (key, ban)
+        };
+        let mut strikes = self.strikes.lock().unwrap_or_else(PoisonError::into_inner);
+        strikes.remove(&key);
         ban
     }
 
@@ -158,6 +227,7 @@ impl Bans {
     pub fn list(&self, now_ms: u64) -> Vec<Ban> {
         let active = self.active.read().unwrap_or_else(PoisonError::into_inner);
         let mut out: Vec<Ban> = active
+            .map
             .values()
             .filter(|b| b.expires_at_ms > now_ms)
             .cloned()
@@ -171,20 +241,53 @@ impl Bans {
         let fresh: HashMap<(Scope, Ident), Ban> = remote
             .into_iter()
             .filter(|(_, b)| b.expires_at_ms > now_ms)
-            .take(MAX_BANS)
+            .take(self.max_bans)
             .map(|(ident, b)| ((b.scope, ident), b))
             .collect();
         let mut active = self.active.write().unwrap_or_else(PoisonError::into_inner);
-        *active = fresh;
-        self.any.store(!active.is_empty(), Ordering::Relaxed);
+        active.soonest_ms = soonest(&fresh);
+        active.map = fresh;
+        self.any.store(!active.map.is_empty(), Ordering::Relaxed);
     }
 
     /// Drops expired bans (memory store; on Redis `replace` does).
     pub fn prune(&self, now_ms: u64) {
         let mut active = self.active.write().unwrap_or_else(PoisonError::into_inner);
-        active.retain(|_, b| b.expires_at_ms > now_ms);
-        self.any.store(!active.is_empty(), Ordering::Relaxed);
+        active.map.retain(|_, b| b.expires_at_ms > now_ms);
+        active.soonest_ms = soonest(&active.map);
+        self.any.store(!active.map.is_empty(), Ordering::Relaxed);
     }
+}
+
+/// When the first of `bans` ends (`u64::MAX`: none).
+fn soonest(bans: &HashMap<(Scope, Ident), Ban>) -> u64 {
+    bans.values()
+        .map(|b| b.expires_at_ms)
+        .min()
+        .unwrap_or(u64::MAX)
+}
+
+/// Makes room in a full strike map (`max` entries): spans that are over go; if more than
+/// half the map is left, the half (at least) with the fewest rejections goes too (quiet
+/// entries, which stand for a ban in force, rank highest). Amortized O(1) per new
+/// identity: each pass leaves at most half the map.
+fn shed(strikes: &mut HashMap<(Scope, Ident), Strike>, now_ms: u64, max: usize) {
+    strikes.retain(|_, s| now_ms < s.ends_ms);
+    if strikes.len() <= max / 2 {
+        return;
+    }
+    let rank = |s: &Strike| {
+        if now_ms < s.starts_ms {
+            u32::MAX
+        } else {
+            s.count
+        }
+    };
+    let mut ranks: Vec<u32> = strikes.values().map(rank).collect();
+    let mid = ranks.len() / 2;
+    let (_, threshold, _) = ranks.select_nth_unstable(mid);
+    let threshold = *threshold;
+    strikes.retain(|_, s| rank(s) > threshold);
 }
 
 /// The identity a ban's scope and value name (the inverse of `Ident`'s `Display`).
@@ -207,6 +310,7 @@ mod tests {
         after: 3,
         within_ms: 10_000,
         for_ms: 60_000,
+        from_check: false,
     };
 
     fn ip(s: &str) -> Ident {
@@ -282,5 +386,86 @@ mod tests {
         }
         let n = bans.strikes.lock().unwrap().len();
         assert!(n <= MAX_STRIKES, "{n}");
+    }
+
+    /// At the cap a new ban is refused (false) and every ban in force stays; a ban that
+    /// has ended makes room; renewing a ban in force is not a new one.
+    #[test]
+    fn a_full_table_refuses_new_bans_and_keeps_the_old() {
+        let bans = Bans::with_caps(3, 10);
+        let who = |i: u8| ip(&format!("198.51.100.{i}"));
+        let rule = |for_ms| BanRule { for_ms, ..RULE };
+        // The attacker's own long ban first, then two short ones on others.
+        assert!(bans.insert(who(1), Ban::new(Scope::Ip, &who(1), &rule(3_600_000), 0), 0));
+        assert!(bans.insert(who(2), Ban::new(Scope::Ip, &who(2), &rule(1_000), 0), 0));
+        assert!(bans.insert(who(3), Ban::new(Scope::Ip, &who(3), &rule(2_000), 0), 0));
+        // A flood of bans on others: all refused, the first ban survives.
+        for i in 4..100 {
+            assert!(!bans.insert(
+                who(i),
+                Ban::new(Scope::Ip, &who(i), &rule(9_999_999), 10),
+                10
+            ));
+        }
+        assert!(bans.banned(Scope::Ip, &who(1), 500).is_some());
+        assert!(bans.banned(Scope::Ip, &who(2), 500).is_some());
+        // Renewing a ban in force is allowed at the cap.
+        assert!(bans.insert(who(2), Ban::new(Scope::Ip, &who(2), &rule(1_000), 600), 600));
+        // Once one has ended (the one on .3 at 2 s), there is room again.
+        assert!(bans.insert(
+            who(50),
+            Ban::new(Scope::Ip, &who(50), &rule(1_000), 2_000),
+            2_000
+        ));
+        assert!(bans.banned(Scope::Ip, &who(50), 2_000).is_some());
+        assert!(bans.banned(Scope::Ip, &who(1), 2_000).is_some());
+        assert_eq!(bans.list(2_000).len(), 2, "{:?}", bans.list(2_000));
+    }
+
+    /// A ban restarts the counting span: rejections while it lasts (a gateway the ban
+    /// has not reached) count nothing, and once it ends `after` rejections within
+    /// `within` ban again, even inside the span that led to the first ban.
+    #[test]
+    fn a_ban_that_ends_can_be_struck_again() {
+        let bans = Bans::default();
+        let who = ip("192.0.2.9");
+        let rule = BanRule {
+            for_ms: 5_000,
+            ..RULE
+        }; // shorter than the 10 s span
+        for (at, want) in [(0, 1), (1_000, 2), (2_000, 3)] {
+            assert_eq!(bans.strike(Scope::Ip, &who, &rule, at), want);
+        }
+        assert!(bans.insert(who.clone(), Ban::new(Scope::Ip, &who, &rule, 2_000), 2_000));
+        assert_eq!(
+            bans.strike(Scope::Ip, &who, &rule, 3_000),
+            0,
+            "quiet while banned"
+        );
+        assert_eq!(bans.banned(Scope::Ip, &who, 7_000), None, "ended at 7 s");
+        for (at, want) in [(7_000, 1), (7_500, 2), (8_000, 3)] {
+            assert_eq!(bans.strike(Scope::Ip, &who, &rule, at), want, "at {at}");
+        }
+        // Lifting a ban counts afresh too.
+        let again = Ban::new(Scope::Ip, &who, &rule, 8_000);
+        assert!(bans.insert(who.clone(), again.clone(), 8_000));
+        assert_eq!(bans.lift(again.id()), Some(again));
+        assert_eq!(bans.strike(Scope::Ip, &who, &rule, 8_500), 1);
+    }
+
+    /// A spray of one-off identities filling the strike map does not reset the count of
+    /// an identity close to its ban.
+    #[test]
+    fn a_spray_does_not_reset_a_count_near_a_ban() {
+        let bans = Bans::with_caps(10, 100);
+        let who = ip("192.0.2.1");
+        bans.strike(Scope::Ip, &who, &RULE, 0);
+        bans.strike(Scope::Ip, &who, &RULE, 0);
+        for i in 0..1_000u32 {
+            let other = Ident::Ip(std::net::IpAddr::from((0x0a00_0000 + i).to_be_bytes()));
+            bans.strike(Scope::Ip, &other, &RULE, 1);
+        }
+        assert!(bans.strikes.lock().unwrap().len() <= 100);
+        assert_eq!(bans.strike(Scope::Ip, &who, &RULE, 2), 3);
     }
 }

@@ -157,6 +157,10 @@ fn init_logging() {
 fn check(path: &Path) -> ExitCode {
     match config::load(path) {
         Ok(c) => {
+            // Warnings go to stderr and do not fail the check.
+            for w in c.warnings() {
+                eprintln!("{w}");
+            }
             println!(
                 "{}: ok ({} routes, {} tiers, {} keys, {} blocks)",
                 path.display(),
@@ -215,6 +219,9 @@ fn simulate(config: &Path, trace: &Path, json: bool) -> ExitCode {
 fn run(path: &Path, upgrade: bool) -> anyhow::Result<()> {
     init_logging();
     let config = config::load(path).map_err(|e| anyhow::anyhow!("{e}"))?;
+    for w in config.warnings() {
+        tracing::warn!("{w}");
+    }
     if let Some(url) = &config.database_url {
         preflight(url)?;
     }

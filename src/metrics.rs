@@ -66,6 +66,9 @@ pub struct Metrics {
     near_limit: [IntCounter; 5],
     /// `throttle_bans_total{scope}`: automatic bans this gateway imposed.
     bans: [IntCounter; 5],
+    /// `throttle_bans_dropped_total`: automatic bans refused because the table of bans
+    /// (or the fleet's, on Redis) was full of bans still in force.
+    pub bans_dropped_total: IntCounter,
     /// `throttle_adaptive_factor{route}`: the factor an adaptive route's limits are
     /// multiplied by (only adaptive routes have a series).
     pub adaptive_factor: GaugeVec,
@@ -237,6 +240,11 @@ impl Metrics {
         )?;
         registry.register(Box::new(bans_total.clone()))?;
         let bans = Scope::ALL.map(|s| bans_total.with_label_values(&[s.as_str()]));
+        let bans_dropped_total = IntCounter::new(
+            "throttle_bans_dropped_total",
+            "Automatic bans refused because the table of bans was full of bans in force.",
+        )?;
+        registry.register(Box::new(bans_dropped_total.clone()))?;
         let local_decisions =
             ["lease", "over_limit_cache"].map(|r| local_decisions_total.with_label_values(&[r]));
         let upstream_healthy = IntGaugeVec::new(
@@ -267,6 +275,7 @@ impl Metrics {
             cost_clamped,
             near_limit,
             bans,
+            bans_dropped_total,
             adaptive_factor,
             upstream_healthy,
         })

@@ -8,7 +8,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::sync::Arc;
 
-use throttle::admission::{admit, AdmitRequest, Core, Runtime, Target};
+use throttle::admission::{admit, AdmitRequest, Core, Origin, Runtime, Target};
 use throttle::identity::validate_key;
 use throttle::metrics::Metrics;
 use throttle::store::{Ending, MemoryStore};
@@ -94,6 +94,7 @@ fn admit_path_allocates_nothing_for_a_known_key_and_ip() {
         key: validate_key(b"demo-key-123"),
         cost: None,
         also_charge: None,
+        origin: Origin::Proxy,
     };
     rt.block_on(async {
         // The first request creates the identities' state; so may the metrics' first use.

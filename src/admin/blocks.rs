@@ -36,6 +36,9 @@ struct BlockRequest {
     reason: Option<String>,
     /// RFC 3339 (`2026-12-31T00:00:00Z`).
     expires_at: Option<String>,
+    /// Accept an IP block with host bits set or wider than /8 (IPv4) or /32 (IPv6).
+    #[serde(default)]
+    force: bool,
 }
 
 /// Why a block change failed.
@@ -214,12 +217,22 @@ fn parse(body: &[u8]) -> Result<BlockRow, Reply> {
     {
         return Err(invalid(&detail));
     }
+    let mut value = value;
     match req.scope.as_str() {
-        "ip" if parse_net(&value).is_none() => {
-            return Err(invalid("value must be an address or CIDR"))
-        }
-        "ip" | "key" | "tenant" if !value.is_empty() => {}
-        "ip" | "key" | "tenant" => return Err(invalid("value must not be empty")),
+        "ip" => match parse_net(&value) {
+            None => return Err(invalid("value must be an address or CIDR")),
+            Some(net) => {
+                if let Some(problem) = crate::blocklist::net_problem(&value, req.force) {
+                    return Err(invalid(&format!("value {problem}")));
+                }
+                // What is blocked is the network: list it so (`force` with host bits).
+                if value.contains('/') {
+                    value = net.to_string();
+                }
+            }
+        },
+        "key" | "tenant" if !value.is_empty() => {}
+        "key" | "tenant" => return Err(invalid("value must not be empty")),
         _ => return Err(invalid("scope must be ip, key or tenant")),
     }
     let expires_at_ms = match req.expires_at.as_deref().map(crate::config::rfc3339_ms) {
@@ -240,10 +253,11 @@ fn parse(body: &[u8]) -> Result<BlockRow, Reply> {
     })
 }
 
-/// Why a block field cannot be stored: control characters or too long.
+/// Why a block field cannot be stored: control or bidirectional formatting characters,
+/// or too long.
 fn text_problem(field: &str, s: &str, max: usize) -> Option<String> {
-    if s.chars().any(char::is_control) {
-        return Some(format!("{field} must not contain control characters"));
+    if let Some(problem) = crate::blocklist::text_problem(s) {
+        return Some(format!("{field} {problem}"));
     }
     (s.len() > max).then(|| format!("{field} is longer than {max} bytes"))
 }

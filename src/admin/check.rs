@@ -10,7 +10,7 @@ use pingora::protocols::http::ServerSession;
 use serde::{Deserialize, Serialize};
 
 use super::{invalid, json_reply, read_body};
-use crate::admission::{self, AdmitRequest, Core, Rejection, Target};
+use crate::admission::{self, AdmitRequest, Core, Origin, Rejection, Target};
 use crate::identity::{validate_key, Presented};
 use crate::limiter::WindowDecision;
 use crate::reply::headers::RateHeaders;
@@ -60,6 +60,7 @@ pub(super) async fn check(core: &Core, session: &mut ServerSession) -> Reply {
             .map_or(Presented::Missing, |k| validate_key(k.as_bytes())),
         cost: req.cost,
         also_charge: caller,
+        origin: Origin::Check,
     };
     match admission::admit(core, &request).await {
         Ok(a) => {

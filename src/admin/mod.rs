@@ -60,6 +60,21 @@ impl Admin {
         presented.is_some_and(|p| constant_time_eq(p, expected.as_bytes()))
     }
 
+    /// Whether `POST /v1/check` may be answered: always without `[server] check_token`,
+    /// else only with `Authorization: Bearer <check_token>` (the admin token is not it).
+    fn may_check(&self, session: &ServerSession) -> bool {
+        let runtime = self.core.runtime();
+        let Some(token) = &runtime.config.server.check_token else {
+            return true;
+        };
+        let presented = session
+            .req_header()
+            .headers
+            .get(http::header::AUTHORIZATION)
+            .map(|v| v.as_bytes());
+        token.bearer_matches(presented)
+    }
+
     async fn reload_config(&self) -> Reply {
         // The reload runs detached from this connection: a client that hangs up
         // mid-reload cannot leave a half-applied config.
@@ -87,6 +102,13 @@ fn unauthorized() -> Reply {
     json_reply(
         401,
         &serde_json::json!({"error": "unauthorized", "detail": "Authorization: Bearer $THROTTLE_ADMIN_TOKEN required"}),
+    )
+}
+
+fn check_unauthorized() -> Reply {
+    json_reply(
+        401,
+        &serde_json::json!({"error": "unauthorized", "detail": "Authorization: Bearer <[server] check_token> required"}),
     )
 }
 
@@ -155,6 +177,7 @@ impl ServeHttp for Admin {
             (&Method::GET, "/metrics") => {
                 return to_response(health::metrics(&self.core), "text/plain; version=0.0.4")
             }
+            (&Method::POST, "/v1/check") if !self.may_check(session) => check_unauthorized(),
             (&Method::POST, "/v1/check") => check::check(&self.core, session).await,
             (&Method::POST, "/v1/reload") if self.authorized(session) => self.reload_config().await,
             (&Method::POST, "/v1/reload") => unauthorized(),

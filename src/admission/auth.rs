@@ -19,6 +19,8 @@ pub(super) struct Charged {
     pub(super) client_ip: IpAddr,
     /// Another address (the `/v1/check` caller), when it differs.
     pub(super) also: Option<IpAddr>,
+    /// Who asks (whether a rejection may strike towards a ban).
+    pub(super) origin: super::Origin,
 }
 
 impl Charged {
@@ -48,14 +50,14 @@ pub(super) async fn identify(
         for ip in charged.addresses() {
             if core.is_suspect(ip, now_ms) {
                 // Past the failed-lookup limit no key is even looked at, valid or not.
-                auth_limit(core, rt, ip, true, now_ms).await?;
+                auth_limit(core, rt, ip, true, now_ms, charged.origin).await?;
             }
         }
     }
     match lookup_key(rt, dynamic, presented, auth) {
         Err(Rejection::InvalidKey) => {
             for ip in charged.addresses() {
-                auth_limit(core, rt, ip, false, now_ms).await?;
+                auth_limit(core, rt, ip, false, now_ms, charged.origin).await?;
             }
             Err(Rejection::InvalidKey)
         }
@@ -93,6 +95,7 @@ async fn auth_limit(
     ip: IpAddr,
     peek: bool,
     now_ms: u64,
+    origin: super::Origin,
 ) -> Result<(), Rejection> {
     let Some(limits) = &rt.config.auth_limits else {
         return Ok(());
@@ -121,7 +124,8 @@ async fn auth_limit(
         Some(g) if !verdict.allowed => {
             core.metrics.decision(Scope::Auth, Outcome::Rejected);
             record(core, ip, None, &g, check.scopes.first().map(|s| &s.ident));
-            if let (Some(rule), Some(s)) = (limits.ban, check.scopes.first()) {
+            let rule = limits.ban.filter(|r| origin.strikes(r));
+            if let (Some(rule), Some(s)) = (rule, check.scopes.first()) {
                 let who = super::bans::Offender {
                     client_ip: ip,
                     key: None,

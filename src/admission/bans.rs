@@ -51,6 +51,7 @@ pub(super) fn strike(core: &Core, scope: Scope, ident: &Ident, rule: BanRule, wh
             .filter(|id| !id.is_empty()),
         events: core.events.clone(),
         counted: core.metrics.bans(scope),
+        dropped: core.metrics.bans_dropped_total.clone(),
         bans: core.bans.clone(),
     };
     let Some(redis) = core.shared_bans.clone() else {
@@ -66,15 +67,30 @@ pub(super) fn strike(core: &Core, scope: Scope, ident: &Ident, rule: BanRule, wh
         let n = match redis.strike(scope, &ban.ident, rule.within_ms).await {
             Ok(n) => n,
             // Redis away: this gateway's own count decides.
-            Err(_) => u64::from(ban.local_strike()),
+            Err(_) => i64::from(ban.local_strike()),
         };
         // Exactly one gateway sees the `after`-th rejection of the span: one ban per
-        // span, however many gateways go on refusing before the ban reaches them.
-        if n != u64::from(rule.after) {
+        // span, however many gateways go on refusing before the ban reaches them (and
+        // the count stays quiet until the ban ends, see `RedisStore::quiet_strikes`).
+        if n != i64::from(rule.after) {
             return;
         }
-        if let Err(e) = redis.publish_ban(&ban.ban()).await {
-            tracing::warn!(error = %e, "publishing an automatic ban failed: it holds on this gateway only");
+        let published = ban.ban();
+        match redis.publish_ban(&published).await {
+            Ok(true) => {
+                let quiet = redis.quiet_strikes(scope, &ban.ident, published.expires_at_ms, ban.now_ms);
+                if let Err(e) = quiet.await {
+                    tracing::debug!(error = %e, "quieting the strikes of a banned identity failed");
+                }
+            }
+            // The fleet's table is full of bans in force: refused, not put in place of one.
+            Ok(false) => {
+                ban.dropped.inc();
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "publishing an automatic ban failed: it holds on this gateway only");
+            }
         }
         ban.impose();
     });
@@ -91,6 +107,7 @@ struct Pending {
     key_id: Option<Arc<str>>,
     events: Option<Arc<EventQueue>>,
     counted: prometheus::IntCounter,
+    dropped: prometheus::IntCounter,
     bans: Arc<Bans>,
 }
 
@@ -105,9 +122,21 @@ impl Pending {
         Ban::new(self.scope, &self.ident, &self.rule, self.now_ms)
     }
 
-    /// Bans here, counts it, and logs it when a database is configured.
+    /// Bans here, counts it, and logs it when a database is configured; at the cap it
+    /// is refused and counted as dropped instead.
     fn impose(self) {
         let ban = self.ban();
+        if !self
+            .bans
+            .insert(self.ident.clone(), ban.clone(), self.now_ms)
+        {
+            tracing::warn!(
+                scope = ban.scope.as_str(),
+                "automatic ban refused: the table of bans is full"
+            );
+            self.dropped.inc();
+            return;
+        }
         tracing::info!(scope = ban.scope.as_str(), reason = %ban.reason, "automatic ban");
         self.counted.inc();
         if let Some(queue) = &self.events {
@@ -124,6 +153,5 @@ impl Pending {
                 at_ms: self.now_ms,
             });
         }
-        self.bans.insert(self.ident, ban, self.now_ms);
     }
 }

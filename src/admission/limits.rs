@@ -51,6 +51,7 @@ pub(super) struct LimitOutcome {
 /// # Errors
 /// 429 with the rejecting window (enforce mode), or 503 when a fail-closed scope's store
 /// is unreachable.
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn limit(
     core: &Core,
     rt: &Runtime,
@@ -59,6 +60,7 @@ pub(super) async fn limit(
     cost: u32,
     mode: Mode,
     factor: Factor,
+    origin: super::Origin,
 ) -> Result<LimitOutcome, Rejection> {
     let base = build_check(rt, client_ip, key, cost);
     let scaled = scaled_limits(&base, factor);
@@ -119,7 +121,7 @@ pub(super) async fn limit(
         rejecting.map(|s| &s.ident),
     );
     if let Some(s) = rejecting {
-        if let Some(rule) = s.limits.ban {
+        if let Some(rule) = s.limits.ban.filter(|r| origin.strikes(r)) {
             let who = Offender { client_ip, key };
             bans::strike(core, s.scope, &s.ident, rule, &who);
         }

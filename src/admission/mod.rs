@@ -69,6 +69,26 @@ pub struct AdmitRequest<'a> {
     /// Another address charged for failed key lookups: the address that really sent a
     /// `/v1/check`, whose `ip` field is the caller's choice.
     pub also_charge: Option<IpAddr>,
+    /// Who is asking: a proxied request, or a decision API naming a client.
+    pub origin: Origin,
+}
+
+/// Who asks for a decision. Automatic bans are struck only by proxied requests: a
+/// decision API names its client (`ip`, `key_id`, `tenant`) and so could ban anyone,
+/// unless the scope's `ban` says `from_check = true`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// A request the gateway proxies (or the tower layer, or a simulated trace).
+    Proxy,
+    /// `POST /v1/check` or the Envoy rate-limit service.
+    Check,
+}
+
+impl Origin {
+    /// Whether a rejection of this origin counts towards `rule`'s ban.
+    pub fn strikes(self, rule: &crate::limiter::BanRule) -> bool {
+        self == Origin::Proxy || rule.from_check
+    }
 }
 
 /// Which route a request is for.
@@ -329,7 +349,17 @@ async fn pipeline(
         Target::Match { host, path } => match rt.router.find(host, path) {
             Some(r) => Some(r.clone()),
             None => {
-                let out = limits::limit(core, rt, ip, None, 1, Mode::Enforce, Factor::ONE).await?;
+                let out = limits::limit(
+                    core,
+                    rt,
+                    ip,
+                    None,
+                    1,
+                    Mode::Enforce,
+                    Factor::ONE,
+                    req.origin,
+                )
+                .await?;
                 return Err(Rejection::NoRoute(out.verdict.governing).into());
             }
         },
@@ -351,6 +381,7 @@ async fn pipeline(
     let charged = auth::Charged {
         client_ip: ip,
         also: req.also_charge,
+        origin: req.origin,
     };
     let key = auth::identify(core, rt, &dynamic, presented, auth, charged, now_ms)
         .await
@@ -377,7 +408,8 @@ async fn pipeline(
         slots: Some(slots),
         ending: Ending::Dropped,
     };
-    let out = match limits::limit(core, rt, ip, key.as_deref(), cost, mode, factor).await {
+    let limited = limits::limit(core, rt, ip, key.as_deref(), cost, mode, factor, req.origin);
+    let out = match limited.await {
         Ok(out) => out,
         Err(rejection) => {
             guard.ending = Ending::Completed { status: 429 };

@@ -150,6 +150,7 @@ fn req<'a>(client: &str, path: &'a str, key: Option<&'a str>) -> AdmitRequest<'a
         }),
         cost: None,
         also_charge: None,
+        origin: Origin::Proxy,
     }
 }
 
@@ -831,4 +832,74 @@ cost = 10
     // 3 used, 10 reserved: 87 left (a lost refund would leave 80).
     assert_eq!(b.rate.unwrap().decision.remaining, 87);
     b.finish(Ending::Completed { status: 200 });
+}
+
+/// Who may ban: a decision API (`Origin::Check`) naming a client never strikes unless
+/// the scope's ban says `from_check = true`; a proxied request does. At the cap of the
+/// table a new ban is refused and counted, and the bans in force stay.
+#[tokio::test]
+async fn only_proxied_requests_ban_and_a_full_table_refuses() {
+    let config = |from_check: bool| {
+        format!(
+            r#"
+[limits.ip]
+per_minute = 1
+ban = {{ after = 2, within_secs = 60, for_secs = 600, from_check = {from_check} }}
+
+[[routes]]
+name = "public"
+path_prefix = "/"
+upstreams = ["127.0.0.1:1"]
+auth = "none"
+"#
+        )
+    };
+    let core_for = |from_check| {
+        let clock = Arc::new(ManualClock::at(NOW));
+        let c = crate::config::parse("t.toml", &config(from_check)).unwrap();
+        let mut core = Core::with_clock(
+            Runtime::from_config(c).unwrap(),
+            Arc::new(MemoryStore::with_clock(clock.clone())),
+            Arc::new(Metrics::new().unwrap()),
+            clock,
+        );
+        core.bans = Arc::new(crate::bans::Bans::with_caps(2, 100));
+        core
+    };
+    async fn run(core: &Core, client: &str, origin: Origin) -> String {
+        let request = AdmitRequest {
+            origin,
+            cost: Some(1_000), // the attack: a huge cost naming a victim
+            ..req(client, "/x", None)
+        };
+        kind(&admit(core, &request).await)
+    }
+    // Checks naming a victim: refused, never banned.
+    let core = core_for(false);
+    for _ in 0..5 {
+        assert_eq!(run(&core, "192.0.2.1", Origin::Check).await, "429 ip");
+    }
+    assert!(core.bans.list(NOW).is_empty(), "a check banned its victim");
+    // The same scope opted in: checks ban.
+    let core = core_for(true);
+    for want in ["429 ip", "429 ip", "403 ban ip"] {
+        assert_eq!(run(&core, "192.0.2.1", Origin::Check).await, want);
+    }
+    // Proxied requests always strike. The attacker is banned first, then a flood of
+    // bans on others fills the table (cap 2): the rest are refused and counted, and the
+    // attacker's ban stays.
+    let core = core_for(false);
+    for client in ["192.0.2.66", "198.51.100.1", "198.51.100.2", "198.51.100.3"] {
+        for want in ["429 ip", "429 ip"] {
+            assert_eq!(run(&core, client, Origin::Proxy).await, want, "{client}");
+        }
+    }
+    assert_eq!(run(&core, "192.0.2.66", Origin::Proxy).await, "403 ban ip");
+    assert_eq!(
+        run(&core, "198.51.100.1", Origin::Proxy).await,
+        "403 ban ip"
+    );
+    assert_eq!(run(&core, "198.51.100.3", Origin::Proxy).await, "429 ip");
+    assert_eq!(core.metrics.bans_dropped_total.get(), 2);
+    assert_eq!(core.bans.list(NOW).len(), 2);
 }

@@ -50,6 +50,8 @@ pub(crate) struct ServerFile {
     pub(crate) case_insensitive_paths: Option<bool>,
     pub(crate) rate_limit_headers: Option<RateLimitHeadersFile>,
     pub(crate) tls: Option<Spanned<TlsFile>>,
+    /// `check_token = "${VAR}"`: the bearer token `POST /v1/check` and the RLS require.
+    pub(crate) check_token: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize)]
@@ -181,6 +183,8 @@ pub(crate) struct BanFile {
     pub(crate) after: Spanned<u64>,
     pub(crate) within_secs: Spanned<u64>,
     pub(crate) for_secs: Spanned<u64>,
+    /// Whether rejections answered by `/v1/check` and the RLS count towards a ban.
+    pub(crate) from_check: Option<bool>,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize)]
@@ -286,4 +290,6 @@ pub(crate) struct BlockFile {
     pub(crate) value: Spanned<String>,
     pub(crate) reason: Option<String>,
     pub(crate) expires_at: Option<Spanned<toml::value::Datetime>>,
+    /// Accept an IP block wider than /8 (IPv4) or /32 (IPv6).
+    pub(crate) force: Option<bool>,
 }

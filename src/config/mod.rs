@@ -16,7 +16,7 @@ pub use limits::{
 };
 pub use model::{
     Auth, Backend, BlockEntry, BlockTarget, ClientIpHeader, Config, HealthCheck, KeyEntry, Mode,
-    PathParameters, RateLimitHeaders, Route, Server, Store, Tier, Tls,
+    PathParameters, RateLimitHeaders, Route, Secret, Server, Store, Tier, Tls,
 };
 pub use validate::{format_rfc3339, rfc3339_ms};
 
@@ -40,9 +40,18 @@ pub fn load(path: &Path) -> Result<Config, ConfigError> {
 /// # Errors
 /// `ConfigError` at the position of the first problem found.
 pub fn parse(name: &str, source: &str) -> Result<Config, ConfigError> {
+    parse_env(name, source, &|var| std::env::var(var))
+}
+
+/// As `parse`, reading `"${VAR}"` references through `env`.
+fn parse_env(
+    name: &str,
+    source: &str,
+    env: validate::EnvLookup<'_>,
+) -> Result<Config, ConfigError> {
     let raw: file::File = toml::from_str(source)
         .map_err(|e| ConfigError::at(name, source, e.span(), e.message().trim_end()))?;
-    validate::validate(name, source, raw)
+    validate::validate(name, source, raw, env)
 }
 
 #[cfg(test)]

@@ -85,6 +85,70 @@ pub struct Server {
     pub rate_limit_headers: RateLimitHeaders,
     /// `tls`: serve TLS (HTTP/2 and HTTP/1.1 by ALPN) on `listen`; `None`: plain HTTP.
     pub tls: Option<Tls>,
+    /// `check_token`: the bearer token `POST /v1/check` and the RLS require; `None`:
+    /// both answer anyone who reaches them.
+    pub check_token: Option<Secret>,
+}
+
+/// A secret from the config (a token): never printed, compared in constant time.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(Arc<str>);
+
+impl Secret {
+    /// Wraps `value`.
+    pub fn new(value: &str) -> Self {
+        Self(value.into())
+    }
+
+    /// Whether `authorization` (a header value as received) is `Bearer <secret>`. Both
+    /// sides are hashed first, so the comparison takes the same time whatever the
+    /// presented value's length or content.
+    pub fn bearer_matches(&self, authorization: Option<&[u8]>) -> bool {
+        use sha2::{Digest, Sha256};
+        let Some(presented) = authorization else {
+            return false;
+        };
+        let mut expected = Sha256::new();
+        expected.update(b"Bearer ");
+        expected.update(self.0.as_bytes());
+        let (a, b) = (Sha256::digest(presented), expected.finalize());
+        a.iter()
+            .zip(b.iter())
+            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+            == 0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(..)")
+    }
+}
+
+impl Config {
+    /// What `throttle check` (and the start) warns about without failing: a decision API
+    /// (the admin listener's `POST /v1/check`, the RLS) listening beyond loopback without
+    /// `check_token`, where anyone who reaches it can spend other clients' limits.
+    pub fn warnings(&self) -> Vec<String> {
+        if self.server.check_token.is_some() {
+            return Vec::new();
+        }
+        let s = &self.server;
+        let listeners = [
+            ("admin_listen", Some(s.admin_listen), "POST /v1/check"),
+            ("rls_listen", s.rls_listen, "the rate-limit service"),
+        ];
+        listeners
+            .into_iter()
+            .filter_map(|(key, addr, what)| {
+                let addr = addr.filter(|a| !a.ip().to_canonical().is_loopback())?;
+                Some(format!(
+                    "{}: warning: {key} {addr} listens beyond loopback and [server] check_token is not set: anyone who reaches it can spend any client's limits through {what}",
+                    self.source
+                ))
+            })
+            .collect()
+    }
 }
 
 /// `[server] rate_limit_headers`.

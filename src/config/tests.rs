@@ -369,3 +369,92 @@ upstreams = ["127.0.0.1:9000"]
         ]
     );
 }
+
+/// `check_token = "${VAR}"` is the variable's value, read at load; a literal is itself;
+/// the token never shows in `Debug`. Without it, a decision API beyond loopback warns.
+#[test]
+fn check_token_comes_from_the_environment() {
+    let env = |var: &str| match var {
+        "CHECK_TOKEN_A" => Ok("s3cret-token".to_string()),
+        "CHECK_TOKEN_EMPTY" => Ok(String::new()),
+        _ => Err(std::env::VarError::NotPresent),
+    };
+    let load = |server: &str| parse_env("f.toml", &with_route(server), &env);
+    let c = load("[server]\ncheck_token = \"${CHECK_TOKEN_A}\"\n").unwrap();
+    let token = c.server.check_token.clone().unwrap();
+    assert!(token.bearer_matches(Some(b"Bearer s3cret-token")));
+    for wrong in [
+        &b"Bearer s3cret-toke"[..],
+        b"s3cret-token",
+        b"Bearer s3cret-token ",
+        b"",
+    ] {
+        assert!(!token.bearer_matches(Some(wrong)), "{wrong:?}");
+    }
+    assert!(!token.bearer_matches(None));
+    assert!(
+        !format!("{c:?}").contains("s3cret"),
+        "the token leaks into Debug"
+    );
+    let literal = load("[server]\ncheck_token = \"lit\"\n").unwrap();
+    assert!(literal
+        .server
+        .check_token
+        .unwrap()
+        .bearer_matches(Some(b"Bearer lit")));
+    // A variable set but empty is an empty token; an unset one is named.
+    let err = load("[server]\ncheck_token = \"${CHECK_TOKEN_EMPTY}\"\n").unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "f.toml:2:15: check_token must not be empty"
+    );
+    let err = load("[server]\ncheck_token = \"${CHECK_TOKEN_B}\"\n").unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "f.toml:2:15: check_token: environment variable CHECK_TOKEN_B is not set"
+    );
+}
+
+/// `throttle check` warns about a decision API listening beyond loopback without
+/// `check_token`: the admin listener (`POST /v1/check`) and the RLS.
+#[test]
+fn decision_apis_beyond_loopback_warn_without_a_token() {
+    let warnings = |server: &str| {
+        parse("f.toml", &with_route(&format!("[server]\n{server}\n")))
+            .unwrap()
+            .warnings()
+    };
+    assert!(
+        warnings("").is_empty(),
+        "the default admin listener is loopback"
+    );
+    assert!(warnings("admin_listen = \"[::1]:9090\"\nrls_listen = \"127.0.0.1:8081\"").is_empty());
+    let w = warnings("admin_listen = \"0.0.0.0:9090\"\nrls_listen = \"10.0.0.5:8081\"");
+    assert_eq!(w.len(), 2, "{w:?}");
+    assert!(w[0].starts_with("f.toml: warning: admin_listen 0.0.0.0:9090 listens beyond loopback"));
+    assert!(w[1].contains("rls_listen 10.0.0.5:8081") && w[1].contains("check_token"));
+    let w = warnings("admin_listen = \"0.0.0.0:9090\"\ncheck_token = \"t\"");
+    assert!(w.is_empty(), "{w:?}");
+}
+
+/// `ban.from_check` defaults to false; a config block may be wide with `force = true`.
+#[test]
+fn ban_from_check_and_forced_blocks() {
+    let c = parse(
+        "f.toml",
+        &with_route(
+            "[limits.ip]\nper_second = 1\nban = { after = 2, within_secs = 10, for_secs = 60, from_check = true }\n\n[[blocks]]\nscope = \"ip\"\nvalue = \"0.0.0.0/0\"\nforce = true\n",
+        ),
+    )
+    .unwrap();
+    assert!(c.ip_limits.unwrap().ban.unwrap().from_check);
+    assert_eq!(c.blocks.len(), 1);
+    let c = parse(
+        "f.toml",
+        &with_route(
+            "[limits.ip]\nper_second = 1\nban = { after = 2, within_secs = 10, for_secs = 60 }\n",
+        ),
+    )
+    .unwrap();
+    assert!(!c.ip_limits.unwrap().ban.unwrap().from_check);
+}

@@ -32,9 +32,13 @@ const DEFAULT_ADMIN_LISTEN: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::LO
 const NO_ROUTES: &str =
     "no [[routes]]: every proxied request would get 404 (is the file truncated?)";
 
+/// Reads an environment variable (`std::env::var`, or a table in tests).
+pub(super) type EnvLookup<'a> = &'a dyn Fn(&str) -> Result<String, std::env::VarError>;
+
 struct Ctx<'a> {
     name: &'a str,
     source: &'a str,
+    env: EnvLookup<'a>,
 }
 
 impl Ctx<'_> {
@@ -43,8 +47,13 @@ impl Ctx<'_> {
     }
 }
 
-pub(super) fn validate(name: &str, source: &str, raw: File) -> Result<Config, ConfigError> {
-    let cx = Ctx { name, source };
+pub(super) fn validate(
+    name: &str,
+    source: &str,
+    raw: File,
+    env: EnvLookup<'_>,
+) -> Result<Config, ConfigError> {
+    let cx = Ctx { name, source, env };
     let server = server(&cx, &raw.server)?;
     let store = store(&cx, &raw.store)?;
     let ip_limits = match &raw.limits.ip {
@@ -178,7 +187,65 @@ fn server(cx: &Ctx<'_>, s: &ServerFile) -> Result<Server, ConfigError> {
             Some(t) => Some(tls(cx, t)?),
             None => None,
         },
+        check_token: match &s.check_token {
+            Some(t) => Some(check_token(cx, t)?),
+            None => None,
+        },
     })
+}
+
+/// The longest `check_token` accepted.
+const MAX_TOKEN: usize = 4096;
+
+/// `check_token`: resolved (`"${VAR}"`), then refused when empty or when it could not be
+/// sent as `Authorization: Bearer <token>` (only visible ASCII, no spaces).
+fn check_token(cx: &Ctx<'_>, v: &Spanned<String>) -> Result<Secret, ConfigError> {
+    let token = env_value(cx, "check_token", v)?;
+    let problem = if token.is_empty() {
+        Some("check_token must not be empty".to_string())
+    } else if !token.bytes().all(|b| b.is_ascii_graphic()) {
+        Some("check_token must be visible ASCII without spaces: it is sent as `Authorization: Bearer <token>`".to_string())
+    } else if token.len() > MAX_TOKEN {
+        Some(format!("check_token is longer than {MAX_TOKEN} bytes"))
+    } else {
+        None
+    };
+    match problem {
+        Some(msg) => Err(cx.err(v.span(), msg)),
+        None => Ok(Secret::new(&token)),
+    }
+}
+
+/// A string value that may be an environment variable reference: `"${NAME}"` (the whole
+/// value) is `NAME`'s value in the gateway's environment, read at load (and at each
+/// reload); any other value is itself. A missing variable, a malformed reference or a
+/// `${` inside a longer value is an error at the value naming `key`.
+fn env_value(cx: &Ctx<'_>, key: &str, v: &Spanned<String>) -> Result<String, ConfigError> {
+    let raw = v.get_ref();
+    let Some(name) = raw.strip_prefix("${").and_then(|r| r.strip_suffix('}')) else {
+        if raw.contains("${") {
+            let msg = format!("{key}: only a whole-value \"${{VAR}}\" reference is expanded, not one inside a longer string");
+            return Err(cx.err(v.span(), msg));
+        }
+        return Ok(raw.clone());
+    };
+    let well_formed = name.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if !well_formed {
+        let msg = format!("{key}: {raw:?} is not a valid environment variable reference (${{NAME}}, NAME of letters, digits and _)");
+        return Err(cx.err(v.span(), msg));
+    }
+    match (cx.env)(name) {
+        Ok(value) => Ok(value),
+        Err(std::env::VarError::NotPresent) => Err(cx.err(
+            v.span(),
+            format!("{key}: environment variable {name} is not set"),
+        )),
+        Err(std::env::VarError::NotUnicode(_)) => Err(cx.err(
+            v.span(),
+            format!("{key}: environment variable {name} is not valid UTF-8"),
+        )),
+    }
 }
 
 /// `[server] tls`: both files read and parsed now, the key matched to the certificate;
@@ -498,6 +565,7 @@ fn ban_rule(cx: &Ctx<'_>, b: &BanFile) -> Result<BanRule, ConfigError> {
         after: u32::try_from(after).unwrap_or(u32::MAX),
         within_ms: within * 1000,
         for_ms: for_secs * 1000,
+        from_check: b.from_check.unwrap_or(false),
     })
 }
 
@@ -864,8 +932,17 @@ fn blocks(cx: &Ctx<'_>, list: &[BlockFile]) -> Result<Vec<BlockEntry>, ConfigErr
     list.iter()
         .map(|b| {
             let value = b.value.get_ref().trim();
+            if let Some(problem) = crate::blocklist::text_problem(value) {
+                return Err(cx.err(b.value.span(), format!("block value {problem}")));
+            }
             let target = match b.scope {
-                BlockScopeFile::Ip => BlockTarget::Ip(cidr(cx, &b.value)?),
+                BlockScopeFile::Ip => {
+                    let net = cidr(cx, &b.value)?;
+                    if let Some(problem) = crate::blocklist::net_problem(value, b.force.unwrap_or(false)) {
+                        return Err(cx.err(b.value.span(), format!("block value {problem}")));
+                    }
+                    BlockTarget::Ip(net)
+                }
                 BlockScopeFile::Key => BlockTarget::Key(value.to_string()),
                 BlockScopeFile::Tenant => BlockTarget::Tenant(value.to_string()),
             };

@@ -180,6 +180,7 @@ async fn admit(
         key,
         cost: None,
         also_charge: None,
+        origin: admission::Origin::Proxy,
     };
     match admission::admit(core, &request).await {
         Ok(a) => Ok((a, uri)),

@@ -116,6 +116,9 @@ pub struct BanRule {
     pub within_ms: u64,
     /// How long the ban lasts (ms).
     pub for_ms: u64,
+    /// `from_check = true`: rejections answered by the decision APIs (`POST /v1/check`,
+    /// the RLS) count too; by default only proxied requests strike.
+    pub from_check: bool,
 }
 
 // === impl Scope ===

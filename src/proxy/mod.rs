@@ -96,6 +96,7 @@ impl Gateway {
             key,
             cost: None,
             also_charge: None,
+            origin: admission::Origin::Proxy,
         };
         let a = admission::admit(&self.core, &request).await?;
         ctx.host_header = t.host_header;

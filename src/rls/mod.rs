@@ -55,7 +55,7 @@ use tonic::{Request, Response, Status};
 
 use self::directory::Directory;
 use self::request::Caller;
-use crate::admission::{self, AdmitRequest, Core, Rejection, Target};
+use crate::admission::{self, AdmitRequest, Core, Origin, Rejection, Target};
 use crate::config::Auth;
 use crate::identity::{validate_key, Presented};
 use crate::lifecycle::Lifecycle;
@@ -122,6 +122,7 @@ impl Rls {
             key,
             cost: asked.cost,
             also_charge: None,
+            origin: Origin::Check,
         };
         match admission::admit(&self.core, &request).await {
             Ok(a) => {
@@ -138,6 +139,22 @@ impl Rls {
                 }
             },
         }
+    }
+
+    /// `UNAUTHENTICATED` unless the call carries `authorization: Bearer <check_token>`
+    /// (when `[server] check_token` is set).
+    fn authorize(&self, metadata: &tonic::metadata::MetadataMap) -> Result<(), Status> {
+        let runtime = self.core.runtime();
+        let Some(token) = &runtime.config.server.check_token else {
+            return Ok(());
+        };
+        let presented = metadata.get("authorization").map(|v| v.as_bytes());
+        if token.bearer_matches(presented) {
+            return Ok(());
+        }
+        Err(Status::unauthenticated(
+            "authorization: Bearer <[server] check_token> required",
+        ))
     }
 
     /// Refuses a `tenant` entry that is not the tenant of the key sent with it (an invalid
@@ -174,6 +191,7 @@ impl RateLimitService for Rls {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
+        self.authorize(request.metadata())?;
         self.decide(request.get_ref()).await.map(Response::new)
     }
 }

@@ -206,6 +206,7 @@ impl Replay {
             key,
             cost: row.cost,
             also_charge: None,
+            origin: admission::Origin::Proxy,
         };
         let decided = admission::admit(&self.core, &request)
             .now_or_never()

@@ -193,3 +193,71 @@ auth = "none"
         )
     );
 }
+
+fn memory_config(ban: &str) -> String {
+    format!(
+        r#"
+[client_ip]
+trusted_proxies = ["127.0.0.1/32"]
+
+[limits.ip]
+per_minute = 2
+ban = {{ {ban} }}
+
+[[routes]]
+name = "public"
+path_prefix = "/"
+upstreams = ["{{upstream}}"]
+auth = "none"
+"#
+    )
+}
+
+/// `POST /v1/check` naming a victim's address with a huge cost is refused every time,
+/// but bans the victim only when the scope opts in with `from_check = true`.
+#[tokio::test(flavor = "multi_thread")]
+async fn checks_ban_their_victim_only_with_from_check() {
+    let up = Upstream::start("u").await;
+    let victim = "203.0.113.77";
+    for (from_check, banned) in [(false, false), (true, true)] {
+        let ban = format!("after = 3, within_secs = 60, for_secs = 600, from_check = {from_check}");
+        let gw = Gateway::start(&memory_config(&ban), Some(&up)).await;
+        for _ in 0..5 {
+            let r = client()
+                .post(gw.admin_url("/v1/check"))
+                .json(&serde_json::json!({"ip": victim, "cost": 1_000_000}))
+                .send()
+                .await
+                .unwrap();
+            assert!([429, 403].contains(&r.status().as_u16()), "{}", r.status());
+        }
+        let status = get(&gw, victim).await.status();
+        assert_eq!(status == 403, banned, "from_check = {from_check}: {status}");
+        assert_eq!(automatic(&gw).await.len(), usize::from(banned));
+    }
+}
+
+/// Once a ban ends, the next `after` rejections within `within_secs` ban again, even
+/// inside the span that led to the first ban (the span restarts when a ban ends).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_ban_that_ends_is_struck_again() {
+    let up = Upstream::start("u").await;
+    let gw = Gateway::start(
+        &memory_config("after = 2, within_secs = 60, for_secs = 1"),
+        Some(&up),
+    )
+    .await;
+    let who = "198.51.100.31";
+    for want in [200, 200, 429, 429, 403] {
+        assert_eq!(get(&gw, who).await.status(), want);
+    }
+    // Time passes: the one-second ban ends (polling while banned counts nothing).
+    let first = eventually(Duration::from_secs(5), "the ban to end", || async {
+        let s = get(&gw, who).await.status();
+        (s != 403).then_some(s)
+    })
+    .await;
+    assert_eq!(first, 429);
+    assert_eq!(get(&gw, who).await.status(), 429);
+    assert_eq!(get(&gw, who).await.status(), 403, "banned again");
+}

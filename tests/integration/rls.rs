@@ -25,10 +25,20 @@ impl Rls {
     /// Starts the gateway with `body` (`{upstream}` replaced) and `rls_listen` on a free
     /// port; returns once a gRPC connection is up.
     async fn start(body: &str, upstream: &Upstream) -> Self {
+        Self::start_env(body, upstream, "", &[]).await
+    }
+
+    /// As `start`, with more `[server]` lines and environment variables.
+    async fn start_env(
+        body: &str,
+        upstream: &Upstream,
+        server_extra: &str,
+        env: &[(&str, Option<&str>)],
+    ) -> Self {
         let body = body.replace("{upstream}", &upstream.addr.to_string());
         let addr: SocketAddr = ([127, 0, 0, 1], free_port()).into();
-        let server = format!("grace_period_secs = 0\nrls_listen = \"{addr}\"");
-        let gw = Gateway::start_full(&["run"], &body, &server).await;
+        let server = format!("grace_period_secs = 0\nrls_listen = \"{addr}\"\n{server_extra}");
+        let gw = Gateway::start_env(&["run"], &body, &server, env).await;
         let url = format!("http://{addr}");
         let client = eventually(Duration::from_secs(10), "the rate-limit service", || {
             let url = url.clone();
@@ -301,4 +311,89 @@ async fn blocked_ip_is_over_limit() {
         .ask(request(&[&[("remote_address", "203.0.114.9")]]))
         .await;
     assert_eq!(r.overall_code(), Code::Ok);
+}
+
+/// `[server] check_token`: a call without `authorization: Bearer <token>` metadata, or
+/// with a wrong one, is `UNAUTHENTICATED` and spends nothing; with it the call is decided.
+/// Calls naming a `key_id` or a `tenant` (no secret) are refused as over the limit but
+/// never ban that key or tenant (`from_check` is off): its proxied requests get 429, not
+/// 403.
+#[tokio::test]
+async fn check_token_guards_the_rls_and_calls_do_not_ban() {
+    let up = Upstream::start("rls").await;
+    let body = format!(
+        r#"
+[tiers.free]
+key = {{ per_minute = 1, ban = {{ after = 2, within_secs = 60, for_secs = 600 }} }}
+tenant = {{ per_minute = 50, ban = {{ after = 2, within_secs = 60, for_secs = 600 }} }}
+
+[[keys]]
+id = "k1"
+key = "key-one-secret"
+tenant = "acme"
+tier = "free"
+
+[[tenants]]
+id = "acme"
+tier = "free"
+
+{}"#,
+        route()
+    );
+    let env = [("THROTTLE_RLS_TOKEN_T", Some("rls-s3cret"))];
+    let server = "check_token = \"${THROTTLE_RLS_TOKEN_T}\"";
+    let mut rls = Rls::start_env(&body, &up, server, &env).await;
+    let victim = [("remote_address", "198.51.100.7"), ("key_id", "k1")];
+    let call = |auth: Option<&str>, hits: u32| {
+        let mut req = tonic::Request::new(RateLimitRequest {
+            hits_addend: hits,
+            ..request(&[&victim])
+        });
+        if let Some(a) = auth {
+            req.metadata_mut()
+                .insert("authorization", a.parse().unwrap());
+        }
+        req
+    };
+    for auth in [None, Some("Bearer wrong"), Some("rls-s3cret")] {
+        let status = rls
+            .client
+            .should_rate_limit(call(auth, 1))
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), tonic::Code::Unauthenticated, "{auth:?}");
+    }
+    // Authorized: the key's one request a minute is still there, then over the limit;
+    // a huge cost (the attack) too, as often as the caller likes.
+    let ok = Some("Bearer rls-s3cret");
+    let r = rls
+        .client
+        .should_rate_limit(call(ok, 1))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.overall_code(), Code::Ok);
+    for _ in 0..4 {
+        let r = rls
+            .client
+            .should_rate_limit(call(ok, 1_000))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(r.overall_code(), Code::OverLimit);
+    }
+    // No ban: the key's own proxied request is limited (429), not banned (403).
+    let r = client()
+        .get(rls.gw.url("/x"))
+        .header("x-api-key", "key-one-secret")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 429);
+    let m = rls.gw.metrics().await;
+    assert!(
+        !m.lines()
+            .any(|l| l.starts_with("throttle_bans_total") && !l.ends_with(" 0")),
+        "{m}"
+    );
 }

@@ -7,7 +7,7 @@
 use redis::FromRedisValue;
 
 use super::{unavailable, wire, Conn, RedisStore};
-use crate::bans::{parse_ident, Ban};
+use crate::bans::{parse_ident, Ban, MAX_BANS};
 use crate::limiter::{Ident, Scope};
 use crate::store::StoreError;
 
@@ -15,6 +15,18 @@ use crate::store::StoreError;
 const STRIKE_LUA: &str = "local n = redis.call('INCR', KEYS[1])
 if n == 1 then redis.call('PEXPIRE', KEYS[1], ARGV[1]) end
 return n";
+
+/// HSET unless the hash is full (`ARGV[3]` fields) and the field is new: 1 when set, 0
+/// when refused. A full hash of bans in force refuses; it never drops one for another.
+const PUBLISH_LUA: &str = "if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0
+  and redis.call('HLEN', KEYS[1]) >= tonumber(ARGV[3]) then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+return 1";
+
+/// The strike count of a banned identity until its ban ends: so far below zero that no
+/// gateway's INCR reaches `after` meanwhile; when the key expires with the ban, the next
+/// rejection starts a new span at 1.
+const QUIET: i64 = -(1 << 62);
 
 impl RedisStore {
     fn bans_key(&self) -> String {
@@ -47,33 +59,66 @@ impl RedisStore {
         scope: Scope,
         ident: &Ident,
         within_ms: u64,
-    ) -> Result<u64, StoreError> {
+    ) -> Result<i64, StoreError> {
         let key = wire::identity_key(&self.prefix, scope, ident, "strikes");
         let mut cmd = redis::cmd("EVAL");
         cmd.arg(STRIKE_LUA).arg(1).arg(key).arg(within_ms);
         self.command(&cmd).await
     }
 
-    /// Publishes `ban` to the fleet.
+    /// Keeps the strike count of `ident` in `scope` quiet until `until_ms` (its ban's
+    /// end): rejections meanwhile (gateways the ban has not reached yet) count for
+    /// nothing, and the first one after the ban starts a new span.
     ///
     /// # Errors
     /// When Redis fails or misses the deadline.
-    pub async fn publish_ban(&self, ban: &Ban) -> Result<(), StoreError> {
-        let mut cmd = redis::cmd("HSET");
-        cmd.arg(self.bans_key())
-            .arg(field(ban))
-            .arg(format!("{}|{}", ban.expires_at_ms, ban.reason));
-        self.command::<i64>(&cmd).await.map(|_| ())
+    pub async fn quiet_strikes(
+        &self,
+        scope: Scope,
+        ident: &Ident,
+        until_ms: u64,
+        now_ms: u64,
+    ) -> Result<(), StoreError> {
+        let key = wire::identity_key(&self.prefix, scope, ident, "strikes");
+        let mut cmd = redis::cmd("SET");
+        cmd.arg(key)
+            .arg(QUIET)
+            .arg("PX")
+            .arg(until_ms.saturating_sub(now_ms).max(1));
+        self.command::<()>(&cmd).await
     }
 
-    /// Lifts `ban` fleet-wide.
+    /// Publishes `ban` to the fleet: false when the fleet's table holds `MAX_BANS` bans
+    /// and none of them is on `ban`'s identity (refused: no ban is dropped for another).
+    ///
+    /// # Errors
+    /// When Redis fails or misses the deadline.
+    pub async fn publish_ban(&self, ban: &Ban) -> Result<bool, StoreError> {
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(PUBLISH_LUA)
+            .arg(1)
+            .arg(self.bans_key())
+            .arg(field(ban))
+            .arg(format!("{}|{}", ban.expires_at_ms, ban.reason))
+            .arg(MAX_BANS);
+        self.command::<i64>(&cmd).await.map(|n| n == 1)
+    }
+
+    /// Lifts `ban` fleet-wide; the identity's rejections are then counted afresh.
     ///
     /// # Errors
     /// When Redis fails or misses the deadline.
     pub async fn lift_ban(&self, ban: &Ban) -> Result<(), StoreError> {
         let mut cmd = redis::cmd("HDEL");
         cmd.arg(self.bans_key()).arg(field(ban));
-        self.command::<i64>(&cmd).await.map(|_| ())
+        self.command::<i64>(&cmd).await?;
+        if let Some(ident) = parse_ident(ban.scope, &ban.value) {
+            let key = wire::identity_key(&self.prefix, ban.scope, &ident, "strikes");
+            let mut cmd = redis::cmd("DEL");
+            cmd.arg(key);
+            self.command::<i64>(&cmd).await?;
+        }
+        Ok(())
     }
 
     /// The fleet's bans in force at `now_ms`; expired (and unreadable) fields are
