@@ -7,7 +7,8 @@ use std::path::Path;
 /// The layers, lowest first; a module may use modules of lower layers only.
 const LAYERS: &[&[&str]] = &[
     &["clock"],
-    &["limiter", "adaptive"],
+    &["limiter"],
+    &["adaptive"],
     &["config"],
     &[
         "metrics",

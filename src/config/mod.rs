@@ -1,6 +1,7 @@
 //! `gateway.toml`: parsed once (serde, unknown keys rejected) and validated into the
 //! internal types of `model`. Every error names `file:line:col` (`ConfigError`).
 
+mod block_values;
 mod error;
 mod file;
 mod limits;
@@ -9,6 +10,7 @@ mod validate;
 
 use std::path::Path;
 
+pub use block_values::{net_problem, text_problem, MIN_V4_PREFIX, MIN_V6_PREFIX};
 pub use error::{line_col, ConfigError};
 pub use limits::{
     burst_multiplier, check_cost, parse_algorithm, window_limit, LimitError, WindowSettings,

@@ -932,13 +932,13 @@ fn blocks(cx: &Ctx<'_>, list: &[BlockFile]) -> Result<Vec<BlockEntry>, ConfigErr
     list.iter()
         .map(|b| {
             let value = b.value.get_ref().trim();
-            if let Some(problem) = crate::blocklist::text_problem(value) {
+            if let Some(problem) = super::block_values::text_problem(value) {
                 return Err(cx.err(b.value.span(), format!("block value {problem}")));
             }
             let target = match b.scope {
                 BlockScopeFile::Ip => {
                     let net = cidr(cx, &b.value)?;
-                    if let Some(problem) = crate::blocklist::net_problem(value, b.force.unwrap_or(false)) {
+                    if let Some(problem) = super::block_values::net_problem(value, b.force.unwrap_or(false)) {
                         return Err(cx.err(b.value.span(), format!("block value {problem}")));
                     }
                     BlockTarget::Ip(net)

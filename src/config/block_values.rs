@@ -1,0 +1,57 @@
+//! What a block's value and reason may be, checked alike for `[[blocks]]` in the config
+//! and for `POST /v1/blocks`.
+
+use ipnet::IpNet;
+
+/// The shortest IPv4 prefix a block may have without `force`.
+pub const MIN_V4_PREFIX: u8 = 8;
+/// The shortest IPv6 prefix a block may have without `force`.
+pub const MIN_V6_PREFIX: u8 = 32;
+
+/// Why `s` cannot be a block's text: a control character, or a bidirectional formatting
+/// character (which makes a listing read differently from what is stored).
+pub fn text_problem(s: &str) -> Option<&'static str> {
+    if s.chars().any(char::is_control) {
+        return Some("must not contain control characters");
+    }
+    if s.chars().any(is_bidi_control) {
+        return Some("must not contain bidirectional formatting characters");
+    }
+    None
+}
+
+/// The Unicode bidirectional formatting characters (UAX #9: embeddings, overrides,
+/// isolates, marks).
+fn is_bidi_control(c: char) -> bool {
+    matches!(c, '\u{061C}' | '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
+}
+
+/// Why `value` (an address or a CIDR that parses) is not a block to take as written:
+/// host bits set after the prefix (`10.0.0.1/8`: probably not what was meant), or a
+/// prefix shorter than /8 (IPv4) or /32 (IPv6), which blocks a large part of the
+/// Internet. `force` accepts both (the network is then the prefix's).
+pub fn net_problem(value: &str, force: bool) -> Option<String> {
+    let net = value.trim().parse::<IpNet>().ok()?;
+    if force {
+        return None;
+    }
+    if net != net.trunc() {
+        return Some(format!(
+            "{net} has host bits set: write {} (or send \"force\": true)",
+            net.trunc()
+        ));
+    }
+    let (prefix, min) = match net {
+        IpNet::V4(n) => (n.prefix_len(), MIN_V4_PREFIX),
+        // An IPv4-mapped network is an IPv4 network.
+        IpNet::V6(n) if n.prefix_len() >= 96 && n.network().to_ipv4_mapped().is_some() => {
+            (n.prefix_len() - 96, MIN_V4_PREFIX)
+        }
+        IpNet::V6(n) => (n.prefix_len(), MIN_V6_PREFIX),
+    };
+    (prefix < min).then(|| {
+        format!(
+            "{net} is wider than /{min}: it would block too much (send \"force\": true to mean it)"
+        )
+    })
+}
