@@ -35,3 +35,4 @@ mod simulate;
 mod tls;
 mod top;
 mod tower_layer;
+mod transport;
