@@ -43,6 +43,13 @@ pub struct Refusing {
 /// so a burst of refusals cannot itself use up the process's files.
 pub const MAX_REFUSING: usize = 16;
 
+/// Connections the admin listener keeps open at most (its own cap, apart from the proxy's).
+pub const ADMIN_MAX_CONNECTIONS: usize = 64;
+
+/// Connections the Envoy rate-limit service keeps open at most (its own cap). Envoy
+/// multiplexes calls over a few HTTP/2 connections per worker, so this is ample.
+pub const RLS_MAX_CONNECTIONS: usize = 256;
+
 /// Unfinished shutdown work (a background task flushing state); released on drop.
 #[derive(Debug)]
 pub struct Finishing {
@@ -166,11 +173,13 @@ pub fn raise_nofile_limit() -> u64 {
 /// already open: a margin (an eighth of the limit, 256 to 1024 files) stays free for the
 /// runtimes' own descriptors, the admin listener, Redis, PostgreSQL, logs, and a burst of
 /// connections accepted before their tasks run to refuse them (an accept loop takes up to
-/// 128 in a row); every proxied connection may hold an upstream connection as well.
-/// At least 16.
+/// 128 in a row); the admin and rate-limit listeners' own caps are set aside too; every
+/// proxied connection may hold an upstream connection as well. At least 16.
 pub fn default_max_connections(nofile: u64, open: u64) -> usize {
     let margin = (nofile / 8).clamp(256, 1024);
-    let usable = nofile.saturating_sub(open.saturating_add(margin)) / 2;
+    let others = (ADMIN_MAX_CONNECTIONS + RLS_MAX_CONNECTIONS) as u64;
+    let reserved = open.saturating_add(margin).saturating_add(others);
+    let usable = nofile.saturating_sub(reserved) / 2;
     usize::try_from(usable).unwrap_or(usize::MAX).max(16)
 }
 
@@ -222,11 +231,18 @@ mod tests {
     /// The cap leaves what is open and a margin free; never under 16.
     #[test]
     fn default_cap_keeps_a_reserve() {
-        assert_eq!(default_max_connections(1024, 30), (1024 - 30 - 256) / 2);
-        assert_eq!(default_max_connections(4096, 33), (4096 - 33 - 512) / 2);
+        let others = ADMIN_MAX_CONNECTIONS + RLS_MAX_CONNECTIONS;
+        assert_eq!(
+            default_max_connections(1024, 30),
+            (1024 - 30 - 256 - others) / 2
+        );
+        assert_eq!(
+            default_max_connections(4096, 33),
+            (4096 - 33 - 512 - others) / 2
+        );
         assert_eq!(
             default_max_connections(1_048_576, 40),
-            (1_048_576 - 40 - 1024) / 2
+            (1_048_576 - 40 - 1024 - others) / 2
         );
         assert_eq!(default_max_connections(128, 33), 16);
         assert_eq!(default_max_connections(10, 5), 16);

@@ -22,7 +22,7 @@ use crate::db::events::EventQueue;
 use crate::demo::DemoUpstream;
 use crate::lifecycle::{self, Lifecycle};
 use crate::metrics::Metrics;
-use crate::proxy::listener::Edge;
+use crate::proxy::listener::{Capped, Edge};
 use crate::proxy::Gateway;
 use crate::rls::RlsListener;
 use crate::store::{LimitStore, MemoryStore, RedisStore, TieredStore};
@@ -157,23 +157,38 @@ pub fn build(mut config: Config, extras: Extras) -> Result<Built, StartError> {
     let lifecycle = Arc::new(Lifecycle::default());
     tracing::debug!(max_connections, nofile, "connection cap");
     let gateway = pingora::proxy::http_proxy(&server.configuration, Gateway::new(core.clone()));
+    // TLS is accepted by the edge itself (after the connection takes its slot, within
+    // `header_timeout_secs`), so the listener is plain TCP either way.
+    let tls = match crate::proxy::tls::CertResolver::new(core.clone()) {
+        Some(resolver) => Some(
+            resolver
+                .settings()
+                .map_err(|e| StartError::Listen(format!("tls on {listen}: {e}")))?
+                .build(),
+        ),
+        None => None,
+    };
     let mut proxy = Service::new(
         "throttle proxy".to_string(),
-        Edge::new(gateway, core.clone(), lifecycle.clone(), max_connections),
+        Edge::new(
+            gateway,
+            core.clone(),
+            lifecycle.clone(),
+            max_connections,
+            tls,
+        ),
     );
-    match crate::proxy::tls::CertResolver::new(core.clone()) {
-        Some(resolver) => {
-            let settings = resolver
-                .settings()
-                .map_err(|e| StartError::Listen(format!("tls on {listen}: {e}")))?;
-            proxy.add_tls_with_settings(&listen.to_string(), None, settings);
-        }
-        None => proxy.add_tcp(&listen.to_string()),
-    }
+    proxy.add_tcp(&listen.to_string());
     let token = std::env::var("THROTTLE_ADMIN_TOKEN").ok();
+    // The admin listener counts its connections apart from the proxy's (its own cap).
     let mut admin = Service::new(
         "throttle admin".to_string(),
-        Admin::new(core.clone(), db.clone(), token),
+        Capped::new(
+            Admin::new(core.clone(), db.clone(), token),
+            core.clone(),
+            Arc::new(Lifecycle::default()),
+            lifecycle::ADMIN_MAX_CONNECTIONS,
+        ),
     );
     admin.add_tcp(&admin_listen.to_string());
     server.add_service(proxy);

@@ -43,6 +43,7 @@ pub(crate) struct ServerFile {
     pub(crate) upgrade_sock: Option<String>,
     pub(crate) header_timeout_secs: Option<Spanned<u64>>,
     pub(crate) idle_timeout_secs: Option<Spanned<u64>>,
+    pub(crate) body_timeout_secs: Option<Spanned<u64>>,
     pub(crate) max_connections: Option<Spanned<u32>>,
     pub(crate) max_connections_per_ip: Option<Spanned<u32>>,
     pub(crate) underscores_in_headers: Option<bool>,

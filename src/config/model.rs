@@ -68,6 +68,9 @@ pub struct Server {
     pub header_timeout: Duration,
     /// Keep-alive idle timeout of a client connection (`idle_timeout_secs`, default 60 s).
     pub idle_timeout: Duration,
+    /// Deadline for a request's whole body, from its headers (`body_timeout_secs`,
+    /// default 60 s); past it the request is answered 408 `request_timeout`.
+    pub body_timeout: Duration,
     /// Cap on open proxy connections; `None`: derived at start from the open-file limit.
     pub max_connections: Option<u32>,
     /// Cap on open proxy connections from one client IP; `None`: no cap.

@@ -166,6 +166,7 @@ fn server(cx: &Ctx<'_>, s: &ServerFile) -> Result<Server, ConfigError> {
         upgrade_sock: s.upgrade_sock.clone(),
         header_timeout: secs("header_timeout_secs", &s.header_timeout_secs, 1..=300, 10)?,
         idle_timeout: secs("idle_timeout_secs", &s.idle_timeout_secs, 1..=3600, 60)?,
+        body_timeout: secs("body_timeout_secs", &s.body_timeout_secs, 1..=3600, 60)?,
         max_connections: conns("max_connections", &s.max_connections, MAX_CONNECTIONS)?,
         max_connections_per_ip: conns(
             "max_connections_per_ip",

@@ -21,9 +21,14 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use pingora::apps::{HttpServerApp, ServerApp};
+use pingora::apps::{HttpServerApp, HttpServerOptions, ServerApp};
+use pingora::http::ResponseHeader;
+use pingora::listeners::tls::Acceptor;
+use pingora::protocols::http::v2::server::{self as v2, H2Accept};
 use pingora::protocols::http::ServerSession;
+use pingora::protocols::l4::stream::Stream as L4Stream;
 use pingora::protocols::tls::{SslDigest, TlsRef};
+use pingora::protocols::Digest;
 use pingora::protocols::{
     GetProxyDigest, GetSocketDigest, GetTimingDigest, Peek, Shutdown, SocketDigest, Ssl, Stream,
     TimingDigest, UniqueID, UniqueIDType, ALPN,
@@ -43,45 +48,87 @@ pub struct Edge {
     core: Arc<Core>,
     lifecycle: Arc<Lifecycle>,
     max_connections: usize,
+    /// The TLS acceptor when the listener serves TLS: the handshake runs here, after the
+    /// connection has taken its slot and under `header_timeout_secs`.
+    tls: Option<Acceptor>,
 }
+
+/// How long answering a refused connection may take (TLS handshake included).
+const REFUSE_WITHIN: Duration = Duration::from_secs(1);
 
 // === impl Edge ===
 
 impl Edge {
-    /// The edge over `proxy`; `max_connections` is fixed at start, the timeouts and the
-    /// per-address cap follow config reloads.
+    /// The edge over `proxy`; `max_connections`, `tls` and the HTTP/2 idle timeout are
+    /// fixed at start, the other timeouts and the per-address cap follow config reloads.
     pub fn new(
-        proxy: HttpProxy<Gateway>,
+        mut proxy: HttpProxy<Gateway>,
         core: Arc<Core>,
         lifecycle: Arc<Lifecycle>,
         max_connections: usize,
+        tls: Option<Acceptor>,
     ) -> Self {
+        let mut options = HttpServerOptions::default();
+        options.h2_idle_timeout = Some(core.runtime().config.server.idle_timeout);
+        proxy.server_options = Some(options);
         Self {
             proxy: Arc::new(proxy),
             core,
             lifecycle,
             max_connections,
+            tls,
         }
     }
 
-    /// Runs Pingora's HTTP/1 request loop on a guarded stream, re-arming the header
-    /// deadline before every request and applying the idle timeout between requests.
-    async fn serve_http1(&self, stream: Guarded, idle_secs: u64, shutdown: &ShutdownWatch) {
-        let keepalive = |shutdown: &ShutdownWatch| (!*shutdown.borrow()).then_some(idle_secs);
-        let mut session = ServerSession::new_http1(Box::new(stream));
-        session.set_keepalive(keepalive(shutdown));
-        let mut result = self.proxy.process_new_http(session, shutdown).await;
-        while let Some((stream, settings)) = result.map(|r| r.consume()) {
-            if let Some(g) = stream.as_any().downcast_ref::<Guarded>() {
-                g.await_next_request();
+    /// Answers a connection refused by a cap in its own protocol: a TLS handshake
+    /// first when the listener serves TLS, then a 503 as HTTP/1.1 text or on the first
+    /// HTTP/2 stream. At most `MAX_REFUSING` refusals are answered at once, each within
+    /// `REFUSE_WITHIN`; beyond that the connection is just closed.
+    async fn refuse(&self, stream: Stream, why: Refused) {
+        tracing::debug!(?why, "connection refused: cap reached");
+        let Some(_permit) = self.lifecycle.refusing() else {
+            return;
+        };
+        let answer = async {
+            let stream = match &self.tls {
+                Some(acceptor) => tls_accept(acceptor, stream, REFUSE_WITHIN).await,
+                None => Some(stream),
+            };
+            let Some(mut stream) = stream else { return };
+            if stream.selected_alpn_proto() == Some(ALPN::H2) {
+                refuse_h2(stream).await;
+            } else {
+                refuse_h1(&mut stream).await;
             }
-            let mut session = ServerSession::new_http1(stream);
-            if let Some(s) = settings {
-                s.apply_to_session(&mut session);
-            }
-            session.set_keepalive(keepalive(shutdown));
-            result = self.proxy.process_new_http(session, shutdown).await;
+        };
+        let _ = tokio::time::timeout(REFUSE_WITHIN, answer).await;
+    }
+}
+
+/// Runs Pingora's HTTP/1 request loop of `app` on a guarded stream, re-arming the
+/// header deadline before every request and applying the idle timeout between requests.
+pub(crate) async fn serve_http1<A>(
+    app: &Arc<A>,
+    stream: Guarded,
+    idle_secs: u64,
+    shutdown: &ShutdownWatch,
+) where
+    A: HttpServerApp + Send + Sync + 'static,
+{
+    let keepalive = |shutdown: &ShutdownWatch| (!*shutdown.borrow()).then_some(idle_secs);
+    let mut session = ServerSession::new_http1(Box::new(stream));
+    session.set_keepalive(keepalive(shutdown));
+    let mut result = app.process_new_http(session, shutdown).await;
+    while let Some((stream, settings)) = result.map(|r| r.consume()) {
+        if let Some(g) = stream.as_any().downcast_ref::<Guarded>() {
+            g.await_next_request();
         }
+        let mut session = ServerSession::new_http1(stream);
+        if let Some(s) = settings {
+            s.apply_to_session(&mut session);
+        }
+        session.set_keepalive(keepalive(shutdown));
+        result = app.process_new_http(session, shutdown).await;
     }
 }
 
@@ -89,37 +136,131 @@ impl Edge {
 impl ServerApp for Edge {
     async fn process_new(
         self: &Arc<Self>,
-        mut stream: Stream,
+        stream: Stream,
         shutdown: &ShutdownWatch,
     ) -> Option<Stream> {
         let rt = self.core.runtime();
         let server = &rt.config.server;
-        let peer = peer_ip(&stream);
-        let slot =
-            match self
-                .lifecycle
-                .open(peer, self.max_connections, server.max_connections_per_ip)
-            {
-                Ok(slot) => slot,
-                Err(why) => {
-                    refuse(&mut stream, why).await;
-                    return None;
-                }
-            };
-        if stream.selected_alpn_proto() == Some(ALPN::H2) {
-            // HTTP/2 over TLS: Pingora's own stream loop (h2 has its own idle timeout).
-            let _slot = slot;
-            return self.proxy.process_new(stream, shutdown).await;
-        }
-        let guarded = Guarded::new(stream, server.header_timeout, slot);
-        let idle_secs = server.idle_timeout.as_secs().max(1);
+        let (header_timeout, idle_timeout) = (server.header_timeout, server.idle_timeout);
+        let per_ip = server.max_connections_per_ip;
         drop(rt); // the connection may outlive a reload
-        self.serve_http1(guarded, idle_secs, shutdown).await;
+        let peer = peer_ip(&stream);
+        // The slot is taken before the TLS handshake: a half-open handshake counts.
+        let slot = match self.lifecycle.open(peer, self.max_connections, per_ip) {
+            Ok(slot) => slot,
+            Err(why) => {
+                self.refuse(stream, why).await;
+                return None;
+            }
+        };
+        let stream = match &self.tls {
+            Some(acceptor) => tls_accept(acceptor, stream, header_timeout).await?,
+            None => stream,
+        };
+        if stream.selected_alpn_proto() == Some(ALPN::H2) {
+            // HTTP/2 over TLS: Pingora's stream loop, which closes the connection once
+            // no stream has been open for `idle_timeout_secs`; the guard bounds the
+            // preface and every header block by `header_timeout_secs`.
+            let guarded = Guarded::http2(stream, header_timeout, None, slot);
+            return self.proxy.process_new(Box::new(guarded), shutdown).await;
+        }
+        let guarded = Guarded::new(stream, header_timeout, slot);
+        serve_http1(
+            &self.proxy,
+            guarded,
+            idle_timeout.as_secs().max(1),
+            shutdown,
+        )
+        .await;
         None
     }
 
     async fn cleanup(&self) {
         self.proxy.http_cleanup().await;
+    }
+}
+
+/// An HTTP/1 app (the admin API) behind its own connection cap and the proxy's header
+/// and idle deadlines, so that its connections cannot starve the proxy's, nor the
+/// proxy's its own.
+pub struct Capped<A> {
+    app: Arc<A>,
+    core: Arc<Core>,
+    lifecycle: Arc<Lifecycle>,
+    max_connections: usize,
+}
+
+impl<A> Capped<A> {
+    /// `app` with at most `max_connections` connections open, counted in `lifecycle`.
+    pub fn new(app: A, core: Arc<Core>, lifecycle: Arc<Lifecycle>, max_connections: usize) -> Self {
+        Self {
+            app: Arc::new(app),
+            core,
+            lifecycle,
+            max_connections,
+        }
+    }
+}
+
+#[async_trait]
+impl<A> ServerApp for Capped<A>
+where
+    A: HttpServerApp + Send + Sync + 'static,
+{
+    async fn process_new(
+        self: &Arc<Self>,
+        mut stream: Stream,
+        shutdown: &ShutdownWatch,
+    ) -> Option<Stream> {
+        let rt = self.core.runtime();
+        let (header_timeout, idle) = (
+            rt.config.server.header_timeout,
+            rt.config.server.idle_timeout,
+        );
+        drop(rt);
+        let slot = match self
+            .lifecycle
+            .open(peer_ip(&stream), self.max_connections, None)
+        {
+            Ok(slot) => slot,
+            Err(why) => {
+                tracing::debug!(?why, "admin connection refused: cap reached");
+                if let Some(_permit) = self.lifecycle.refusing() {
+                    refuse_h1(&mut stream).await;
+                }
+                return None;
+            }
+        };
+        let guarded = Guarded::new(stream, header_timeout, slot);
+        serve_http1(&self.app, guarded, idle.as_secs().max(1), shutdown).await;
+        None
+    }
+
+    async fn cleanup(&self) {
+        self.app.http_cleanup().await;
+    }
+}
+
+/// The TLS handshake of a plain TCP stream, within `within`; None (the connection is
+/// closed) when it fails or is late.
+async fn tls_accept(acceptor: &Acceptor, stream: Stream, within: Duration) -> Option<Stream> {
+    let l4 = match stream.into_any().downcast::<L4Stream>() {
+        Ok(l4) => *l4,
+        Err(_) => {
+            tracing::warn!("TLS listener got a stream that is not TCP");
+            return None;
+        }
+    };
+    match tokio::time::timeout(within, acceptor.tls_handshake(l4)).await {
+        Ok(Ok(tls)) => Some(Box::new(tls)),
+        Ok(Err(e)) => {
+            tracing::debug!(error = %e, "TLS handshake failed");
+            None
+        }
+        Err(_) => {
+            tracing::debug!("TLS handshake not complete within header_timeout_secs");
+            None
+        }
     }
 }
 
@@ -130,13 +271,13 @@ fn peer_ip(stream: &Stream) -> IpAddr {
         .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |ip| ip.to_canonical())
 }
 
-/// Answers a refused connection with a 503 and closes it (best effort, bounded).
-async fn refuse(stream: &mut Stream, why: Refused) {
-    tracing::debug!(?why, "connection refused: cap reached");
-    let body = r#"{"error":"too_many_connections"}"#;
+const REFUSED_BODY: &str = r#"{"error":"too_many_connections"}"#;
+
+/// Answers a refused HTTP/1 connection with a 503 and closes it (best effort, bounded).
+async fn refuse_h1(stream: &mut Stream) {
     let reply = format!(
-        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {}\r\nretry-after: 1\r\nconnection: close\r\n\r\n{body}",
-        body.len()
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {}\r\nretry-after: 1\r\nconnection: close\r\n\r\n{REFUSED_BODY}",
+        REFUSED_BODY.len()
     );
     let write = async {
         stream.write_all(reply.as_bytes()).await?;
@@ -144,6 +285,36 @@ async fn refuse(stream: &mut Stream, why: Refused) {
     };
     let _ = tokio::time::timeout(Duration::from_millis(50), write).await;
     Shutdown::shutdown(&mut **stream).await;
+}
+
+/// Answers a refused HTTP/2 connection in HTTP/2: a 503 on its first stream, then a
+/// GOAWAY (the caller bounds the time).
+async fn refuse_h2(stream: Stream) {
+    let digest = Arc::new(Digest {
+        ssl_digest: stream.get_ssl_digest(),
+        socket_digest: stream.get_socket_digest(),
+        ..Digest::default()
+    });
+    let Ok(mut conn) = v2::handshake(stream, None).await else {
+        return;
+    };
+    if let Ok(Some(H2Accept::Session(mut s))) =
+        v2::HttpSession::from_h2_conn(&mut conn, digest).await
+    {
+        if let Ok(mut head) = ResponseHeader::build(503, Some(3)) {
+            let _ = head.insert_header("content-type", "application/json");
+            let _ = head.insert_header("content-length", REFUSED_BODY.len());
+            let _ = head.insert_header("retry-after", "1");
+            if s.write_response_header(Box::new(head), false).is_ok() {
+                let _ = s
+                    .write_body(bytes::Bytes::from_static(REFUSED_BODY.as_bytes()), true)
+                    .await;
+            }
+        }
+        let _ = s.finish();
+    }
+    conn.graceful_shutdown();
+    while let Some(Ok(_)) = conn.accept().await {}
 }
 
 /// Where a connection is in its request cycle, as far as reading goes.
@@ -167,6 +338,12 @@ pub struct Guarded {
     header_timeout: Duration,
     deadline: Pin<Box<Sleep>>,
     end: HeaderEnd,
+    /// HTTP/2: the frames read so far (the deadline covers the preface and every
+    /// header block instead of HTTP/1 heads).
+    h2: Option<H2Frames>,
+    /// HTTP/2 without a stream loop of ours (the RLS): the connection is closed when
+    /// nothing has been read for this long outside a header block.
+    quiet_timeout: Option<Duration>,
     _slot: ConnSlot,
 }
 
@@ -181,8 +358,25 @@ impl Guarded {
             header_timeout,
             deadline: Box::pin(tokio::time::sleep(header_timeout)),
             end: HeaderEnd::default(),
+            h2: None,
+            quiet_timeout: None,
             _slot: slot,
         }
+    }
+
+    /// An HTTP/2 connection: the preface and each header block must arrive within
+    /// `header_timeout`; with `quiet_timeout`, a connection that reads nothing else for
+    /// that long is closed too.
+    pub(crate) fn http2(
+        inner: Stream,
+        header_timeout: Duration,
+        quiet_timeout: Option<Duration>,
+        slot: ConnSlot,
+    ) -> Self {
+        let mut g = Self::new(inner, header_timeout, slot);
+        g.h2 = Some(H2Frames::default());
+        g.quiet_timeout = quiet_timeout;
+        g
     }
 
     /// The previous request is done: the next byte read starts a new one.
@@ -193,6 +387,24 @@ impl Guarded {
     /// Tracks the request cycle through the bytes just read.
     fn saw(&mut self, bytes: &[u8]) {
         if bytes.is_empty() {
+            return;
+        }
+        if let Some(frames) = &mut self.h2 {
+            let was = frames.in_headers();
+            let started = frames.feed(bytes);
+            let now = frames.in_headers();
+            if now {
+                if started || !was {
+                    let at = Instant::now() + self.header_timeout;
+                    self.deadline.as_mut().reset(at);
+                }
+                self.phase = Phase::Headers;
+            } else if let Some(quiet) = self.quiet_timeout {
+                self.deadline.as_mut().reset(Instant::now() + quiet);
+                self.phase = Phase::Headers;
+            } else {
+                self.phase = Phase::Past;
+            }
             return;
         }
         if self.next_request.swap(false, Ordering::Relaxed) || self.phase == Phase::Idle {
@@ -235,6 +447,97 @@ impl AsyncRead for Guarded {
                 }
                 Poll::Pending
             }
+        }
+    }
+}
+
+/// Follows the frames a client sends on an HTTP/2 connection, far enough to tell
+/// whether a header block (or the connection preface) is incomplete.
+#[derive(Debug, Clone, Copy)]
+struct H2Frames {
+    /// Preface bytes still to come.
+    preface: usize,
+    /// The frame header being read, and how much of it is in.
+    head: [u8; 9],
+    head_len: usize,
+    /// Payload bytes of the current frame still to come.
+    payload: usize,
+    /// The current frame is HEADERS or CONTINUATION and carries END_HEADERS.
+    ends_block: bool,
+    /// A header block has begun and not ended.
+    in_block: bool,
+}
+
+impl Default for H2Frames {
+    fn default() -> Self {
+        Self {
+            preface: 24,
+            head: [0; 9],
+            head_len: 0,
+            payload: 0,
+            ends_block: false,
+            in_block: false,
+        }
+    }
+}
+
+// === impl H2Frames ===
+
+impl H2Frames {
+    const HEADERS: u8 = 0x1;
+    const CONTINUATION: u8 = 0x9;
+    const END_HEADERS: u8 = 0x4;
+
+    /// True while the preface or a header block is incomplete.
+    fn in_headers(&self) -> bool {
+        self.preface > 0 || self.in_block
+    }
+
+    /// Feeds bytes read; true when a header block began among them.
+    fn feed(&mut self, mut bytes: &[u8]) -> bool {
+        let mut began = false;
+        while !bytes.is_empty() {
+            if self.preface > 0 {
+                let n = self.preface.min(bytes.len());
+                self.preface -= n;
+                bytes = &bytes[n..];
+            } else if self.payload > 0 {
+                let n = self.payload.min(bytes.len());
+                self.payload -= n;
+                bytes = &bytes[n..];
+                if self.payload == 0 {
+                    self.frame_done();
+                }
+            } else {
+                let n = (9 - self.head_len).min(bytes.len());
+                self.head[self.head_len..self.head_len + n].copy_from_slice(&bytes[..n]);
+                self.head_len += n;
+                bytes = &bytes[n..];
+                if self.head_len < 9 {
+                    continue;
+                }
+                self.head_len = 0;
+                let [l0, l1, l2, kind, flags, ..] = self.head;
+                let len = usize::from(l0) << 16 | usize::from(l1) << 8 | usize::from(l2);
+                let header_frame = kind == Self::HEADERS || kind == Self::CONTINUATION;
+                if kind == Self::HEADERS && !self.in_block {
+                    self.in_block = true;
+                    began = true;
+                }
+                self.ends_block = header_frame && flags & Self::END_HEADERS != 0;
+                self.payload = len;
+                if len == 0 {
+                    self.frame_done();
+                }
+            }
+        }
+        began
+    }
+
+    fn frame_done(&mut self) {
+        if self.ends_block {
+            self.in_block = false;
+            self.ends_block = false;
         }
     }
 }

@@ -50,6 +50,8 @@ pub struct RequestCtx {
     upstream_sent: Option<tokio::time::Instant>,
     /// When the upstream's response head arrived, and its status.
     upstream_head: Option<(tokio::time::Instant, u16)>,
+    /// When the request body must be complete (`body_timeout_secs` after the headers).
+    body_deadline: Option<tokio::time::Instant>,
 }
 
 // === impl Gateway ===
@@ -118,6 +120,10 @@ impl ProxyHttp for Gateway {
         session: &mut Session,
         ctx: &mut RequestCtx,
     ) -> pingora::Result<bool> {
+        let body_timeout = self.core.runtime().config.server.body_timeout;
+        ctx.body_deadline = Some(tokio::time::Instant::now() + body_timeout);
+        // Each body read may take what is left of the budget (HTTP/1; see `body_budget`).
+        session.set_read_timeout(Some(body_timeout));
         let peer = peer_ip(session);
         match self.admit(session.req_header(), peer, ctx).await {
             Ok(a) => {
@@ -254,7 +260,7 @@ impl ProxyHttp for Gateway {
 
     async fn request_body_filter(
         &self,
-        _session: &mut Session,
+        session: &mut Session,
         _body: &mut Option<bytes::Bytes>,
         end_of_stream: bool,
         ctx: &mut RequestCtx,
@@ -263,6 +269,9 @@ impl ProxyHttp for Gateway {
         // another upstream sends it again and moves the mark.
         if end_of_stream {
             ctx.upstream_sent = Some(tokio::time::Instant::now());
+        } else if let Some(deadline) = ctx.body_deadline {
+            // The next body read gets what is left of `body_timeout_secs`.
+            session.set_read_timeout(Some(body_budget(deadline)));
         }
         Ok(())
     }
@@ -322,6 +331,8 @@ impl ProxyHttp for Gateway {
                 ErrorType::ConnectTimedout | ErrorType::ReadTimedout | ErrorType::WriteTimedout,
             ) => (504, "upstream_timeout"),
             (ErrorSource::Upstream, _) => (502, "bad_gateway"),
+            // A body read past `body_timeout_secs` (the read timeout is the budget left).
+            (ErrorSource::Downstream, ErrorType::ReadTimedout) => (408, "request_timeout"),
             (
                 ErrorSource::Downstream,
                 ErrorType::WriteError | ErrorType::ReadError | ErrorType::ConnectionClosed,
@@ -439,6 +450,14 @@ fn ending(e: Option<&Error>, status: u16) -> Ending {
 ///
 /// # Errors
 /// When the client connection fails.
+/// What is left of a request's body budget; at least a millisecond, so that a read
+/// past the deadline fails at once rather than waiting without a timeout.
+fn body_budget(deadline: tokio::time::Instant) -> std::time::Duration {
+    deadline
+        .saturating_duration_since(tokio::time::Instant::now())
+        .max(std::time::Duration::from_millis(1))
+}
+
 pub async fn write(session: &mut Session, reply: &Reply) -> pingora::Result<()> {
     let mut resp = ResponseHeader::build(reply.status, Some(4 + reply.headers.len()))?;
     resp.insert_header("content-type", HeaderValue::from_static("application/json"))?;

@@ -50,7 +50,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
-use tonic::transport::server::TcpIncoming;
+use tonic::transport::server::{Connected, TcpConnectInfo};
 use tonic::{Request, Response, Status};
 
 use self::directory::Directory;
@@ -58,7 +58,8 @@ use self::request::Caller;
 use crate::admission::{self, AdmitRequest, Core, Origin, Rejection, Target};
 use crate::config::Auth;
 use crate::identity::{validate_key, Presented};
-use crate::lifecycle::Lifecycle;
+use crate::lifecycle::{Lifecycle, RLS_MAX_CONNECTIONS};
+use crate::proxy::listener::Guarded;
 use crate::store::Ending;
 
 /// Largest request accepted: a few descriptors are a few hundred bytes.
@@ -80,7 +81,12 @@ pub struct RlsListener {
     /// The socket bound at start (None: bind it once free, on an upgrade).
     bound: Mutex<Option<std::net::TcpListener>>,
     lifecycle: Arc<Lifecycle>,
+    /// This listener's open connections (its own cap, `RLS_MAX_CONNECTIONS`).
+    connections: Arc<Lifecycle>,
 }
+
+/// An accepted RLS connection: the proxy's HTTP/2 deadlines, and its slot.
+pub struct RlsConn(Guarded);
 
 // === impl Rls ===
 
@@ -228,6 +234,7 @@ impl RlsListener {
             addr,
             bound: Mutex::new(None),
             lifecycle,
+            connections: Arc::new(Lifecycle::default()),
         }
     }
 
@@ -274,7 +281,7 @@ impl BackgroundService for RlsListener {
         let Some(listener) = self.listener(&mut shutdown).await else {
             return;
         };
-        let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+        let incoming = capped(listener, self.rls.core.clone(), self.connections.clone());
         let service = RateLimitServiceServer::from_arc(self.rls.clone())
             .max_decoding_message_size(MAX_REQUEST);
         let stop = async move {
@@ -286,6 +293,99 @@ impl BackgroundService for RlsListener {
             .await;
         if let Err(e) = served {
             tracing::error!(error = %e, "rate-limit service stopped");
+        }
+    }
+}
+
+/// The connections accepted on `listener`, each within the listener's cap (beyond it a
+/// connection is closed at once) and guarded: the HTTP/2 preface and every header block
+/// must arrive within `header_timeout_secs`, and a connection that reads nothing for
+/// `idle_timeout_secs` is closed.
+fn capped(
+    listener: tokio::net::TcpListener,
+    core: Arc<Core>,
+    connections: Arc<Lifecycle>,
+) -> impl futures_util::Stream<Item = std::io::Result<RlsConn>> {
+    futures_util::stream::unfold(
+        (listener, core, connections),
+        |(listener, core, connections)| async move {
+            loop {
+                let (tcp, peer) = match listener.accept().await {
+                    Ok(accepted) => accepted,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "rate-limit service accept failed");
+                        // Out of files: let others finish before trying again.
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let Ok(slot) = connections.open(peer.ip(), RLS_MAX_CONNECTIONS, None) else {
+                    tracing::debug!("rate-limit connection refused: cap reached");
+                    continue; // dropped: closed
+                };
+                let _ = tcp.set_nodelay(true);
+                let (header, idle) = {
+                    let rt = core.runtime();
+                    (
+                        rt.config.server.header_timeout,
+                        rt.config.server.idle_timeout,
+                    )
+                };
+                let stream: pingora::protocols::Stream =
+                    Box::new(pingora::protocols::l4::stream::Stream::from(tcp));
+                let conn = RlsConn(Guarded::http2(stream, header, Some(idle), slot));
+                return Some((Ok(conn), (listener, core, connections)));
+            }
+        },
+    )
+}
+
+impl tokio::io::AsyncRead for RlsConn {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.0).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for RlsConn {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.0).poll_shutdown(cx)
+    }
+}
+
+impl Connected for RlsConn {
+    type ConnectInfo = TcpConnectInfo;
+
+    fn connect_info(&self) -> TcpConnectInfo {
+        use pingora::protocols::GetSocketDigest;
+        let digest = self.0.get_socket_digest();
+        let inet = |a: Option<&pingora::protocols::l4::socket::SocketAddr>| {
+            a.and_then(|a| a.as_inet()).copied()
+        };
+        TcpConnectInfo {
+            local_addr: digest.as_ref().and_then(|d| inet(d.local_addr())),
+            remote_addr: digest.as_ref().and_then(|d| inet(d.peer_addr())),
         }
     }
 }

@@ -36,3 +36,4 @@ mod simulate;
 mod tls;
 mod top;
 mod tower_layer;
+mod transport;
