@@ -23,8 +23,10 @@ const LAYERS: &[&[&str]] = &[
     &["store", "db", "routing"],
     &["admission"],
     &["reply", "reload", "upstream_health"],
-    &["proxy", "admin", "sync", "rls"],
-    &["layer"], // the tower adapter reuses the proxy's request-target parsing
+    &["proxy", "admin", "sync"],
+    // The tower adapter reuses the proxy's request-target parsing; the RLS listener the
+    // proxy's deadline stream (`proxy::listener::Guarded`).
+    &["layer", "rls"],
     &["server", "simulate"],
 ];
 
