@@ -142,6 +142,7 @@ impl ServerApp for Edge {
         let rt = self.core.runtime();
         let server = &rt.config.server;
         let (header_timeout, idle_timeout) = (server.header_timeout, server.idle_timeout);
+        let body_timeout = server.body_timeout;
         let per_ip = server.max_connections_per_ip;
         drop(rt); // the connection may outlive a reload
         let peer = peer_ip(&stream);
@@ -161,7 +162,7 @@ impl ServerApp for Edge {
             // HTTP/2 over TLS: Pingora's stream loop, which closes the connection once
             // no stream has been open for `idle_timeout_secs`; the guard bounds the
             // preface and every header block by `header_timeout_secs`.
-            let guarded = Guarded::http2(stream, header_timeout, None, slot);
+            let guarded = Guarded::http2(stream, header_timeout, body_timeout, None, slot);
             return self.proxy.process_new(Box::new(guarded), shutdown).await;
         }
         let guarded = Guarded::new(stream, header_timeout, slot);
@@ -344,6 +345,8 @@ pub struct Guarded {
     /// HTTP/2 without a stream loop of ours (the RLS): the connection is closed when
     /// nothing has been read for this long outside a header block.
     quiet_timeout: Option<Duration>,
+    /// HTTP/2: the request bodies under way and their deadlines.
+    bodies: Option<H2Bodies>,
     _slot: ConnSlot,
 }
 
@@ -360,21 +363,26 @@ impl Guarded {
             end: HeaderEnd::default(),
             h2: None,
             quiet_timeout: None,
+            bodies: None,
             _slot: slot,
         }
     }
 
     /// An HTTP/2 connection: the preface and each header block must arrive within
-    /// `header_timeout`; with `quiet_timeout`, a connection that reads nothing else for
-    /// that long is closed too.
+    /// `header_timeout`, and each request body within `body_timeout` of its headers (the
+    /// connection is closed when one does not: Pingora's HTTP/2 body reads have no
+    /// timeout of their own); with `quiet_timeout`, a connection that reads nothing else
+    /// for that long is closed too.
     pub(crate) fn http2(
         inner: Stream,
         header_timeout: Duration,
+        body_timeout: Duration,
         quiet_timeout: Option<Duration>,
         slot: ConnSlot,
     ) -> Self {
         let mut g = Self::new(inner, header_timeout, slot);
         g.h2 = Some(H2Frames::default());
+        g.bodies = Some(H2Bodies::new(body_timeout));
         g.quiet_timeout = quiet_timeout;
         g
     }
@@ -391,7 +399,12 @@ impl Guarded {
         }
         if let Some(frames) = &mut self.h2 {
             let was = frames.in_headers();
-            let started = frames.feed(bytes);
+            let bodies = &mut self.bodies;
+            let started = frames.feed(bytes, |kind, flags, id| {
+                if let Some(b) = bodies.as_mut() {
+                    b.client_frame(kind, flags, id);
+                }
+            });
             let now = frames.in_headers();
             if now {
                 if started || !was {
@@ -445,6 +458,12 @@ impl AsyncRead for Guarded {
                         "request headers not complete within header_timeout_secs",
                     )));
                 }
+                if this.bodies.as_mut().is_some_and(|b| b.poll_late(cx)) {
+                    return Poll::Ready(Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "an HTTP/2 request body not complete within body_timeout_secs",
+                    )));
+                }
                 Poll::Pending
             }
         }
@@ -493,8 +512,9 @@ impl H2Frames {
         self.preface > 0 || self.in_block
     }
 
-    /// Feeds bytes read; true when a header block began among them.
-    fn feed(&mut self, mut bytes: &[u8]) -> bool {
+    /// Feeds bytes read; true when a header block began among them. `frame` is told the
+    /// type, flags and stream id of every frame header completed.
+    fn feed(&mut self, mut bytes: &[u8], mut frame: impl FnMut(u8, u8, u32)) -> bool {
         let mut began = false;
         while !bytes.is_empty() {
             if self.preface > 0 {
@@ -517,8 +537,9 @@ impl H2Frames {
                     continue;
                 }
                 self.head_len = 0;
-                let [l0, l1, l2, kind, flags, ..] = self.head;
+                let [l0, l1, l2, kind, flags, s0, s1, s2, s3] = self.head;
                 let len = usize::from(l0) << 16 | usize::from(l1) << 8 | usize::from(l2);
+                frame(kind, flags, u32::from_be_bytes([s0 & 0x7f, s1, s2, s3]));
                 let header_frame = kind == Self::HEADERS || kind == Self::CONTINUATION;
                 if kind == Self::HEADERS && !self.in_block {
                     self.in_block = true;
@@ -542,13 +563,108 @@ impl H2Frames {
     }
 }
 
+/// The request bodies under way on an HTTP/2 connection, followed from the frames both
+/// sides send: a stream whose HEADERS did not end it must see its body end (DATA or
+/// trailers with END_STREAM) within `timeout`, unless either side resets it or the
+/// server ends its response first.
+#[derive(Debug)]
+struct H2Bodies {
+    timeout: Duration,
+    /// (stream id, deadline), oldest first.
+    pending: std::collections::VecDeque<(u32, Instant)>,
+    /// Frames the server writes (no preface on that side).
+    written: H2Frames,
+    timer: Pin<Box<Sleep>>,
+    /// What `timer` is set to.
+    armed: Option<Instant>,
+}
+
+// === impl H2Bodies ===
+
+impl H2Bodies {
+    const DATA: u8 = 0x0;
+    const RST_STREAM: u8 = 0x3;
+    const END_STREAM: u8 = 0x1;
+    /// More bodies under way than any client may have (Pingora refuses streams far
+    /// below this): the connection is treated as late.
+    const MAX_PENDING: usize = 4096;
+
+    fn new(timeout: Duration) -> Self {
+        Self {
+            timeout,
+            pending: std::collections::VecDeque::new(),
+            written: H2Frames {
+                preface: 0,
+                ..H2Frames::default()
+            },
+            timer: Box::pin(tokio::time::sleep(timeout)),
+            armed: None,
+        }
+    }
+
+    fn client_frame(&mut self, kind: u8, flags: u8, id: u32) {
+        let ends = flags & Self::END_STREAM != 0;
+        match kind {
+            H2Frames::HEADERS
+                if id % 2 == 1 && !ends && !self.pending.iter().any(|(s, _)| *s == id) =>
+            {
+                self.pending.push_back((id, Instant::now() + self.timeout));
+            }
+            H2Frames::HEADERS | Self::DATA if ends => self.done(id),
+            Self::RST_STREAM => self.done(id),
+            _ => {}
+        }
+    }
+
+    /// Bytes the server wrote: a stream it reset or finished answering needs no body.
+    fn wrote(&mut self, bytes: &[u8]) {
+        let mut ended = Vec::new();
+        self.written.feed(bytes, |kind, flags, id| {
+            let end = flags & Self::END_STREAM != 0;
+            if kind == Self::RST_STREAM || (end && matches!(kind, Self::DATA | H2Frames::HEADERS)) {
+                ended.push(id);
+            }
+        });
+        for id in ended {
+            self.done(id);
+        }
+    }
+
+    fn done(&mut self, id: u32) {
+        if let Some(i) = self.pending.iter().position(|(s, _)| *s == id) {
+            self.pending.remove(i);
+        }
+    }
+
+    /// Whether a body is late (registering a wake-up for the next deadline otherwise).
+    fn poll_late(&mut self, cx: &mut Context<'_>) -> bool {
+        if self.pending.len() > Self::MAX_PENDING {
+            return true;
+        }
+        let Some(first) = self.pending.iter().map(|(_, d)| *d).min() else {
+            self.armed = None;
+            return false;
+        };
+        if self.armed != Some(first) {
+            self.timer.as_mut().reset(first);
+            self.armed = Some(first);
+        }
+        self.timer.as_mut().poll(cx).is_ready()
+    }
+}
+
 impl AsyncWrite for Guarded {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+        let this = self.get_mut();
+        let written = Pin::new(&mut this.inner).poll_write(cx, buf);
+        if let (Poll::Ready(Ok(n)), Some(b)) = (&written, this.bodies.as_mut()) {
+            b.wrote(buf.get(..*n).unwrap_or_default());
+        }
+        written
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -564,7 +680,20 @@ impl AsyncWrite for Guarded {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+        let this = self.get_mut();
+        let written = Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
+        if let (Poll::Ready(Ok(n)), Some(b)) = (&written, this.bodies.as_mut()) {
+            let mut left = *n;
+            for s in bufs {
+                let take = left.min(s.len());
+                b.wrote(&s[..take]);
+                left -= take;
+                if left == 0 {
+                    break;
+                }
+            }
+        }
+        written
     }
 
     fn is_write_vectored(&self) -> bool {

@@ -324,16 +324,14 @@ fn capped(
                     continue; // dropped: closed
                 };
                 let _ = tcp.set_nodelay(true);
-                let (header, idle) = {
+                let (header, body, idle) = {
                     let rt = core.runtime();
-                    (
-                        rt.config.server.header_timeout,
-                        rt.config.server.idle_timeout,
-                    )
+                    let s = &rt.config.server;
+                    (s.header_timeout, s.body_timeout, s.idle_timeout)
                 };
                 let stream: pingora::protocols::Stream =
                     Box::new(pingora::protocols::l4::stream::Stream::from(tcp));
-                let conn = RlsConn(Guarded::http2(stream, header, Some(idle), slot));
+                let conn = RlsConn(Guarded::http2(stream, header, body, Some(idle), slot));
                 return Some((Ok(conn), (listener, core, connections)));
             }
         },

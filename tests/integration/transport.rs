@@ -328,3 +328,52 @@ async fn a_full_listener_leaves_the_others_answering() {
     );
     drop(held);
 }
+
+/// An HTTP/2 POST whose headers arrive but whose body never does is cut off within
+/// `body_timeout_secs` (Pingora's HTTP/2 body reads have no timeout: the guard closes
+/// the connection), while a stream that finishes its body is served.
+#[tokio::test(flavor = "multi_thread")]
+async fn h2_body_that_never_comes_is_cut_off() {
+    let up = body_reader().await;
+    let ca = TestCa::new();
+    let certs = tempfile::tempdir().unwrap();
+    TestCa::write(&ca.leaf(), certs.path());
+    let server = format!(
+        "grace_period_secs = 0\nbody_timeout_secs = 2\nheader_timeout_secs = 10\nidle_timeout_secs = 30\n\
+         tls = {{ cert = \"{0}/cert.pem\", key = \"{0}/key.pem\" }}",
+        certs.path().display()
+    );
+    let body = ROUTE.replace("{upstream}", &up.to_string());
+    let gw = Gateway::start_full(&["run"], &body, &server).await;
+    // POST / (HPACK: :method POST, :scheme https, :path /, :authority localhost,
+    // content-length 10), END_HEADERS without END_STREAM, and then no DATA.
+    let mut block = vec![0x83, 0x87, 0x84, 0x41, 9];
+    block.extend_from_slice(b"localhost");
+    block.extend_from_slice(&[0x5c, 2, b'1', b'0']);
+    let mut bytes = [PREFACE, SETTINGS].concat();
+    let len = u8::try_from(block.len()).unwrap();
+    bytes.extend_from_slice(&[0, 0, len, 1, 0x4, 0, 0, 0, 1]);
+    bytes.extend_from_slice(&block);
+    let (mut tls, alpn, _) = ca.connect(gw.addr).await;
+    assert_eq!(alpn.as_deref(), Some(&b"h2"[..]));
+    tls.write_all(&bytes).await.unwrap();
+    tls.flush().await.unwrap();
+    let took = closed_after(&mut tls, Duration::from_secs(15)).await;
+    assert!(
+        took < Duration::from_secs(5),
+        "the stalled body's connection closed after {took:?}"
+    );
+    // The same request with its body is served on HTTP/2.
+    let (tls, _, _) = ca.connect(gw.addr).await;
+    let (mut send, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let req = http::Request::post("https://localhost/x")
+        .header("content-length", "10")
+        .body(http_body_util::Full::new(Bytes::from_static(b"0123456789")))
+        .unwrap();
+    let resp = send.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+}
