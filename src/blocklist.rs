@@ -32,7 +32,11 @@ impl BlockList {
         list
     }
 
-    fn insert(&mut self, e: BlockEntry) {
+    fn insert(&mut self, mut e: BlockEntry) {
+        // A block written in an IPv4-carrying IPv6 form names IPv4 clients.
+        if let BlockTarget::Ip(net) = &mut e.target {
+            *net = crate::limiter::canonical_net(*net);
+        }
         fn keep(map_entry: Option<&BlockEntry>, new: &BlockEntry) -> bool {
             map_entry.is_none_or(|old| match (old.expires_at_ms, new.expires_at_ms) {
                 (None, _) => false,

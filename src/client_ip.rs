@@ -34,7 +34,10 @@ impl ClientIpResolver {
     /// A resolver believing `X-Forwarded-For` from peers in `trusted`.
     pub fn new(trusted: Vec<IpNet>) -> Self {
         Self {
-            trusted,
+            trusted: trusted
+                .into_iter()
+                .map(crate::limiter::canonical_net)
+                .collect(),
             header: ClientIpHeader::XForwardedFor,
         }
     }
@@ -245,20 +248,32 @@ mod tests {
             ("64:ff9b::192.0.2.7", "192.0.2.7"),
             ("64:ff9b::c633:6409", "198.51.100.9"),
             ("64:ff9b:1::192.0.2.7", "192.0.2.7"),
-            // RFC 6052 /48 layout: octets at bytes 6, 7, 9, 10 (byte 8 is zero).
-            ("64:ff9b:1:c000:2:700::", "192.0.2.7"),
+            // Any /96 carved out of the local-use /48 (RFC 8215).
+            ("64:ff9b:1:ffff::c000:207", "192.0.2.7"),
+            ("64:ff9b:1:ffff::c000:208", "192.0.2.8"),
             ("192.0.2.7", "192.0.2.7"),
             ("::", "::"),
             ("::1", "::1"),
             ("2001:db8::7", "2001:db8::7"),
             ("64:ff9c::192.0.2.7", "64:ff9c::c000:207"),
-            // a non-zero u octet (byte 8) is no RFC 6052 address
-            ("64:ff9b:1:c000:ff02:700::", "64:ff9b:1:c000:ff02:700::"),
         ];
         for (input, want) in cases {
             let got = canonical(input.parse().unwrap());
             assert_eq!(got, want.parse::<IpAddr>().unwrap(), "{input}");
         }
+        // Configured networks (blocks, trusted proxies) take the same form.
+        for (net, want) in [
+            ("::ffff:10.0.0.0/104", "10.0.0.0/8"),
+            ("64:ff9b::c000:207/128", "192.0.2.7/32"),
+            ("64:ff9b:1:ffff::c000:200/120", "192.0.2.0/24"),
+            ("2001:db8::/32", "2001:db8::/32"),
+            ("64:ff9b::/64", "64:ff9b::/64"),
+        ] {
+            let got = crate::limiter::canonical_net(net.parse().unwrap());
+            assert_eq!(got.to_string(), want, "{net}");
+        }
+        let trusted = ClientIpResolver::new(vec!["::ffff:10.0.0.0/104".parse().unwrap()]);
+        assert!(trusted.is_trusted("10.1.2.3".parse().unwrap()));
         // Two IPv4 clients behind one NAT64 are two identities for the ip scope.
         let (a, b) = (
             canonical("64:ff9b::c000:207".parse().unwrap()),

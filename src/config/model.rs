@@ -103,18 +103,19 @@ impl Secret {
         Self(value.into())
     }
 
-    /// Whether `authorization` (a header value as received) is `Bearer <secret>`. Both
-    /// sides are hashed first, so the comparison takes the same time whatever the
-    /// presented value's length or content.
+    /// Whether `authorization` (a header value as received) is `Bearer <secret>` (the
+    /// scheme case-insensitive, as RFC 9110 says). Both tokens are hashed first, so the
+    /// comparison takes the same time whatever the presented value's length or content.
     pub fn bearer_matches(&self, authorization: Option<&[u8]>) -> bool {
         use sha2::{Digest, Sha256};
         let Some(presented) = authorization else {
             return false;
         };
-        let mut expected = Sha256::new();
-        expected.update(b"Bearer ");
-        expected.update(self.0.as_bytes());
-        let (a, b) = (Sha256::digest(presented), expected.finalize());
+        let token = match presented.split_at_checked(7) {
+            Some((scheme, token)) if scheme.eq_ignore_ascii_case(b"bearer ") => token,
+            _ => return false,
+        };
+        let (a, b) = (Sha256::digest(token), Sha256::digest(self.0.as_bytes()));
         a.iter()
             .zip(b.iter())
             .fold(0u8, |acc, (x, y)| acc | (x ^ y))

@@ -383,7 +383,9 @@ fn check_token_comes_from_the_environment() {
     let c = load("[server]\ncheck_token = \"${CHECK_TOKEN_A}\"\n").unwrap();
     let token = c.server.check_token.clone().unwrap();
     assert!(token.bearer_matches(Some(b"Bearer s3cret-token")));
+    assert!(token.bearer_matches(Some(b"bearer s3cret-token")));
     for wrong in [
+        &b"Basic s3cret-token"[..],
         &b"Bearer s3cret-toke"[..],
         b"s3cret-token",
         b"Bearer s3cret-token ",

@@ -52,9 +52,8 @@ pub struct Check<'a> {
 /// dual-stack socket keeps a limit of its own instead of sharing one /64:
 /// - IPv4-mapped `::ffff:a.b.c.d` and IPv4-translated `::ffff:0:a.b.c.d` (RFC 2765);
 /// - IPv4-compatible `::a.b.c.d` (deprecated; `::` and `::1` excepted);
-/// - NAT64 `64:ff9b::a.b.c.d` (RFC 6052, the well-known /96) and the local-use
-///   `64:ff9b:1::/48` (RFC 8215): the /96 layout when bits 48..96 are zero, else the /48
-///   layout of RFC 6052 (octets at bytes 6, 7, 9, 10; byte 8 is zero).
+/// - NAT64 `64:ff9b::a.b.c.d` (RFC 6052, the well-known /96) and any /96 of the
+///   local-use `64:ff9b:1::/48` (RFC 8215): the last 32 bits.
 ///
 /// Any other address is returned unchanged.
 pub fn canonical(ip: IpAddr) -> IpAddr {
@@ -71,12 +70,24 @@ pub fn canonical(ip: IpAddr) -> IpAddr {
         [0, 0, 0, 0, 0, 0, hi, lo] if hi != 0 || lo > 1 => v4(12),
         // 64:ff9b::/96
         [0x64, 0xff9b, 0, 0, 0, 0, _, _] => v4(12),
-        // 64:ff9b:1::/48
-        [0x64, 0xff9b, 1, 0, 0, 0, _, _] => v4(12),
-        [0x64, 0xff9b, 1, ..] if b[8] == 0 => {
-            IpAddr::V4(std::net::Ipv4Addr::new(b[6], b[7], b[9], b[10]))
-        }
+        // 64:ff9b:1::/48: operators carve /96 prefixes out of it (RFC 8215)
+        [0x64, 0xff9b, 1, ..] => v4(12),
         _ => ip,
+    }
+}
+
+/// A configured network (a block, a trusted proxy) in the form clients are compared in: a
+/// /96 or longer inside one of `canonical`'s IPv4-carrying ranges is that IPv4 network
+/// (`::ffff:10.0.0.0/104` is `10.0.0.0/8`), so it still matches the clients it names.
+pub fn canonical_net(net: ipnet::IpNet) -> ipnet::IpNet {
+    match net {
+        ipnet::IpNet::V6(n) if n.prefix_len() >= 96 => match canonical(IpAddr::V6(n.network())) {
+            IpAddr::V4(v4) => {
+                ipnet::Ipv4Net::new(v4, n.prefix_len() - 96).map_or(net, ipnet::IpNet::V4)
+            }
+            IpAddr::V6(_) => net,
+        },
+        _ => net,
     }
 }
 

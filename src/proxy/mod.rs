@@ -267,7 +267,13 @@ impl ProxyHttp for Gateway {
     ) -> pingora::Result<()> {
         // Called with `end_of_stream` for a request without a body too; a retry on
         // another upstream sends it again and moves the mark.
-        if end_of_stream {
+        if session.was_upgraded() {
+            // A tunnel's bytes are no request body: only the idle timeout applies.
+            if ctx.body_deadline.take().is_some() {
+                let idle = self.core.runtime().config.server.idle_timeout;
+                session.set_read_timeout(Some(idle));
+            }
+        } else if end_of_stream {
             ctx.upstream_sent = Some(tokio::time::Instant::now());
         } else if let Some(deadline) = ctx.body_deadline {
             // The next body read gets what is left of `body_timeout_secs`.
@@ -365,7 +371,11 @@ impl ProxyHttp for Gateway {
                 let r = &r.route;
                 r.cost_header.as_ref().and(r.max_cost)
             });
-            if let Some(max) = max_cost.filter(|_| ending == Ending::ClientGone) {
+            // Only a client that left before the upstream's response head: after it, the
+            // usage header either came (and settled) or never will.
+            let left_early = e.is_some_and(|e| e.esource() == &ErrorSource::Downstream)
+                && ctx.upstream_head.is_none();
+            if let Some(max) = max_cost.filter(|_| left_early) {
                 if !a.is_settled() {
                     a.settle(max, &self.core.metrics);
                 }

@@ -314,7 +314,8 @@ async fn upgrading_upstream() -> SocketAddr {
 }
 
 /// A WebSocket upgrade is forwarded only on a route with `upgrade = true`: elsewhere the
-/// upstream sees a plain request, so one admission cannot open an unmetered tunnel.
+/// upstream sees a plain request, so one admission cannot open an unmetered tunnel. An
+/// allowed tunnel is not cut at `body_timeout_secs`.
 #[tokio::test(flavor = "multi_thread")]
 async fn upgrades_only_where_the_route_allows_them() {
     let up = upgrading_upstream().await;
@@ -334,7 +335,13 @@ upstreams = ["{up}"]
 auth = "none"
 "#
     );
-    let gw = Gateway::start(&body, None).await;
+    // A tunnel outlives `body_timeout_secs`: its bytes are no request body.
+    let gw = Gateway::start_full(
+        &["run"],
+        &body,
+        "grace_period_secs = 0\nbody_timeout_secs = 1",
+    )
+    .await;
     let upgrade = |path: &str| {
         format!(
             "GET {path} HTTP/1.1\r\nHost: t\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
@@ -360,10 +367,13 @@ auth = "none"
         "{}",
         String::from_utf8_lossy(&head)
     );
-    s.write_all(b"ping").unwrap();
-    let mut echo = [0u8; 4];
-    s.read_exact(&mut echo).unwrap();
-    assert_eq!(&echo, b"ping");
+    for _ in 0..3 {
+        s.write_all(b"ping").unwrap();
+        let mut echo = [0u8; 4];
+        s.read_exact(&mut echo).unwrap();
+        assert_eq!(&echo, b"ping");
+        std::thread::sleep(Duration::from_millis(700)); // time passing in the tunnel
+    }
 }
 
 /// With `case_insensitive_paths`, case and trailing dots or spaces do not dodge a route
@@ -405,4 +415,69 @@ auth = "none"
     let r = c.get(gw.url("/Public/X")).send().await.unwrap();
     let echo: Value = r.json().await.unwrap();
     assert_eq!(echo["path"], "/Public/X");
+}
+
+/// A flood of bans cannot push out an older one: with the table full (100,000 bans in
+/// force), new bans are refused and counted, and the first ban still holds.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_ban_flood_does_not_evict_older_bans() {
+    let up = Upstream::start("u").await;
+    let body = r#"
+[client_ip]
+trusted_proxies = ["127.0.0.1/32"]
+
+[limits.ip]
+per_hour = 1
+ban = { after = 1, within_secs = 3600, for_secs = 3600, from_check = true }
+
+[[routes]]
+name = "public"
+path_prefix = "/"
+upstreams = ["{upstream}"]
+auth = "none"
+"#;
+    let gw = Gateway::start(body, Some(&up)).await;
+    let c = client();
+    let attacker = |c: &reqwest::Client| {
+        c.get(gw.url("/x"))
+            .header("x-forwarded-for", "198.51.100.1")
+            .send()
+    };
+    assert_eq!(attacker(&c).await.unwrap().status(), 200);
+    assert_eq!(attacker(&c).await.unwrap().status(), 429); // the ban's one rejection
+    assert_eq!(attacker(&c).await.unwrap().status(), 403);
+    // 100,050 other addresses, each banned by one refused check (from_check = true).
+    const FLOOD: u32 = 100_050;
+    const TASKS: u32 = 16;
+    let url = gw.admin_url("/v1/check");
+    let mut tasks = Vec::new();
+    for t in 0..TASKS {
+        let (c, url) = (c.clone(), url.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut i = t;
+            while i < FLOOD {
+                let ip = format!("10.{}.{}.{}", i >> 16, (i >> 8) & 255, i & 255);
+                let r = c
+                    .post(&url)
+                    .json(&serde_json::json!({"ip": ip, "cost": 2}))
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(r.status(), 429, "{ip}");
+                i += TASKS;
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    // The attacker's ban is still in force; the bans past the cap were refused.
+    assert_eq!(attacker(&c).await.unwrap().status(), 403);
+    let metrics = gw.metrics().await;
+    let dropped: f64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("throttle_bans_dropped_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0);
+    assert!(dropped >= 51.0, "throttle_bans_dropped_total {dropped}");
 }

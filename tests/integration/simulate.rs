@@ -158,6 +158,12 @@ fn bad_trace_exits_naming_file_and_line() {
             format!("time,ip,apikey,path\n{good}\n"),
             ":1: unknown column \"apikey\"",
         ),
+        // Near u64::MAX window arithmetic would wrap: refused, naming the line.
+        (
+            "late.csv",
+            format!("time,ip,key_id,path\n{good}\n18446744073709551610,198.51.100.7,,/v1\n"),
+            ":3: time \"18446744073709551610\" is out of range",
+        ),
     ] {
         let path = dir.path().join(name);
         std::fs::write(&path, body).unwrap();
