@@ -400,7 +400,9 @@ impl Guarded {
         if let Some(frames) = &mut self.h2 {
             let was = frames.in_headers();
             let bodies = &mut self.bodies;
+            let mut request_frame = false;
             let started = frames.feed(bytes, |kind, flags, id| {
+                request_frame |= matches!(kind, H2Frames::HEADERS | H2Bodies::DATA);
                 if let Some(b) = bodies.as_mut() {
                     b.client_frame(kind, flags, id);
                 }
@@ -413,7 +415,11 @@ impl Guarded {
                 }
                 self.phase = Phase::Headers;
             } else if let Some(quiet) = self.quiet_timeout {
-                self.deadline.as_mut().reset(Instant::now() + quiet);
+                // Only requests keep the connection: PING, SETTINGS or WINDOW_UPDATE
+                // frames alone would hold a slot forever.
+                if request_frame || was {
+                    self.deadline.as_mut().reset(Instant::now() + quiet);
+                }
                 self.phase = Phase::Headers;
             } else {
                 self.phase = Phase::Past;

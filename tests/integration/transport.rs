@@ -377,3 +377,41 @@ async fn h2_body_that_never_comes_is_cut_off() {
     let resp = send.send_request(req).await.unwrap();
     assert_eq!(resp.status(), 200);
 }
+
+/// PINGs alone do not keep an RLS connection (and its slot): one that sends no call for
+/// `idle_timeout_secs` is closed, however often it pings.
+#[tokio::test(flavor = "multi_thread")]
+async fn pings_alone_do_not_hold_an_rls_slot() {
+    let up = Upstream::start("transport").await;
+    let body = ROUTE.replace("{upstream}", &up.addr.to_string());
+    let rls: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+    let server = format!(
+        "grace_period_secs = 0\nheader_timeout_secs = 5\nidle_timeout_secs = 2\nrls_listen = \"{rls}\""
+    );
+    let gw = Gateway::start_full(&["run"], &body, &server).await;
+    assert!(rls_answers(rls).await, "{}", gw.log());
+    let mut s = TcpStream::connect(rls).await.unwrap();
+    s.write_all(&[PREFACE, SETTINGS].concat()).await.unwrap();
+    let start = Instant::now();
+    // A PING frame (8 bytes of opaque data) every 500 ms, reading what comes back.
+    let ping: &[u8] = &[0, 0, 8, 6, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8];
+    let mut buf = [0u8; 4096];
+    let closed = loop {
+        if start.elapsed() > Duration::from_secs(10) {
+            break false;
+        }
+        if s.write_all(ping).await.is_err() {
+            break true;
+        }
+        match tokio::time::timeout(Duration::from_millis(500), s.read(&mut buf)).await {
+            Ok(Ok(0) | Err(_)) => break true,
+            _ => {}
+        }
+    };
+    assert!(closed, "still open after {:?} of PINGs", start.elapsed());
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        start.elapsed()
+    );
+}
