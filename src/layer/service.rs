@@ -120,16 +120,7 @@ where
     match result {
         Ok(mut resp) => {
             // Reserve, then settle, as the proxy does: the inner service reports the cost.
-            let header = admission
-                .route
-                .as_ref()
-                .and_then(|r| r.route.cost_header.clone());
-            if let Some(name) = header {
-                let actual = resp.headers().get(&name);
-                if let Some(c) = actual.and_then(|v| crate::proxy::true_cost(v.as_bytes())) {
-                    admission.settle(c, &shared.core.metrics);
-                }
-            }
+            crate::proxy::settle_reported(&mut admission, resp.headers(), &shared.core.metrics);
             request::rate_headers(resp.headers_mut(), &admission);
             admission.finish(Ending::Completed { status });
             Ok(resp)

@@ -301,18 +301,7 @@ impl ProxyHttp for Gateway {
         let Some(a) = &mut ctx.admission else {
             return Ok(());
         };
-        // Reserve, then settle: the upstream reports the request's true cost.
-        let route = a.route.as_ref().map(|r| &r.route);
-        if let Some((name, r)) = route.and_then(|r| Some((r.cost_header.as_ref()?, r))) {
-            let values = resp.headers.get_all(name).iter().map(|v| v.as_bytes());
-            if let Some(reported) = reported_usage(values) {
-                let (actual, clamped) = clamp_usage(reported, r.max_cost);
-                if clamped {
-                    self.core.metrics.cost_clamped.inc();
-                }
-                a.settle(actual, &self.core.metrics);
-            }
-        }
+        settle_reported(a, &resp.headers, &self.core.metrics);
         if let Some(wd) = &a.rate {
             let style = a.runtime.config.server.rate_limit_headers;
             // A forwarded response was not rejected: no `Retry-After`.
@@ -646,6 +635,29 @@ pub fn scrubbed(n: &str, trusted: bool, underscores: bool, reads_forwarded: bool
 /// comma-separated element of a line is one value (RFC 9110 5.3: repeated field lines are
 /// one list); the largest counts, so repeating the header can never lower the bill. No
 /// value, or any malformed or empty element among them: `None` (nothing settles).
+/// Reserve, then settle: the usage the upstream reports in the route's `cost_header`
+/// (every value; the largest counts), bounded by `max_cost`, settles the request. The
+/// proxy and the tower layer both settle here.
+pub fn settle_reported(
+    a: &mut Admission,
+    headers: &http::HeaderMap,
+    metrics: &crate::metrics::Metrics,
+) {
+    let route = a.route.as_ref().map(|r| &r.route);
+    let Some((name, max_cost)) = route.and_then(|r| Some((r.cost_header.as_ref()?, r.max_cost)))
+    else {
+        return;
+    };
+    let values = headers.get_all(name).iter().map(|v| v.as_bytes());
+    if let Some(reported) = reported_usage(values) {
+        let (actual, clamped) = clamp_usage(reported, max_cost);
+        if clamped {
+            metrics.cost_clamped.inc();
+        }
+        a.settle(actual, metrics);
+    }
+}
+
 pub fn reported_usage<'a>(values: impl IntoIterator<Item = &'a [u8]>) -> Option<u32> {
     let mut largest: Option<u32> = None;
     for line in values {

@@ -403,9 +403,9 @@ async fn pings_alone_do_not_hold_an_rls_slot() {
         if s.write_all(ping).await.is_err() {
             break true;
         }
-        match tokio::time::timeout(Duration::from_millis(500), s.read(&mut buf)).await {
-            Ok(Ok(0) | Err(_)) => break true,
-            _ => {}
+        let read = tokio::time::timeout(Duration::from_millis(500), s.read(&mut buf)).await;
+        if let Ok(Ok(0) | Err(_)) = read {
+            break true;
         }
     };
     assert!(closed, "still open after {:?} of PINGs", start.elapsed());
