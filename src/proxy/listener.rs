@@ -571,8 +571,7 @@ impl H2Frames {
 
 /// The request bodies under way on an HTTP/2 connection, followed from the frames both
 /// sides send: a stream whose HEADERS did not end it must see its body end (DATA or
-/// trailers with END_STREAM) within `timeout`, unless either side resets it or the
-/// server ends its response first.
+/// trailers with END_STREAM) within `timeout`, unless either side resets it.
 #[derive(Debug)]
 struct H2Bodies {
     timeout: Duration,
@@ -622,12 +621,14 @@ impl H2Bodies {
         }
     }
 
-    /// Bytes the server wrote: a stream it reset or finished answering needs no body.
+    /// Bytes the server wrote: a stream it reset needs no body. One it has finished
+    /// answering still does: Pingora's proxy task waits for the request body to end (with
+    /// no timeout on HTTP/2), so a client that never ends it would hold the stream, and
+    /// the connection, forever.
     fn wrote(&mut self, bytes: &[u8]) {
         let mut ended = Vec::new();
-        self.written.feed(bytes, |kind, flags, id| {
-            let end = flags & Self::END_STREAM != 0;
-            if kind == Self::RST_STREAM || (end && matches!(kind, Self::DATA | H2Frames::HEADERS)) {
+        self.written.feed(bytes, |kind, _flags, id| {
+            if kind == Self::RST_STREAM {
                 ended.push(id);
             }
         });

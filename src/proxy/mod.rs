@@ -120,10 +120,19 @@ impl ProxyHttp for Gateway {
         session: &mut Session,
         ctx: &mut RequestCtx,
     ) -> pingora::Result<bool> {
-        let body_timeout = self.core.runtime().config.server.body_timeout;
+        let (body_timeout, idle_timeout) = {
+            let rt = self.core.runtime();
+            (rt.config.server.body_timeout, rt.config.server.idle_timeout)
+        };
         ctx.body_deadline = Some(tokio::time::Instant::now() + body_timeout);
         // Each body read may take what is left of the budget (HTTP/1; see `body_budget`).
         session.set_read_timeout(Some(body_timeout));
+        // A body left unread after the response is drained for at most as long (an HTTP/2
+        // stream the client never ends would otherwise keep its connection busy forever),
+        // and a client that reads nothing of its response for `idle_timeout_secs` (a zero
+        // flow-control window, a full TCP window) is dropped.
+        session.set_total_drain_timeout(Some(body_timeout));
+        session.set_write_timeout(Some(idle_timeout));
         let peer = peer_ip(session);
         match self.admit(session.req_header(), peer, ctx).await {
             Ok(a) => {

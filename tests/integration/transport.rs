@@ -415,3 +415,52 @@ async fn pings_alone_do_not_hold_an_rls_slot() {
         start.elapsed()
     );
 }
+
+/// An HTTP/2 stream the client never ends, answered by an upstream that does not wait
+/// for its body, does not keep the connection (and its slot) once the response is out:
+/// the unread body is drained for at most `body_timeout_secs`, then the connection idles
+/// out.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_h2_stream_left_open_after_its_answer_gives_its_slot_back() {
+    let up = body_reader().await;
+    let ca = TestCa::new();
+    let certs = tempfile::tempdir().unwrap();
+    TestCa::write(&ca.leaf(), certs.path());
+    let server = format!(
+        "grace_period_secs = 0\nbody_timeout_secs = 2\nheader_timeout_secs = 10\nidle_timeout_secs = 2\n\
+         tls = {{ cert = \"{0}/cert.pem\", key = \"{0}/key.pem\" }}",
+        certs.path().display()
+    );
+    let body = ROUTE.replace("{upstream}", &up.to_string());
+    let gw = Gateway::start_full(&["run"], &body, &server).await;
+    // GET / (HPACK: :method GET, :scheme https, :path /, :authority localhost), with
+    // END_HEADERS and without END_STREAM, and then nothing.
+    let mut block = vec![0x82, 0x87, 0x84, 0x41, 9];
+    block.extend_from_slice(b"localhost");
+    let mut bytes = [PREFACE, SETTINGS].concat();
+    let len = u8::try_from(block.len()).unwrap();
+    bytes.extend_from_slice(&[0, 0, len, 1, 0x4, 0, 0, 0, 1]);
+    bytes.extend_from_slice(&block);
+    let (mut tls, _, _) = ca.connect(gw.addr).await;
+    tls.write_all(&bytes).await.unwrap();
+    tls.flush().await.unwrap();
+    let took = closed_after(&mut tls, Duration::from_secs(20)).await;
+    assert!(
+        took < Duration::from_secs(8),
+        "the connection closed after {took:?}"
+    );
+    // A client that lets nothing of its response through (a zero flow-control window)
+    // is dropped once nothing could be written for `idle_timeout_secs`.
+    let mut bytes = PREFACE.to_vec();
+    bytes.extend_from_slice(&[0, 0, 6, 4, 0, 0, 0, 0, 0, 0, 4, 0, 0, 0, 0]);
+    bytes.extend_from_slice(&[0, 0, len, 1, 0x5, 0, 0, 0, 1]);
+    bytes.extend_from_slice(&block);
+    let (mut tls, _, _) = ca.connect(gw.addr).await;
+    tls.write_all(&bytes).await.unwrap();
+    tls.flush().await.unwrap();
+    let took = closed_after(&mut tls, Duration::from_secs(20)).await;
+    assert!(
+        took < Duration::from_secs(8),
+        "the zero-window connection closed after {took:?}"
+    );
+}
