@@ -105,6 +105,22 @@ pub use crate::config::{net_problem, text_problem, MIN_V4_PREFIX, MIN_V6_PREFIX}
 mod tests {
     use super::*;
 
+    /// A block written in an IPv4-carrying IPv6 form names IPv4 clients, as they are
+    /// compared (NAT64, IPv4-mapped).
+    #[test]
+    fn ipv4_in_ipv6_blocks_match_ipv4_clients() {
+        let entry = |v: &str| BlockEntry {
+            target: BlockTarget::Ip(v.parse().unwrap()),
+            reason: None,
+            expires_at_ms: None,
+        };
+        let list = BlockList::new([entry("64:ff9b::5.6.9.9/128"), entry("::ffff:5.6.7.0/120")]);
+        for ip in ["5.6.9.9", "5.6.7.200"] {
+            assert!(list.ip(ip.parse().unwrap(), 0).is_some(), "{ip}");
+        }
+        assert!(list.ip("5.6.8.1".parse().unwrap(), 0).is_none());
+    }
+
     fn block(target: BlockTarget, expires: Option<u64>) -> BlockEntry {
         BlockEntry {
             target,
@@ -172,6 +188,7 @@ mod tests {
         assert_eq!(text_problem("203.0.113.0/24"), None);
         assert_eq!(text_problem("caf\u{e9}"), None);
         assert!(text_problem("a\nb").is_some());
+        assert!(text_problem("a\u{2028}b").is_some());
         assert!(text_problem("evil\u{202E}lanruoj").is_some());
         assert!(text_problem("\u{2066}x").is_some());
     }

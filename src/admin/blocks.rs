@@ -86,7 +86,7 @@ impl BlockStore {
                 let blocks: Vec<_> = posted.into_iter().chain(automatic).collect();
                 json_reply(200, &serde_json::json!({ "blocks": blocks }))
             }
-            (&Method::POST, "/v1/blocks") => match read_body(session).await {
+            (&Method::POST, "/v1/blocks") => match read_body(core, session).await {
                 Ok(body) => match parse(&body) {
                     Ok(row) => match self.add(core, db, row).await {
                         Ok(stored) => json_reply(201, &block_json(&stored)),

@@ -39,7 +39,7 @@ struct CheckResponse {
 
 /// Decides the request in the body.
 pub(super) async fn check(core: &Core, session: &mut ServerSession) -> Reply {
-    let body = match read_body(session).await {
+    let body = match read_body(core, session).await {
         Ok(b) => b,
         Err(reply) => return reply,
     };
@@ -47,10 +47,16 @@ pub(super) async fn check(core: &Core, session: &mut ServerSession) -> Reply {
         Ok(r) => r,
         Err(e) => return invalid(&e.to_string()),
     };
+    // Failed key lookups are charged to the named `ip` and, unless the caller proved it
+    // is the trusted service (`check_token`), to the caller's address too, so an open
+    // API cannot be used to guess keys by rotating `ip`. A service holding the token is
+    // not charged for its users' guesses: one user's bad keys must not lock out all.
+    let token_set = core.runtime().config.server.check_token.is_some();
     let caller = session
         .client_addr()
         .and_then(|a| a.as_inet())
-        .map(|a| crate::client_ip::canonical(a.ip()));
+        .map(|a| crate::client_ip::canonical(a.ip()))
+        .filter(|_| !token_set);
     let request = AdmitRequest {
         client_ip: crate::client_ip::canonical(req.ip),
         target: req.route.as_deref().map_or(Target::Any, Target::Named),

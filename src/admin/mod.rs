@@ -67,12 +67,17 @@ impl Admin {
         let Some(token) = &runtime.config.server.check_token else {
             return true;
         };
-        let presented = session
+        // Exactly one `Authorization`: with two, which one a proxy in front believed is
+        // anyone's guess.
+        let mut all = session
             .req_header()
             .headers
-            .get(http::header::AUTHORIZATION)
-            .map(|v| v.as_bytes());
-        token.bearer_matches(presented)
+            .get_all(http::header::AUTHORIZATION)
+            .iter();
+        match (all.next(), all.next()) {
+            (Some(one), None) => token.bearer_matches(Some(one.as_bytes())),
+            _ => false,
+        }
     }
 
     async fn reload_config(&self) -> Reply {
@@ -112,19 +117,30 @@ fn check_unauthorized() -> Reply {
     )
 }
 
-/// The request body, at most `MAX_BODY` bytes.
-async fn read_body(session: &mut ServerSession) -> Result<Vec<u8>, Reply> {
-    let mut body = Vec::new();
-    loop {
-        match session.read_request_body().await {
-            Ok(Some(chunk)) => {
-                if body.len() + chunk.len() > MAX_BODY {
-                    return Err(error_reply(413, "body_too_large"));
+/// The request body, at most `MAX_BODY` bytes, complete within `body_timeout_secs` (else
+/// 408 `request_timeout`, as on the proxy: a dripped body must not hold an admin slot).
+async fn read_body(core: &Core, session: &mut ServerSession) -> Result<Vec<u8>, Reply> {
+    let within = core.runtime().config.server.body_timeout;
+    let read = async {
+        let mut body = Vec::new();
+        loop {
+            match session.read_request_body().await {
+                Ok(Some(chunk)) => {
+                    if body.len() + chunk.len() > MAX_BODY {
+                        return Err(error_reply(413, "body_too_large"));
+                    }
+                    body.extend_from_slice(&chunk);
                 }
-                body.extend_from_slice(&chunk);
+                Ok(None) => return Ok(body),
+                Err(_) => return Err(error_reply(400, "invalid_request")),
             }
-            Ok(None) => return Ok(body),
-            Err(_) => return Err(error_reply(400, "invalid_request")),
+        }
+    };
+    match tokio::time::timeout(within, read).await {
+        Ok(result) => result,
+        Err(_) => {
+            session.set_keepalive(None); // the rest of the body is never read
+            Err(error_reply(408, "request_timeout"))
         }
     }
 }

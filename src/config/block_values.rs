@@ -11,7 +11,10 @@ pub const MIN_V6_PREFIX: u8 = 32;
 /// Why `s` cannot be a block's text: a control character, or a bidirectional formatting
 /// character (which makes a listing read differently from what is stored).
 pub fn text_problem(s: &str) -> Option<&'static str> {
-    if s.chars().any(char::is_control) {
+    // Controls, and the line and paragraph separators that split a line as well.
+    if s.chars()
+        .any(|c| c.is_control() || matches!(c, '\u{2028}' | '\u{2029}'))
+    {
         return Some("must not contain control characters");
     }
     if s.chars().any(is_bidi_control) {

@@ -298,6 +298,16 @@ impl ProxyHttp for Gateway {
         ctx: &mut RequestCtx,
     ) -> pingora::Result<()> {
         ctx.upstream_head = Some((tokio::time::Instant::now(), resp.status.as_u16()));
+        // A 101 the client did not ask for (its `Upgrade` was removed, or never sent)
+        // is the upstream's error, not a tunnel: 502.
+        if resp.status == http::StatusCode::SWITCHING_PROTOCOLS
+            && !ctx.route.as_ref().is_some_and(|r| r.route.upgrade)
+        {
+            return Error::e_explain(
+                ErrorType::InvalidHTTPHeader,
+                "101 from the upstream on a route without upgrade = true",
+            );
+        }
         Ok(())
     }
 

@@ -154,7 +154,11 @@ impl Rls {
         let Some(token) = &runtime.config.server.check_token else {
             return Ok(());
         };
-        let presented = metadata.get("authorization").map(|v| v.as_bytes());
+        let mut all = metadata.get_all("authorization").iter();
+        let presented = match (all.next(), all.next()) {
+            (Some(one), None) => Some(one.as_bytes()),
+            _ => None,
+        };
         if token.bearer_matches(presented) {
             return Ok(());
         }

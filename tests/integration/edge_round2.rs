@@ -292,7 +292,8 @@ async fn upgrading_upstream() -> SocketAddr {
                     head.push(b[0]);
                 }
                 let head = String::from_utf8_lossy(&head).to_ascii_lowercase();
-                if head.contains("\r\nupgrade: websocket") {
+                // `/rogue` switches protocols whatever it was asked.
+                if head.contains("\r\nupgrade: websocket") || head.starts_with("get /rogue") {
                     let _ = s
                         .write_all(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
                         .await;
@@ -352,6 +353,10 @@ auth = "none"
     let mut s = TcpStream::connect(gw.addr).unwrap();
     let (status, _, body) = raw_exchange(&mut s, upgrade("/api").as_bytes()).unwrap();
     assert_eq!((status, body.as_slice()), (200, &b"plain"[..]));
+    // An upstream that switches protocols unasked gets no tunnel: 502.
+    let mut s = TcpStream::connect(gw.addr).unwrap();
+    let (status, _, _) = raw_exchange(&mut s, upgrade("/rogue").as_bytes()).unwrap();
+    assert_eq!(status, 502);
     // The route that allows it: 101, then bytes go both ways.
     let mut s = TcpStream::connect(gw.addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
@@ -480,4 +485,42 @@ auth = "none"
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or(0.0);
     assert!(dropped >= 51.0, "throttle_bans_dropped_total {dropped}");
+}
+
+/// A service calling `POST /v1/check` with the check token is not charged for its users'
+/// failed key lookups: one user's guesses exhaust that user's `[limits.auth]`, not every
+/// other user's checks.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tokened_checker_is_not_locked_out_by_one_users_guesses() {
+    let up = Upstream::start("u").await;
+    let body = format!("[limits.auth]\nper_minute = 3\n{KEYED}")
+        .replace("{upstream}", &up.addr.to_string());
+    let server = "grace_period_secs = 0\ncheck_token = \"${THROTTLE_CHECK_TOKEN_E}\"";
+    let env = [("THROTTLE_CHECK_TOKEN_E", Some("svc-token"))];
+    let gw = Gateway::start_env(&["run"], &body, server, &env).await;
+    let c = client();
+    let check = |ip: &str, key: &str| {
+        c.post(gw.admin_url("/v1/check"))
+            .header("authorization", "Bearer svc-token")
+            .json(&serde_json::json!({"ip": ip, "api_key": key}))
+            .send()
+    };
+    for _ in 0..6 {
+        check("198.18.0.7", "guess").await.unwrap();
+    }
+    // The guesser is over its budget; another user of the same service is not.
+    let r = check("198.18.0.7", "key-a").await.unwrap();
+    assert_eq!(r.status(), 429);
+    let r = check("9.9.9.9", "key-a").await.unwrap();
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    // Two Authorization headers, even both right, are not one credential.
+    let r = c
+        .post(gw.admin_url("/v1/check"))
+        .header("authorization", "Bearer svc-token")
+        .header("authorization", "Bearer svc-token")
+        .json(&serde_json::json!({"ip": "9.9.9.9"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
 }

@@ -464,3 +464,40 @@ async fn an_h2_stream_left_open_after_its_answer_gives_its_slot_back() {
         "the zero-window connection closed after {took:?}"
     );
 }
+
+/// A dripped body on the admin listener (`POST /v1/check`) is answered 408 within
+/// `body_timeout_secs`, so 64 such clients cannot hold the admin API.
+#[tokio::test(flavor = "multi_thread")]
+async fn admin_bodies_have_a_deadline_too() {
+    let up = Upstream::start("transport").await;
+    let body = ROUTE.replace("{upstream}", &up.addr.to_string());
+    let gw = Gateway::start_full(
+        &["run"],
+        &body,
+        "grace_period_secs = 0\nbody_timeout_secs = 2",
+    )
+    .await;
+    let mut s = TcpStream::connect(gw.admin).await.unwrap();
+    s.write_all(b"POST /v1/check HTTP/1.1\r\nHost: a\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"ip\":")
+        .await
+        .unwrap();
+    let start = Instant::now();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 1024];
+    while let Ok(Ok(n)) = tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf)).await {
+        if n == 0 {
+            break;
+        }
+        got.extend_from_slice(&buf[..n]);
+        if got.windows(15).any(|w| w == b"request_timeout") {
+            break;
+        }
+    }
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        start.elapsed()
+    );
+}
