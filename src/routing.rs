@@ -92,8 +92,8 @@ impl Router {
         // Host first, then the longest prefix: a route naming the request's host wins over
         // every host-less route, whatever their prefix lengths (nginx picks the server
         // block before the location, Envoy the virtual host before the route). A request
-        // whose host has routes but no matching prefix among them falls through to the
-        // host-less routes.
+        // whose host has routes but no matching prefix among them matches nothing (404):
+        // the host-less routes are not that host's fallback.
         out.sort_by_key(|e| {
             (
                 e.route.host.is_none(),
@@ -146,14 +146,23 @@ impl Router {
         } else {
             path
         };
-        self.routes.iter().find(|e| {
-            let host_ok = match (&e.route.host, host) {
-                (None, _) => true,
-                (Some(want), Some(got)) => route_host(want).eq_ignore_ascii_case(got),
-                (Some(_), None) => false,
-            };
-            host_ok && prefix_matches(&e.match_prefix, path)
-        })
+        // Host routes come first: once one names the request's host, that host is a
+        // virtual host of its own and the host-less routes are not its fallback.
+        let mut host_known = false;
+        for e in &self.routes {
+            match (&e.route.host, host) {
+                (Some(want), Some(got)) if route_host(want).eq_ignore_ascii_case(got) => {
+                    host_known = true;
+                }
+                (Some(_), _) => continue,
+                (None, _) if host_known => return None,
+                (None, _) => {}
+            }
+            if prefix_matches(&e.match_prefix, path) {
+                return Some(e);
+            }
+        }
+        None
     }
 }
 
@@ -337,11 +346,9 @@ upstreams = ["127.0.0.1:5"]
             Some("v1-acme")
         );
         assert_eq!(name(None, "/v1/search/x").as_deref(), Some("search"));
-        // No prefix of the host's routes matches: the host-less routes decide.
-        assert_eq!(
-            name(Some("api.acme.test"), "/other").as_deref(),
-            Some("root")
-        );
+        // No prefix of the host's routes matches: no route (the host-less ones are not
+        // that virtual host's fallback, as with nginx server blocks).
+        assert_eq!(name(Some("api.acme.test"), "/other"), None);
         assert_eq!(name(None, "/v1x").as_deref(), Some("root"));
         assert_eq!(name(None, "/").as_deref(), Some("root"));
     }

@@ -45,6 +45,13 @@ upstreams = ["{internal}"]
 auth = "required"
 
 [[routes]]
+name = "ops"
+host = "ops.example.com"
+path_prefix = "/admin"
+upstreams = ["{internal}"]
+auth = "required"
+
+[[routes]]
 name = "assets"
 path_prefix = "/assets"
 upstreams = ["{public}"]
@@ -80,6 +87,11 @@ auth = "none"
     let (status, body) = text(get("www.example.com", None).await.unwrap()).await;
     assert_eq!(status, 200, "{body}");
     assert!(body.starts_with("public GET /assets/x"), "{body}");
+    // A host with routes is a virtual host of its own: a path none of its routes serves
+    // is 404, not the public route with that Host forwarded to its upstream.
+    let (status, body) = text(get("ops.example.com", None).await.unwrap()).await;
+    assert_eq!(status, 404, "{body}");
+    assert!(body.contains("no_route"), "{body}");
 }
 
 /// IPv4 clients behind NAT64 (and in the other IPv6 forms that carry IPv4) each have a
