@@ -45,10 +45,15 @@ pub struct RouteState {
     factor: AtomicU32,
 }
 
-/// The window's name for the client at `ip`: the `ip` scope's identity (IPv4 as its
-/// IPv4-mapped IPv6 number, IPv6 as its `/ipv6_prefix` network).
+/// The window's name for the client at `ip`: an IPv4 address (as its IPv4-mapped IPv6
+/// number), an IPv6 client by its /48 (or its `/ipv6_prefix` network when that is
+/// shorter). A /48 is a site: a subscriber holding a /56 has 256 /64 identities for the
+/// limits, but is one client here, so it cannot pass for several clients to shrink a
+/// route.
 pub fn client_id(ip: std::net::IpAddr, ipv6_prefix: u8) -> Client {
-    match crate::limiter::check::network(ip, ipv6_prefix) {
+    /// The IPv6 network one client of the adaptive window stands for.
+    const SITE: u8 = 48;
+    match crate::limiter::check::network(ip, ipv6_prefix.min(SITE)) {
         ipnet::IpNet::V4(n) => u128::from(n.addr().to_ipv6_mapped()),
         ipnet::IpNet::V6(n) => u128::from(n.network()),
     }
@@ -227,5 +232,15 @@ mod tests {
         // 10 s after the slow second it has slid out: recovery.
         assert_eq!(st.tick(&s, T0 + 10_000), Factor::from_f64(0.69));
         assert_eq!(st.factor(), Factor::from_f64(0.69));
+    }
+
+    /// An IPv6 subscriber's /64s (a /56 holds 256) are one client of the window; IPv4
+    /// addresses and other sites are clients of their own.
+    #[test]
+    fn an_ipv6_site_is_one_client() {
+        let id = |ip: &str| client_id(ip.parse().unwrap(), 64);
+        assert_eq!(id("2001:db8:7:100::1"), id("2001:db8:7:2ff::9"));
+        assert_ne!(id("2001:db8:7::1"), id("2001:db8:8::1"));
+        assert_ne!(id("192.0.2.1"), id("192.0.2.2"));
     }
 }
