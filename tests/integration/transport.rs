@@ -25,7 +25,7 @@ const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 const SETTINGS: &[u8] = &[0, 0, 0, 4, 0, 0, 0, 0, 0];
 
 /// A TLS gateway with `server` lines; its CA and the temp dir holding the certificate.
-async fn tls_gateway(server: &str, up: &Upstream) -> (Gateway, TestCa, tempfile::TempDir) {
+async fn tls_gateway(server: &str, up: SocketAddr) -> (Gateway, TestCa, tempfile::TempDir) {
     let ca = TestCa::new();
     let certs = tempfile::tempdir().unwrap();
     TestCa::write(&ca.leaf(), certs.path());
@@ -33,7 +33,7 @@ async fn tls_gateway(server: &str, up: &Upstream) -> (Gateway, TestCa, tempfile:
         "grace_period_secs = 0\ntls = {{ cert = \"{0}/cert.pem\", key = \"{0}/key.pem\" }}\n{server}",
         certs.path().display()
     );
-    let body = ROUTE.replace("{upstream}", &up.addr.to_string());
+    let body = ROUTE.replace("{upstream}", &up.to_string());
     let gw = Gateway::start_full(&["run"], &body, &server).await;
     (gw, ca, certs)
 }
@@ -81,7 +81,7 @@ async fn h2_get(tls: tokio_rustls::client::TlsStream<TcpStream>) -> Result<(u16,
 async fn idle_h2_connections_are_closed_within_the_deadlines() {
     let up = Upstream::start("transport").await;
     let server = "max_connections = 6\nheader_timeout_secs = 2\nidle_timeout_secs = 3";
-    let (gw, ca, _certs) = tls_gateway(server, &up).await;
+    let (gw, ca, _certs) = tls_gateway(server, up.addr).await;
     // A HEADERS frame announcing 64 bytes (END_HEADERS) of which 10 are sent.
     let mut half = PREFACE.to_vec();
     half.extend_from_slice(SETTINGS);
@@ -134,7 +134,7 @@ async fn idle_h2_connections_are_closed_within_the_deadlines() {
 async fn silent_tls_handshakes_are_bounded_and_counted() {
     let up = Upstream::start("transport").await;
     let server = "max_connections = 8\nheader_timeout_secs = 2";
-    let (gw, ca, _certs) = tls_gateway(server, &up).await;
+    let (gw, ca, _certs) = tls_gateway(server, up.addr).await;
     let mut silent = Vec::new();
     for _ in 0..8 {
         silent.push(TcpStream::connect(gw.addr).await.unwrap());
@@ -334,17 +334,8 @@ async fn a_full_listener_leaves_the_others_answering() {
 /// the connection), while a stream that finishes its body is served.
 #[tokio::test(flavor = "multi_thread")]
 async fn h2_body_that_never_comes_is_cut_off() {
-    let up = body_reader().await;
-    let ca = TestCa::new();
-    let certs = tempfile::tempdir().unwrap();
-    TestCa::write(&ca.leaf(), certs.path());
-    let server = format!(
-        "grace_period_secs = 0\nbody_timeout_secs = 2\nheader_timeout_secs = 10\nidle_timeout_secs = 30\n\
-         tls = {{ cert = \"{0}/cert.pem\", key = \"{0}/key.pem\" }}",
-        certs.path().display()
-    );
-    let body = ROUTE.replace("{upstream}", &up.to_string());
-    let gw = Gateway::start_full(&["run"], &body, &server).await;
+    let server = "body_timeout_secs = 2\nheader_timeout_secs = 10\nidle_timeout_secs = 30";
+    let (gw, ca, _certs) = tls_gateway(server, body_reader().await).await;
     // POST / (HPACK: :method POST, :scheme https, :path /, :authority localhost,
     // content-length 10), END_HEADERS without END_STREAM, and then no DATA.
     let mut block = vec![0x83, 0x87, 0x84, 0x41, 9];
@@ -422,17 +413,8 @@ async fn pings_alone_do_not_hold_an_rls_slot() {
 /// out.
 #[tokio::test(flavor = "multi_thread")]
 async fn an_h2_stream_left_open_after_its_answer_gives_its_slot_back() {
-    let up = body_reader().await;
-    let ca = TestCa::new();
-    let certs = tempfile::tempdir().unwrap();
-    TestCa::write(&ca.leaf(), certs.path());
-    let server = format!(
-        "grace_period_secs = 0\nbody_timeout_secs = 2\nheader_timeout_secs = 10\nidle_timeout_secs = 2\n\
-         tls = {{ cert = \"{0}/cert.pem\", key = \"{0}/key.pem\" }}",
-        certs.path().display()
-    );
-    let body = ROUTE.replace("{upstream}", &up.to_string());
-    let gw = Gateway::start_full(&["run"], &body, &server).await;
+    let server = "body_timeout_secs = 2\nheader_timeout_secs = 10\nidle_timeout_secs = 2";
+    let (gw, ca, _certs) = tls_gateway(server, body_reader().await).await;
     // GET / (HPACK: :method GET, :scheme https, :path /, :authority localhost), with
     // END_HEADERS and without END_STREAM, and then nothing.
     let mut block = vec![0x82, 0x87, 0x84, 0x41, 9];
