@@ -44,6 +44,8 @@ pub struct RequestCtx {
     /// The route, for metrics (none: no route matched).
     route: Option<Arc<RouteEntry>>,
     connect_tries: usize,
+    /// The upstream chosen while admitting (a balanced route), for the first attempt.
+    chosen: Option<std::net::SocketAddr>,
     upstream_started: Option<tokio::time::Instant>,
     /// When the request's last byte went to the upstream (its body's end, or its head
     /// for a request without a body): where the adaptive latency starts.
@@ -145,6 +147,18 @@ impl ProxyHttp for Gateway {
                     session.req_header_mut().remove_header(upgrade);
                 }
                 ctx.route = a.route.clone();
+                // A balanced route picks its upstream now: with every upstream down the
+                // 502 is answered here, as a complete response on a connection that stays
+                // open (an error while proxying would close it).
+                let balanced = a.route.as_ref().filter(|r| r.single.is_none());
+                if let Some(r) = balanced {
+                    ctx.chosen = pick(r);
+                    if ctx.chosen.is_none() {
+                        ctx.admission = Some(a);
+                        write(session, &error_reply(502, "bad_gateway")).await?;
+                        return Ok(true);
+                    }
+                }
                 ctx.admission = Some(a);
                 Ok(false)
             }
@@ -170,13 +184,9 @@ impl ProxyHttp for Gateway {
                 "no admitted route",
             ));
         };
-        let selected = || {
-            route
-                .upstreams
-                .select(b"", 256)
-                .and_then(|b| b.addr.as_inet().copied())
-        };
-        let Some(addr) = route.single.or_else(selected) else {
+        // The first attempt goes where admission chose; a retry picks again.
+        let chosen = ctx.chosen.take();
+        let Some(addr) = route.single.or(chosen).or_else(|| pick(route)) else {
             return Err(Error::explain(
                 ErrorType::ConnectNoRoute,
                 "no upstream available",
@@ -354,7 +364,11 @@ impl ProxyHttp for Gateway {
             (ErrorSource::Downstream, _) => (400, "bad_request"),
             _ => (502, "bad_gateway"),
         };
+        // Pingora closes the client's connection after an error while proxying, so the
+        // answer says `Connection: close`: a keep-alive client then opens a new connection
+        // instead of meeting a reset on its next request.
         if code > 0 && session.response_written().is_none() {
+            session.set_keepalive(None);
             if let Err(err) = write(session, &error_reply(code, body)).await {
                 tracing::debug!(error = %err, "cannot write error response");
             }
@@ -451,6 +465,15 @@ fn is_connect_failure(t: &ErrorType) -> bool {
             | ErrorType::SocketError
             | ErrorType::BindError
     )
+}
+
+/// The next upstream of a balanced route (round robin over the healthy ones); None when
+/// every one is down.
+fn pick(route: &RouteEntry) -> Option<std::net::SocketAddr> {
+    route
+        .upstreams
+        .select(b"", 256)
+        .and_then(|b| b.addr.as_inet().copied())
 }
 
 /// How a request that reached `logging` ended.

@@ -536,3 +536,53 @@ async fn a_tokened_checker_is_not_locked_out_by_one_users_guesses() {
         .unwrap();
     assert_eq!(r.status(), 401);
 }
+
+/// With every upstream of a route down, a keep-alive client gets `502 bad_gateway` on
+/// every request of its connection, never a reset one; a 502 after a failed connect (the
+/// gateway closes that connection) says `Connection: close`.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_keep_alive_client_gets_502_on_every_request_when_the_upstream_is_down() {
+    let (a, b) = (crate::support::free_port(), crate::support::free_port());
+    let body = format!(
+        r#"
+[[routes]]
+name = "down"
+path_prefix = "/down"
+upstreams = ["127.0.0.1:{a}", "127.0.0.1:{b}"]
+auth = "none"
+health_check = {{ path = "/healthz", interval_ms = 100 }}
+
+[[routes]]
+name = "refused"
+path_prefix = "/refused"
+upstreams = ["127.0.0.1:{a}"]
+auth = "none"
+"#
+    );
+    let gw = Gateway::start(&body, None).await;
+    let down = format!("throttle_upstream_healthy{{route=\"down\",upstream=\"127.0.0.1:{b}\"}} 0");
+    crate::support::eventually(Duration::from_secs(10), "both upstreams down", || async {
+        let m = gw.metrics().await;
+        (m.contains(&down) && m.contains(&format!("upstream=\"127.0.0.1:{a}\"}} 0"))).then_some(())
+    })
+    .await;
+    let mut s = TcpStream::connect(gw.addr).unwrap();
+    for i in 0..5 {
+        let got = raw_exchange(&mut s, b"GET /down/x HTTP/1.1\r\nHost: t\r\n\r\n");
+        let (status, head, body) = got.unwrap_or_else(|| panic!("request {i}: connection closed"));
+        assert_eq!(status, 502, "request {i}");
+        assert_eq!(body, br#"{"error":"bad_gateway"}"#);
+        assert!(
+            !head.to_ascii_lowercase().contains("connection: close"),
+            "{head}"
+        );
+    }
+    let mut s = TcpStream::connect(gw.addr).unwrap();
+    let (status, head, _) =
+        raw_exchange(&mut s, b"GET /refused HTTP/1.1\r\nHost: t\r\n\r\n").unwrap();
+    assert_eq!(status, 502);
+    assert!(
+        head.to_ascii_lowercase().contains("connection: close"),
+        "{head}"
+    );
+}
