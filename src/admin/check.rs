@@ -11,9 +11,10 @@ use serde::{Deserialize, Serialize};
 
 use super::{invalid, json_reply, read_body};
 use crate::admission::{self, AdmitRequest, Core, Origin, Rejection, Target};
+use crate::config::RateLimitHeaders;
 use crate::identity::{validate_key, Presented};
-use crate::limiter::WindowDecision;
-use crate::reply::headers::RateHeaders;
+use crate::limiter::{Quota, WindowDecision};
+use crate::reply::headers::{rate_pairs, RateHeaders};
 use crate::reply::{self, Reply};
 use crate::store::Ending;
 
@@ -68,17 +69,34 @@ pub(super) async fn check(core: &Core, session: &mut ServerSession) -> Reply {
         also_charge: caller,
         origin: Origin::Check,
     };
+    let style = core.runtime().config.server.rate_limit_headers;
     match admission::admit(core, &request).await {
         Ok(a) => {
-            let reply = decision(a.rate.as_ref(), a.now_ms, true, a.shadow_rejected);
+            let d = Decided {
+                style,
+                wd: a.rate.as_ref(),
+                now_ms: a.now_ms,
+                allowed: true,
+                shadow: a.shadow_rejected,
+                policy: a.rate_policy.as_deref(),
+            };
+            let reply = d.reply();
             a.finish(Ending::Completed { status: 200 });
             reply
         }
         // A rate-limit answer (`[limits.auth]`'s too) is the documented decision body.
         Err(refusal) => match refusal.rejection {
-            Rejection::RateLimited { governing, .. } => {
-                decision(Some(&governing), core.clock.now_ms(), false, false)
+            Rejection::RateLimited {
+                governing, policy, ..
+            } => Decided {
+                style,
+                wd: Some(&governing),
+                now_ms: core.clock.now_ms(),
+                allowed: false,
+                shadow: false,
+                policy: policy.as_deref(),
             }
+            .reply(),
             // A full concurrency scope: the decision body, with no rate-limit headers.
             Rejection::Concurrent { full, .. } => {
                 let body = CheckResponse {
@@ -94,11 +112,31 @@ pub(super) async fn check(core: &Core, session: &mut ServerSession) -> Reply {
                 reply.headers = vec![("retry-after", http::HeaderValue::from_static("1"))];
                 reply
             }
-            other => {
-                let style = core.runtime().config.server.rate_limit_headers;
-                reply::render(&other, core.clock.now_ms(), style)
-            }
+            other => reply::render(&other, core.clock.now_ms(), style),
         },
+    }
+}
+
+/// A decision as `/v1/check` answers it: the JSON body and the rate-limit headers of
+/// `[server] rate_limit_headers`, as the proxy sends them.
+struct Decided<'a> {
+    style: RateLimitHeaders,
+    wd: Option<&'a WindowDecision>,
+    now_ms: u64,
+    allowed: bool,
+    shadow: bool,
+    policy: Option<&'a [Quota]>,
+}
+
+impl Decided<'_> {
+    fn reply(&self) -> Reply {
+        let mut reply = decision(self.wd, self.now_ms, self.allowed, self.shadow);
+        if let Some(wd) = self.wd {
+            let rejected = !self.allowed || self.shadow;
+            let flags = (rejected, !self.allowed);
+            reply.headers = rate_pairs(self.style, wd, self.now_ms, flags, self.policy).collect();
+        }
+        reply
     }
 }
 
@@ -119,12 +157,5 @@ fn decision(wd: Option<&WindowDecision>, now_ms: u64, allowed: bool, shadow: boo
         }),
         window: wd.map(|w| w.window.label()),
     };
-    let mut reply = json_reply(if allowed { 200 } else { 429 }, &body);
-    if let Some(mut h) = headers {
-        if allowed {
-            h.retry_after = None;
-        }
-        reply.headers = h.pairs().collect();
-    }
-    reply
+    json_reply(if allowed { 200 } else { 429 }, &body)
 }

@@ -106,3 +106,38 @@ async fn both_and_default() {
     assert!(r.headers().get("ratelimit").is_none());
     assert!(r.headers().get("ratelimit-policy").is_none());
 }
+
+/// `POST /v1/check` answers in the same header family as the proxy: with `"ietf"` the
+/// `RateLimit-Policy` / `RateLimit` pair and no `X-RateLimit-*`, on a pass and on a 429.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_check_api_follows_the_header_style() {
+    let up = Upstream::start("u").await;
+    let body = BODY.replace("{upstream}", &up.addr.to_string());
+    let gw = Gateway::start_full(
+        &["run"],
+        &body,
+        "grace_period_secs = 0\nrate_limit_headers = \"ietf\"",
+    )
+    .await;
+    let c = client();
+    let check = || {
+        c.post(gw.admin_url("/v1/check"))
+            .json(&serde_json::json!({"ip": "198.51.100.9"}))
+            .send()
+    };
+    for i in 0..4 {
+        let r = check().await.unwrap();
+        assert_eq!(r.status(), if i < 3 { 200 } else { 429 }, "check {i}");
+        assert_eq!(header(&r, "x-ratelimit-limit"), "", "check {i}");
+        let policy = members(&header(&r, "ratelimit-policy"));
+        let names: Vec<&str> = policy.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["ip-1s", "ip-1m"], "check {i}");
+        let limit = members(&header(&r, "ratelimit"));
+        let remaining = limit[0].1.iter().find(|(k, _)| k == "r").unwrap().1;
+        assert_eq!(remaining, 2 - i.min(2), "check {i}");
+        if i == 3 {
+            assert_eq!(limit[0].0, "ip-1m");
+            assert!(!header(&r, "retry-after").is_empty());
+        }
+    }
+}
