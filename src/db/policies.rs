@@ -76,12 +76,14 @@ pub async fn insert_missing(pool: &PgPool, config: &Config) -> Result<(), DbErro
     tiers.sort_by(|a, b| a.name.cmp(&b.name));
     let mut tx = pool.begin().await?;
     for tier in tiers {
+        // 0: no such window (the columns are NOT NULL with the seed's defaults); a limit
+        // beyond the column's range is stored as its largest value, never as "none".
         let limit = |w: Window| {
             tier.key
                 .windows
                 .iter()
                 .find(|x| x.window == w)
-                .and_then(|x| i32::try_from(x.limit).ok())
+                .map_or(0, |x| i32::try_from(x.limit).unwrap_or(i32::MAX))
         };
         let s = &tier.key_settings;
         sqlx::query(

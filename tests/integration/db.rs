@@ -301,7 +301,8 @@ async fn policy_updates_reach_every_gateway_within_a_second() {
     .unwrap();
     assert_eq!(
         row,
-        ("free".into(), None, Some(100), 1.0, None),
+        // No per-second window: 0 (the column is NOT NULL with the seed's default).
+        ("free".into(), Some(0), Some(100), 1.0, None),
         "inserted at start"
     );
     for gw in [&gw1, &gw2] {
@@ -376,7 +377,7 @@ async fn policy_id_moves_a_key_to_a_tier_defined_in_sql() {
     sqlx::query(
         "INSERT INTO rate_limit_policies (id, name, req_per_second, req_per_minute, req_per_hour,
              req_per_day, req_per_month, burst_multiplier, algorithm, created_at, updated_at)
-         VALUES ('gold', 'Gold plan', 0, 3, NULL, 0, NULL, 1.0, NULL, now(), now())",
+         VALUES ('gold', 'Gold plan', 0, 3, 0, 0, 0, 1.0, NULL, now(), now())",
     )
     .execute(&pool)
     .await
@@ -412,6 +413,46 @@ async fn policy_id_moves_a_key_to_a_tier_defined_in_sql() {
         (limit_header(&gw, &key).await == "100").then_some(())
     })
     .await;
+}
+
+/// A policy row inserted in the seed's style, naming only (id, name), is the seed's
+/// limited tier (10/s, 500/min, ..., burst 1.5), not an unlimited one.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_policy_row_with_only_id_and_name_has_the_seeds_limits() {
+    let Some(db) = TestDb::migrated() else { return };
+    let up = Upstream::start("u").await;
+    let gw = connected(&db.url, &up).await;
+    let (id, key) = create_key(&db, &gw, "seedco", "free");
+    let pool = db.pool().await;
+    sqlx::query("INSERT INTO rate_limit_policies (id, name) VALUES ('seedlike', 'Seed-like')")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let row: (i32, i32, i32, i32, i32, f64) = sqlx::query_as(
+        "SELECT req_per_second, req_per_minute, req_per_hour, req_per_day, req_per_month,
+                burst_multiplier FROM rate_limit_policies WHERE id = 'seedlike'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(row, (10, 500, 10_000, 100_000, 1_000_000, 1.5));
+    sqlx::query("INSERT INTO api_key_rate_limits (api_key_id, policy_id) VALUES ($1, 'seedlike')")
+        .bind(&id)
+        .execute(&pool)
+        .await
+        .unwrap();
+    eventually(
+        Duration::from_secs(2),
+        "key on the seed-like tier",
+        || async { (limit_header(&gw, &key).await == "10").then_some(()) },
+    )
+    .await;
+    // NULL is refused: it used to mean "no window", i.e. unlimited by accident.
+    let null =
+        sqlx::query("UPDATE rate_limit_policies SET req_per_second = NULL WHERE id = 'seedlike'")
+            .execute(&pool)
+            .await;
+    assert!(null.is_err());
 }
 
 /// custom_override: `null` removes a window of the tier; a value the config would refuse
@@ -525,20 +566,21 @@ async fn migrating_the_previous_schema_keeps_policies() {
             "free".into(),
             Some(5),
             Some(100),
-            None,
+            Some(0),
             Some(20_000),
-            None,
+            Some(0),
             1.5,
             None,
         ),
+        // The windows a policy had none of are 0 after the seed-defaults migration.
         (
             "logged".into(),
             "logged".into(),
-            None,
-            None,
+            Some(0),
+            Some(0),
             Some(100),
-            None,
-            None,
+            Some(0),
+            Some(0),
             1.0,
             Some("sliding_log".into()),
         ),
