@@ -26,7 +26,7 @@ use crate::proxy::listener::{Capped, Edge};
 use crate::proxy::Gateway;
 use crate::rls::RlsListener;
 use crate::store::{LimitStore, MemoryStore, RedisStore, TieredStore};
-use crate::sync::{EventWriter, Refresher};
+use crate::sync::{EventRetention, EventWriter, Refresher};
 
 /// Why the gateway cannot start.
 #[derive(Debug, thiserror::Error)]
@@ -237,6 +237,10 @@ pub fn build(mut config: Config, extras: Extras) -> Result<Built, StartError> {
                 EventWriter::new(queue, url.to_string(), lifecycle.clone()),
             ));
         }
+        server.add_service(background_service(
+            "violation log retention",
+            EventRetention::new(core.clone(), url.to_string()),
+        ));
     }
     if let Some(addr) = rls_listen {
         // Bound here, so that a taken port stops the start as the other listeners do;

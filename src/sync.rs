@@ -7,7 +7,8 @@
 //! start the gateway serves the TOML keys and reports degraded; when it goes down later,
 //! the last snapshot keeps serving. Either way it reconnects with backoff.
 //!
-//! `EventWriter` drains the violation log queue into PostgreSQL.
+//! `EventWriter` drains the violation log queue into PostgreSQL; `EventRetention` drops its
+//! partitions older than `[database] events_retention_months`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -142,6 +143,74 @@ impl BackgroundService for EventWriter {
                 () = tokio::time::sleep(backoff) => {}
             }
             backoff = (backoff * 2).min(Duration::from_secs(5));
+        }
+    }
+}
+
+/// How often the violation log's old partitions are looked for (also once at start).
+const RETENTION_EVERY: Duration = Duration::from_secs(3600);
+
+/// Drops the violation log's monthly partitions older than `[database]
+/// events_retention_months` (read from the config in force each pass), at start and every
+/// hour; `throttle_drop_event_partitions` does the work in one statement, so gateways
+/// running it at once only race to drop the same tables (`DROP TABLE IF EXISTS`).
+pub struct EventRetention {
+    core: Arc<Core>,
+    url: String,
+}
+
+// === impl EventRetention ===
+
+impl EventRetention {
+    /// Retention for the database at `url`.
+    pub fn new(core: Arc<Core>, url: String) -> Self {
+        Self { core, url }
+    }
+
+    async fn pass(&self, pool: &PgPool) -> Result<(), DbError> {
+        let keep = self.core.runtime().config.events_retention_months;
+        if keep == 0 {
+            return Ok(());
+        }
+        let keep = i32::try_from(keep).unwrap_or(i32::MAX);
+        let dropped: i32 = sqlx::query_scalar("SELECT throttle_drop_event_partitions($1)")
+            .bind(keep)
+            .fetch_one(pool)
+            .await?;
+        if dropped > 0 {
+            tracing::info!(
+                dropped,
+                keep_months = keep,
+                "violation log: old partitions dropped"
+            );
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl BackgroundService for EventRetention {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        let mut pool = None;
+        loop {
+            if pool.is_none() {
+                pool = db::connect(&self.url).await.ok();
+            }
+            let wait = match &pool {
+                Some(p) => match self.pass(p).await {
+                    Ok(()) => RETENTION_EVERY,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "violation log retention failed; retrying");
+                        pool = None;
+                        Duration::from_secs(5)
+                    }
+                },
+                None => Duration::from_secs(5),
+            };
+            tokio::select! {
+                _ = shutdown.changed() => return,
+                () = tokio::time::sleep(wait) => {}
+            }
         }
     }
 }

@@ -139,6 +139,7 @@ pub(crate) enum OnFailureFile {
 #[serde(deny_unknown_fields)]
 pub(crate) struct DatabaseFile {
     pub(crate) url: String,
+    pub(crate) events_retention_months: Option<Spanned<u32>>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -29,6 +29,9 @@ pub struct Config {
     pub store: Store,
     /// `[database] url`.
     pub database_url: Option<String>,
+    /// `[database] events_retention_months` (default 12; 0 keeps every month): violation
+    /// log partitions of months older than this are dropped.
+    pub events_retention_months: u32,
     /// `[limits.ip]`.
     pub ip_limits: Option<Arc<ScopeLimits>>,
     /// `[limits.global]`.

@@ -96,6 +96,12 @@ pub(super) fn validate(
         tenants.insert(t.id.clone(), t.tier.get_ref().clone());
     }
     let routes = routes(&cx, &raw.routes)?;
+    let retention = raw
+        .database
+        .as_ref()
+        .and_then(|d| d.events_retention_months.as_ref());
+    let events_retention_months =
+        bounded(&cx, "events_retention_months", retention, 0..=1200)?.unwrap_or(12);
     check_costs(
         &cx,
         &raw.routes,
@@ -127,6 +133,7 @@ pub(super) fn validate(
         ipv6_prefix,
         client_ip_header,
         store,
+        events_retention_months,
         database_url: raw.database.map(|d| d.url),
         ip_limits,
         global_limits,

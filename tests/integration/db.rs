@@ -455,6 +455,44 @@ async fn a_policy_row_with_only_id_and_name_has_the_seeds_limits() {
     assert!(null.is_err());
 }
 
+/// The violation log keeps `[database] events_retention_months` (default 12) whole months:
+/// a gateway drops older monthly partitions at start, and keeps this month's.
+#[tokio::test(flavor = "multi_thread")]
+async fn old_violation_log_partitions_are_dropped() {
+    let Some(db) = TestDb::migrated() else { return };
+    let pool = db.pool().await;
+    sqlx::query(
+        "SELECT throttle_ensure_event_partition('2020-01-01'),
+                throttle_ensure_event_partition((now() - interval '11 months')::date),
+                throttle_ensure_event_partition(now()::date)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let partitions = || async {
+        sqlx::query_scalar::<_, String>(
+            "SELECT c.relname::text FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+             JOIN pg_class p ON p.oid = i.inhparent WHERE p.relname = 'rate_limit_events'
+             ORDER BY 1",
+        )
+        .fetch_all(&pool)
+        .await
+        .unwrap()
+    };
+    assert!(partitions()
+        .await
+        .contains(&"rate_limit_events_2020_01".to_string()));
+    let up = Upstream::start("u").await;
+    let _gw = connected(&db.url, &up).await;
+    let kept = eventually(Duration::from_secs(10), "2020-01 dropped", || async {
+        let p = partitions().await;
+        (!p.contains(&"rate_limit_events_2020_01".to_string())).then_some(p)
+    })
+    .await;
+    // This month and the one eleven months back are within the 12 kept.
+    assert_eq!(kept.len(), 2, "{kept:?}");
+}
+
 /// custom_override: `null` removes a window of the tier; a value the config would refuse
 /// (2^52 bound) is refused, counted, and the key keeps its tier's limits.
 #[tokio::test(flavor = "multi_thread")]
