@@ -53,6 +53,9 @@ pub struct Metrics {
     pub local_decisions: [IntCounter; 2],
     /// `throttle_lease_tokens_returned_total`: unused leased tokens given back.
     pub lease_tokens_returned_total: IntCounter,
+    /// `throttle_lease_table_evictions_total`: identities the Redis store's table of
+    /// leases and cached rejections dropped to stay within its bound.
+    pub lease_table_evictions_total: IntCounter,
     /// `throttle_upstream_seconds{route}`.
     pub upstream_seconds: HistogramVec,
     /// `throttle_cost_settled_total{direction}`: tokens settled after the response
@@ -199,6 +202,11 @@ impl Metrics {
         registry.register(Box::new(store_calls_total.clone()))?;
         registry.register(Box::new(local_decisions_total.clone()))?;
         registry.register(Box::new(lease_tokens_returned_total.clone()))?;
+        let lease_table_evictions_total = IntCounter::new(
+            "throttle_lease_table_evictions_total",
+            "Identities the table of leases and cached rejections evicted to stay within its bound (524,288).",
+        )?;
+        registry.register(Box::new(lease_table_evictions_total.clone()))?;
         let store_calls = store_calls_total.with_label_values(&["redis"]);
         let cost_settled_total = IntCounterVec::new(
             Opts::new(
@@ -270,6 +278,7 @@ impl Metrics {
             store_calls,
             local_decisions,
             lease_tokens_returned_total,
+            lease_table_evictions_total,
             upstream_seconds,
             cost_settled,
             cost_clamped,

@@ -41,8 +41,6 @@ pub(super) struct LimitOutcome {
     pub(super) shadow_rejected: bool,
     /// The check's windows, when the IETF headers are on.
     pub(super) policy: Option<Box<[Quota]>>,
-    /// The time the check was decided at (`Check::at_ms`); 0 when nothing was checked.
-    pub(super) at_ms: u64,
 }
 
 /// Enforces ip -> key -> tenant -> global for one request of `cost`, every limit
@@ -70,12 +68,11 @@ pub(super) async fn limit(
             verdict: Verdict::UNLIMITED,
             shadow_rejected: false,
             policy: None,
-            at_ms: 0,
         });
     }
-    // The time the (memory) store decides at, and so the time a settle names.
-    let at_ms = core.clock.now_ms();
-    check.at_ms = Some(at_ms);
+    // The time the memory store decides at (the store reports the time it decided at
+    // in `Verdict::decided_at`, which is what a settle names).
+    check.at_ms = Some(core.clock.now_ms());
     let policy = rt
         .config
         .server
@@ -100,7 +97,6 @@ pub(super) async fn limit(
                 verdict,
                 shadow_rejected: false,
                 policy,
-                at_ms,
             })
         }
     };
@@ -109,7 +105,6 @@ pub(super) async fn limit(
             verdict,
             shadow_rejected: true,
             policy,
-            at_ms,
         });
     }
     let rejecting = check.scopes.iter().find(|s| s.scope == governing.scope);
@@ -160,7 +155,6 @@ fn store_failed(core: &Core, check: &Check<'_>) -> Result<LimitOutcome, Rejectio
         verdict: Verdict::UNLIMITED,
         shadow_rejected: false,
         policy: None,
-        at_ms: 0,
     })
 }
 

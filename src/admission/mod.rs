@@ -179,8 +179,8 @@ pub struct Admission {
     pub rate_policy: Option<Box<[Quota]>>,
     /// The limiter clock reading the decision was made at.
     pub now_ms: u64,
-    /// The time the rate windows were checked at (what a settle names).
-    decided_at_ms: u64,
+    /// When the store decided each scope, on its own clock (what a settle names).
+    decided_at: crate::limiter::DecidedAt,
     /// The route's adaptive factor the limits were multiplied by (1: not adapting).
     pub factor: Factor,
     /// Whether the store charged the rate windows (not when it failed open, or the local
@@ -238,7 +238,7 @@ impl Admission {
         // The same (scaled) limits the request was decided on.
         let scaled = limits::scaled_limits(&base, self.factor);
         let check = limits::rebind(base, &scaled);
-        l.store.settle(&check, delta, self.decided_at_ms);
+        l.store.settle(&check, delta, self.decided_at);
         l.held.cost = actual;
         metrics.cost_settled(delta);
         if let Some(wd) = &mut self.rate {
@@ -425,7 +425,7 @@ async fn pipeline(
         rate: out.verdict.governing,
         shadow_rejected: out.shadow_rejected,
         rate_policy: out.policy,
-        decided_at_ms: out.at_ms,
+        decided_at: out.verdict.decided_at,
         now_ms,
         factor,
         // A shadow-mode would-be rejection was admitted, but the store charged nothing.

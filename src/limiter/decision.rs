@@ -50,6 +50,45 @@ pub struct Verdict {
     /// With `fallback`: bit `1 << scope as u8` for each scope skipped (`on_failure =
     /// "open"`); the other checked scopes were decided by the local fallback store.
     pub failed_open: u8,
+    /// When the store decided each scope, on the store's own clock: what a settle of
+    /// this request names (see `LimitStore::settle`).
+    pub decided_at: DecidedAt,
+}
+
+/// When a store decided (and charged) each scope of a request, in Unix ms on the
+/// store's own clock: the memory store's reading, the script's `now` on Redis (one per
+/// Cluster node), the lease's grant time for windows paid from a lease. A settle names
+/// these times, so a refund finds the window or log entry the charge went to whatever
+/// the gateway's clock says. 0: not decided by a store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DecidedAt([u64; Scope::COUNT]);
+
+// === impl DecidedAt ===
+
+impl DecidedAt {
+    /// Every scope decided at `ms`.
+    pub const fn all(ms: u64) -> DecidedAt {
+        DecidedAt([ms; Scope::COUNT])
+    }
+
+    /// When `scope` was decided (0: not by a store).
+    pub fn of(&self, scope: Scope) -> u64 {
+        self.0[scope as usize]
+    }
+
+    /// Records that `scope` was (also) decided at `ms`: the earliest time counts, the
+    /// safe one for a refund (a bucket gives back less the longer ago; a counter or log
+    /// entry not found gives back nothing).
+    pub fn add(&mut self, scope: Scope, ms: u64) {
+        let t = &mut self.0[scope as usize];
+        *t = if *t == 0 { ms } else { (*t).min(ms) };
+    }
+}
+
+impl From<u64> for DecidedAt {
+    fn from(ms: u64) -> Self {
+        DecidedAt::all(ms)
+    }
 }
 
 // === impl Verdict ===
@@ -62,6 +101,7 @@ impl Verdict {
         scopes_checked: 0,
         fallback: false,
         failed_open: 0,
+        decided_at: DecidedAt::all(0),
     };
 
     /// Folds per-window decisions into the layered verdict (see `Verdict::governing`).
@@ -90,7 +130,17 @@ impl Verdict {
             scopes_checked,
             fallback: false,
             failed_open: 0,
+            decided_at: DecidedAt::all(0),
         }
+    }
+
+    /// The verdict with each of `scopes` decided at `ms` (a store with one clock).
+    pub fn at(self, scopes: impl IntoIterator<Item = Scope>, ms: u64) -> Verdict {
+        let mut decided_at = DecidedAt::default();
+        for s in scopes {
+            decided_at.add(s, ms);
+        }
+        Verdict { decided_at, ..self }
     }
 
     /// Whether `scope` took part in the decision.

@@ -14,7 +14,7 @@ pub mod decision;
 pub mod policy;
 
 pub use check::{canonical, canonical_net, network, Check, Ident, Quota, ScopeCheck};
-pub use decision::{Decision, Verdict, WindowDecision};
+pub use decision::{DecidedAt, Decision, Verdict, WindowDecision};
 pub use policy::{
     Admission, Algorithm, BanRule, OnFailure, Scope, ScopeLimits, Window, WindowLimit,
 };

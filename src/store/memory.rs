@@ -26,7 +26,7 @@ use super::{Ending, Held, LimitStore, StoreError};
 use crate::clock::{Clock, SystemClock};
 use crate::limiter::algorithm::{self, step, State};
 use crate::limiter::{
-    Check, Ident, Scope, ScopeCheck, Verdict, Window, WindowDecision, WindowLimit,
+    Check, DecidedAt, Ident, Scope, ScopeCheck, Verdict, Window, WindowDecision, WindowLimit,
 };
 
 const SHARDS: usize = 64;
@@ -138,7 +138,7 @@ impl<C: Clock> MemoryStore<C> {
             // One window: charging is decided by that window alone, no dry run needed.
             let shard = shard_mut(&mut guards, shard_of[0]);
             let d = shard.charge(&check.scopes[0], now_ms, check.cost);
-            return Verdict::from_decisions(d);
+            return Verdict::from_decisions(d).at(check.scopes.iter().map(|s| s.scope), now_ms);
         }
         let mut decisions: ArrayVec<WindowDecision, MAX_WINDOWS> = ArrayVec::new();
         let mut nexts: ArrayVec<Option<State>, MAX_WINDOWS> = ArrayVec::new();
@@ -146,7 +146,8 @@ impl<C: Clock> MemoryStore<C> {
             let shard = shard_mut(&mut guards, shard_of[i]);
             shard.dry_run(s, now_ms, check.cost, &mut decisions, &mut nexts);
         }
-        let verdict = Verdict::from_decisions(decisions.iter().copied());
+        let verdict = Verdict::from_decisions(decisions.iter().copied())
+            .at(check.scopes.iter().map(|s| s.scope), now_ms);
         if verdict.allowed && !check.peek {
             let mut at = 0;
             for (i, s) in check.scopes.iter().enumerate() {
@@ -165,15 +166,23 @@ impl<C: Clock> MemoryStore<C> {
         verdict
     }
 
-    /// Settles `check` (a request admitted at `admitted_at_ms` with `check.cost`) at
-    /// `now_ms`: see `LimitStore::settle` and `algorithm::settle`. Each scope is settled
-    /// under its shard's lock, one scope at a time (a settle decides nothing, so it
-    /// needs no all-or-nothing).
-    pub fn settle_at(&self, check: &Check<'_>, delta: i64, admitted_at_ms: u64, now_ms: u64) {
+    /// Settles `check` (a request whose scopes were decided at `decided_at` with
+    /// `check.cost`) at `now_ms`: see `LimitStore::settle` and `algorithm::settle`. Each
+    /// scope is settled under its shard's lock, one scope at a time (a settle decides
+    /// nothing, so it needs no all-or-nothing).
+    pub fn settle_at(
+        &self,
+        check: &Check<'_>,
+        delta: i64,
+        decided_at: impl Into<DecidedAt>,
+        now_ms: u64,
+    ) {
         if delta == 0 || check.peek {
             return;
         }
+        let decided_at = decided_at.into();
         for s in &check.scopes {
+            let admitted_at_ms = decided_at.of(s.scope);
             let idx = self.hasher.hash_one((s.scope, &s.ident)) as usize % SHARDS;
             self.shards[idx]
                 .lock()
@@ -248,8 +257,8 @@ impl<C: Clock> LimitStore for MemoryStore<C> {
         Ok(self.inflight.acquire(slots, |r| r.limit))
     }
 
-    fn settle(&self, check: &Check<'_>, delta: i64, admitted_at_ms: u64) {
-        self.settle_at(check, delta, admitted_at_ms, self.clock.now_ms());
+    fn settle(&self, check: &Check<'_>, delta: i64, decided_at: DecidedAt) {
+        self.settle_at(check, delta, decided_at, self.clock.now_ms());
     }
 
     fn finish(&self, held: Held, _ending: Ending) {

@@ -14,7 +14,7 @@ pub mod tiered;
 use async_trait::async_trait;
 
 use self::slots::{Acquired, SlotLease, SlotRequest};
-use crate::limiter::{Check, Verdict};
+use crate::limiter::{Check, DecidedAt, Verdict};
 
 pub use self::redis::RedisStore;
 pub use memory::MemoryStore;
@@ -110,15 +110,16 @@ pub trait LimitStore: Send + Sync + 'static {
     /// the request was admitted on, with the reserved cost). `delta > 0` charges the extra
     /// even past the limit (a debt later requests wait out); `delta < 0` refunds, never
     /// leaving a state that admits more than an exact replay of the true costs would.
-    /// `admitted_at_ms` is the store clock reading the request was admitted at (Redis:
-    /// the script's `now`, also for a request admitted on a lease): refunds use it to
-    /// find the window (fixed, sliding) or log entry the charge went to, and a bucket
-    /// gives back less the longer ago it was (`limiter::algorithm::refund_units`). A
+    /// `decided_at` is when the store decided each scope, on its own clock, as its
+    /// `Verdict` reported it (Redis: the script's `now`; a lease's grant time for a
+    /// window paid from a lease): refunds use it to find the window (fixed, sliding) or
+    /// log entry the charge went to, and a bucket gives back less the longer ago it was
+    /// (`limiter::algorithm::refund_units`). A
     /// refund never exceeds the reserved cost; a debt is charged at the settle's time,
     /// capped at `limiter::algorithm::max_debt`. Must not block: a round trip is
     /// spawned. Default: nothing (test stores).
-    fn settle(&self, check: &Check<'_>, delta: i64, admitted_at_ms: u64) {
-        let _ = (check, delta, admitted_at_ms);
+    fn settle(&self, check: &Check<'_>, delta: i64, decided_at: DecidedAt) {
+        let _ = (check, delta, decided_at);
     }
 
     /// Called exactly once for every admitted request when it ends, with what it holds

@@ -34,7 +34,7 @@ use async_trait::async_trait;
 use super::breaker::{BreakerState, CircuitBreaker};
 use super::slots::{self, Acquired, Origin, SlotRequest};
 use super::{LimitStore, MemoryStore, StoreError};
-use crate::limiter::{Check, OnFailure, Scope, ScopeLimits, Verdict, WindowLimit};
+use crate::limiter::{Check, DecidedAt, OnFailure, Scope, ScopeLimits, Verdict, WindowLimit};
 use crate::metrics::Metrics;
 
 /// Consecutive failures that open the breaker.
@@ -227,9 +227,9 @@ impl LimitStore for TieredStore {
             .acquire(&local, |r| (r.limit / n).max(1)))
     }
 
-    fn settle(&self, check: &Check<'_>, delta: i64, admitted_at_ms: u64) {
+    fn settle(&self, check: &Check<'_>, delta: i64, decided_at: DecidedAt) {
         if self.breaker.state() == BreakerState::Closed {
-            self.primary.settle(check, delta, admitted_at_ms);
+            self.primary.settle(check, delta, decided_at);
             return;
         }
         if delta <= 0 {
@@ -241,7 +241,7 @@ impl LimitStore for TieredStore {
             let s = &check.scopes[*i];
             local.push(s.scope, s.ident.clone(), limits);
         }
-        self.fallback.settle(&local, delta, admitted_at_ms);
+        self.fallback.settle(&local, delta, decided_at);
     }
 
     fn finish(&self, held: super::Held, ending: super::Ending) {

@@ -590,7 +590,7 @@ async fn settle_replay(
                 &now.to_string(),
                 cost,
                 delta,
-                at,
+                at.into(),
                 prefix,
                 &check.scopes,
             );
@@ -793,7 +793,7 @@ async fn redis_store_settles_through_the_trait() {
     assert!(store.check(&check(4, false)).await.unwrap().allowed);
     let calls = metrics.store_calls.get();
     // True cost 16: the bucket (6 left) owes 6 tokens: 600 ms, then 100 ms per token.
-    store.settle(&check(4, false), 12, at);
+    store.settle(&check(4, false), 12, at.into());
     assert_eq!(
         metrics.store_calls.get(),
         calls + 1,
@@ -816,7 +816,7 @@ async fn redis_store_settles_through_the_trait() {
     clock.advance(std::time::Duration::from_secs(1));
     let remaining = |v: Verdict| v.governing.unwrap().decision.remaining;
     assert_eq!(remaining(store.check(&minute).await.unwrap()), 82);
-    store.settle(&check(4, false), -16, at);
+    store.settle(&check(4, false), -16, at.into());
     let mut r = 82;
     for _ in 0..200 {
         r = remaining(store.check(&minute).await.unwrap());

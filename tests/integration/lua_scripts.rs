@@ -458,7 +458,15 @@ async fn settled_keys_keep_ttls() {
         .with_clock(Arc::new(ManualClock::at(T)));
         assert!(store.check(&ch).await.unwrap().allowed);
         for (at, delta) in [(T + 10, 30), (T + 20, -3)] {
-            let cmd = wire::settle_command(&sha, &at.to_string(), 4, delta, T, &prefix, &ch.scopes);
+            let cmd = wire::settle_command(
+                &sha,
+                &at.to_string(),
+                4,
+                delta,
+                T.into(),
+                &prefix,
+                &ch.scopes,
+            );
             let raw: Vec<u8> = cmd.query_async(&mut c).await.unwrap();
             assert_eq!(wire::ints(&raw).unwrap(), [at as i64, 1]);
             let ttl: i64 = redis::cmd("PTTL")

@@ -191,7 +191,7 @@ async fn settle_charges_and_refunds_every_window() {
     assert!(store.check(&check(4)).await.unwrap().allowed);
     // True cost 16: 12 more on every window. The bucket (6 left) owes 6: 600 ms, then
     // 100 ms per token.
-    store.settle(&check(4), 12, now);
+    store.settle(&check(4), 12, now.into());
     let v = store.check(&check(1)).await.unwrap();
     let g = v.governing.unwrap();
     assert_eq!(
@@ -215,7 +215,7 @@ async fn settle_charges_and_refunds_every_window() {
     assert_eq!(minute(store.check(&peek()).await.unwrap()), 32); // 50 - 17 - 1
                                                                  // A refund of the first request (its true cost 0 after all: 4 back, not 15): the
                                                                  // log's entry and the fixed window give it back; the bucket, refilled since, not.
-    store.settle(&check(4), -15, now);
+    store.settle(&check(4), -15, now.into());
     assert_eq!(minute(store.check(&peek()).await.unwrap()), 36);
     let mut fixed = Check::new(1);
     fixed.push(Scope::Key, Ident::Name("k".into()), &fixedl);
@@ -225,7 +225,7 @@ async fn settle_charges_and_refunds_every_window() {
     let mut other = Check::new(4);
     other.push(Scope::Ip, ip(2), &ipl);
     let before = mem.len();
-    store.settle(&other, -3, now);
+    store.settle(&other, -3, now.into());
     assert_eq!(mem.len(), before);
 }
 

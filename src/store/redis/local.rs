@@ -16,11 +16,26 @@
 //!   a lease expires (`expired`) or at shutdown (`drain`), or with the next call for that
 //!   window.
 //!
+//! Both are keyed to the limit they were decided at: a cached rejection or a lease
+//! serves only a request whose window has exactly that limit (limit, capacity,
+//! algorithm: an adaptive route's factor, a reload, a policy row or an override can
+//! change it), and any other request of the identity is decided afresh by Redis. A
+//! lease of a limit no longer in force is ended with the next call for its window (its
+//! leftovers back), or when it expires.
+//!
 //! Time is the gateway's clock; a lease's end is converted from the script's clock by
 //! the difference of the two readings, taken before the call (so it ends early if
-//! anything).
+//! anything). A lease also keeps the script's time of its grant: a request admitted on
+//! it was charged then, which is what its settle names (`Verdict::decided_at`).
+//!
+//! Memory is bounded: at most `MAX_IDENTITIES` identities (scope, identity) are held.
+//! A full shard first forgets its idle entries, then evicts an entry holding no lease,
+//! then one holding leases (their leftovers go back with the next `expired`); each
+//! eviction counts in `throttle_lease_table_evictions_total`. The 100 ms expiry pass
+//! visits only the shards with a lease due (or an idle sweep due).
 
 use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use hashbrown::{DefaultHashBuilder, HashMap};
@@ -29,24 +44,37 @@ use smallvec::SmallVec;
 use super::wire::{Grant, LeaseArgs};
 use crate::limiter::algorithm::lease_len;
 use crate::limiter::{
-    Admission, Algorithm, Check, Decision, Ident, Scope, ScopeCheck, Verdict, Window,
+    Admission, Algorithm, Check, DecidedAt, Decision, Ident, Scope, ScopeCheck, Verdict, Window,
     WindowDecision, WindowLimit,
 };
 
 const SHARDS: usize = 64;
+/// Most identities (scope, identity) the table holds, as the memory store's bound.
+pub const MAX_IDENTITIES: usize = 524_288;
 /// How long one call's lease request keeps others from asking for the same window.
 const ASKING_MS: u64 = 200;
 /// Idle entries (no lease, no rejection, no traffic for this long) are forgotten.
 const IDLE_MS: u64 = 2_000;
 
-/// One shard of the table: an identity's windows.
-type Shard = HashMap<(Scope, Ident), Entry>;
+/// One shard of the table: an identity's windows, and when the expiry pass must look.
+#[derive(Default)]
+struct Shard {
+    map: HashMap<(Scope, Ident), Entry>,
+    /// No lease of this shard is due for collection before this (`u64::MAX`: none held).
+    next_due: u64,
+    /// When idle entries are next forgotten.
+    next_prune: u64,
+}
 
 /// Leases and cached rejections of one gateway.
 pub struct Local {
     shards: Box<[Mutex<Shard>]>,
     hasher: DefaultHashBuilder,
     lease_ms: u64,
+    per_shard: usize,
+    /// Leftovers of leases whose entry was evicted: given back by the next `expired`.
+    evicted: Mutex<Vec<Return>>,
+    evictions: AtomicU64,
 }
 
 /// What `Local::decide` concluded.
@@ -76,6 +104,9 @@ pub enum WindowPlan {
         decision: WindowDecision,
         /// The lease it was paid from (its end).
         until: u64,
+        /// When Redis granted that lease (the script's clock): when this request was
+        /// charged.
+        granted_at: u64,
     },
     /// Decided by Redis, with these lease arguments.
     Remote(LeaseArgs),
@@ -120,6 +151,9 @@ struct Held {
     /// Its length when granted.
     len: u64,
     grant: Grant,
+    /// The script's time of the grant (when its tokens were charged).
+    granted_at: u64,
+    /// The limit it was granted under: it pays only requests of that limit.
     limit: WindowLimit,
     /// What the client may still spend (Redis's remaining when granted, lease included),
     /// decremented by local admissions: the `X-RateLimit-Remaining` shown.
@@ -127,11 +161,13 @@ struct Held {
     reset_at: u64,
 }
 
-/// A rejection Redis decided, repeated locally until `until`.
+/// A rejection Redis decided, repeated locally until `until` for requests of the same
+/// limit.
 #[derive(Debug, Clone, Copy)]
 struct Blocked {
     until: u64,
     cost: u32,
+    limit: WindowLimit,
     decision: Decision,
     reset_at: u64,
 }
@@ -150,10 +186,26 @@ struct Meter {
 impl Local {
     /// A table leasing for at most `lease_ms` (0: no leases; the over-limit cache stays).
     pub fn new(lease_ms: u64) -> Self {
+        Self::with_capacity(lease_ms, MAX_IDENTITIES)
+    }
+
+    /// A table holding at most about `identities` identities (rounded up to a multiple
+    /// of the shard count).
+    pub fn with_capacity(lease_ms: u64, identities: usize) -> Self {
         Self {
-            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            shards: (0..SHARDS)
+                .map(|_| {
+                    Mutex::new(Shard {
+                        next_due: u64::MAX,
+                        ..Shard::default()
+                    })
+                })
+                .collect(),
             hasher: DefaultHashBuilder::default(),
             lease_ms,
+            per_shard: identities.div_ceil(SHARDS).max(1),
+            evicted: Mutex::default(),
+            evictions: AtomicU64::new(0),
         }
     }
 
@@ -162,6 +214,60 @@ impl Local {
         self.shards[i]
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The entry of (`scope`, `ident`) in `shard`, made room for when the shard is full
+    /// (see the module docs).
+    fn entry<'s>(
+        &self,
+        shard: &'s mut Shard,
+        scope: Scope,
+        ident: &Ident,
+        now: u64,
+    ) -> &'s mut Entry {
+        let key = (scope, ident.clone());
+        if !shard.map.contains_key(&key) && shard.map.len() >= self.per_shard {
+            self.make_room(shard, now);
+        }
+        shard.map.entry(key).or_default()
+    }
+
+    /// Frees one place in a full shard: idle entries first, then an entry without a
+    /// lease, else one with leases (their leftovers queued for `expired`).
+    fn make_room(&self, shard: &mut Shard, now: u64) {
+        shard.map.retain(|_, e| !e.idle(now));
+        if shard.map.len() < self.per_shard {
+            return;
+        }
+        let victim = shard
+            .map
+            .iter()
+            .find(|(_, e)| e.windows.iter().all(|s| s.leases.is_empty()))
+            .or_else(|| shard.map.iter().next())
+            .map(|(k, _)| k.clone());
+        let Some(key) = victim else { return };
+        if let Some(e) = shard.map.remove(&key) {
+            let mut returns = Vec::new();
+            for slot in e.windows {
+                for l in slot.leases {
+                    if let Some(r) = l.returned(key.0, &key.1) {
+                        returns.push(r);
+                    }
+                }
+            }
+            if !returns.is_empty() {
+                self.evicted
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .extend(returns);
+            }
+            self.evictions.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Entries evicted to make room since the last call (for the metric).
+    pub fn take_evictions(&self) -> u64 {
+        self.evictions.swap(0, Ordering::Relaxed)
     }
 
     /// Decides `check` locally when it can: a cached rejection, or leases for every
@@ -174,7 +280,7 @@ impl Local {
         let mut leased = true;
         for s in &check.scopes {
             let mut m = self.shard(s.scope, &s.ident);
-            let e = m.entry((s.scope, s.ident.clone())).or_default();
+            let e = self.entry(&mut m, s.scope, &s.ident, now);
             e.touched = now;
             if !check.peek {
                 e.meter.add(now, check.cost);
@@ -183,7 +289,7 @@ impl Local {
                 let slot = e.slot(w.window);
                 if let Some(b) = slot
                     .blocked
-                    .filter(|b| now < b.until && check.cost >= b.cost)
+                    .filter(|b| now < b.until && check.cost >= b.cost && b.limit == *w)
                 {
                     let wd = b.at(s.scope, w.window, now);
                     if rejected
@@ -192,7 +298,7 @@ impl Local {
                         rejected = Some(wd);
                     }
                 }
-                let usable = slot.usable(now, check.cost).is_some();
+                let usable = slot.usable(now, check.cost, w).is_some();
                 leased &= usable && w.admission == Admission::Auto;
             }
         }
@@ -203,26 +309,33 @@ impl Local {
                 scopes_checked: scopes_bits(check),
                 fallback: false,
                 failed_open: 0,
+                decided_at: DecidedAt::default(),
             });
         }
         if !leased || check.peek || self.lease_ms == 0 {
             return Outcome::Remote;
         }
         let mut decisions: SmallVec<[WindowDecision; 8]> = SmallVec::new();
+        let mut decided_at = DecidedAt::default();
         for s in &check.scopes {
             let mut m = self.shard(s.scope, &s.ident);
-            let Some(e) = m.get_mut(&(s.scope, s.ident.clone())) else {
+            let Some(e) = m.map.get_mut(&(s.scope, s.ident.clone())) else {
                 return Outcome::Remote; // pruned in between: ask Redis
             };
             for w in &s.limits.windows {
                 let slot = e.slot(w.window);
-                let Some(i) = slot.usable(now, check.cost) else {
+                let Some(i) = slot.usable(now, check.cost, w) else {
                     return Outcome::Remote;
                 };
-                decisions.push(slot.leases[i].spend(s.scope, w.window, check.cost, now));
+                let l = &mut slot.leases[i];
+                decided_at.add(s.scope, l.granted_at);
+                decisions.push(l.spend(s.scope, w.window, check.cost, now));
             }
         }
-        Outcome::Leased(Verdict::from_decisions(decisions))
+        Outcome::Leased(Verdict {
+            decided_at,
+            ..Verdict::from_decisions(decisions)
+        })
     }
 
     /// How Redis will be asked about `check`, per scope and window: a window holding a
@@ -235,7 +348,7 @@ impl Local {
         for s in &check.scopes {
             let mut plans = SmallVec::new();
             let mut m = self.shard(s.scope, &s.ident);
-            let e = m.entry((s.scope, s.ident.clone())).or_default();
+            let e = self.entry(&mut m, s.scope, &s.ident, now);
             let rate = e.meter.per_second(now);
             for w in &s.limits.windows {
                 let slot = e.slot(w.window);
@@ -244,7 +357,7 @@ impl Local {
                 // it rather than alone later, so an identity's windows (and the scopes
                 // its requests share) renew together.
                 let usable = slot
-                    .usable(now, check.cost)
+                    .usable(now, check.cost, w)
                     .filter(|i| auto && !slot.leases[*i].aging(now));
                 if let Some(i) = usable {
                     let l = &mut slot.leases[i];
@@ -252,10 +365,15 @@ impl Local {
                     plans.push(WindowPlan::Covered {
                         decision,
                         until: l.until,
+                        granted_at: l.granted_at,
                     });
                     continue;
                 }
-                if let Some(i) = slot.usable(now, check.cost) {
+                if let Some(i) = slot.leases.iter().position(|l| l.limit != *w) {
+                    // A lease of a limit no longer in force ends first.
+                    let l = slot.leases.remove(i);
+                    slot.leases.push(l);
+                } else if let Some(i) = slot.usable(now, check.cost, w) {
                     // Renewed: end it first (its leftovers go back with the call).
                     let l = slot.leases.remove(i);
                     slot.leases.push(l);
@@ -288,7 +406,7 @@ impl Local {
     pub fn undo(&self, check: &Check<'_>, plan: &Plan, cost: u32) {
         for (s, plans) in check.scopes.iter().zip(&plan.scopes) {
             let mut m = self.shard(s.scope, &s.ident);
-            let Some(e) = m.get_mut(&(s.scope, s.ident.clone())) else {
+            let Some(e) = m.map.get_mut(&(s.scope, s.ident.clone())) else {
                 continue;
             };
             for (w, p) in s.limits.windows.iter().zip(plans) {
@@ -317,7 +435,8 @@ impl Local {
         let mut at = 0;
         for s in scopes {
             let mut m = self.shard(s.scope, &s.ident);
-            let e = m.entry((s.scope, s.ident.clone())).or_default();
+            let mut due = u64::MAX;
+            let e = self.entry(&mut m, s.scope, &s.ident, now);
             for w in &s.limits.windows {
                 let (Some(wd), Some(g)) = (decisions.get(at), grants.get(at)) else {
                     return;
@@ -330,6 +449,7 @@ impl Local {
                     slot.blocked = Some(Blocked {
                         until: now.saturating_add(d.retry_after_ms),
                         cost,
+                        limit: *w,
                         decision: d,
                         reset_at: now.saturating_add(d.reset_after_ms),
                     });
@@ -339,77 +459,81 @@ impl Local {
                 if g.granted > 0 {
                     let len = g.until.saturating_sub(redis_now);
                     let until = now.saturating_add(len);
-                    slot.leases.push(Held {
+                    let held = Held {
                         tokens: g.granted,
                         until,
                         len,
                         grant: *g,
+                        granted_at: redis_now,
                         limit: *w,
                         visible: d.remaining,
                         reset_at: now.saturating_add(d.reset_after_ms),
-                    });
+                    };
+                    due = due.min(held.due());
+                    slot.leases.push(held);
                 }
             }
+            m.next_due = m.next_due.min(due);
         }
     }
 
     /// Leases that ended with tokens left (taken out of the table to be given back), and
     /// forgets idle entries.
     pub fn expired(&self, now: u64) -> Vec<Return> {
+        let mut out =
+            std::mem::take(&mut *self.evicted.lock().unwrap_or_else(PoisonError::into_inner));
         // A short grace after the end, so that an identity still sending gives the lease
         // back with its next call instead of a call of its own (well inside a bucket's
         // hold, which lasts one lease length past the end).
-        self.collect(|l| l.until.saturating_add(l.len / 2) <= now, Some(now))
+        self.collect(&mut out, |l| l.due() <= now, Some(now));
+        out
     }
 
     /// Every lease with tokens left (shutdown).
     pub fn drain(&self) -> Vec<Return> {
-        self.collect(|_| true, None)
+        let mut out =
+            std::mem::take(&mut *self.evicted.lock().unwrap_or_else(PoisonError::into_inner));
+        self.collect(&mut out, |_| true, None);
+        out
     }
 
-    fn collect(&self, due: impl Fn(&Held) -> bool, prune_at: Option<u64>) -> Vec<Return> {
-        let mut out = Vec::new();
+    /// Takes the leases `due` out of the table into `out`; with `prune_at`, visits only
+    /// shards with a lease due or an idle sweep due then (and forgets idle entries).
+    fn collect(&self, out: &mut Vec<Return>, due: impl Fn(&Held) -> bool, prune_at: Option<u64>) {
         for shard in self.shards.iter() {
-            let mut m = shard.lock().unwrap_or_else(PoisonError::into_inner);
-            for ((scope, ident), e) in m.iter_mut() {
+            let mut guard = shard.lock().unwrap_or_else(PoisonError::into_inner);
+            let m = &mut *guard;
+            if let Some(now) = prune_at {
+                if now < m.next_due && now < m.next_prune {
+                    continue;
+                }
+            }
+            let mut next_due = u64::MAX;
+            for ((scope, ident), e) in m.map.iter_mut() {
                 for slot in &mut e.windows {
                     slot.leases.retain(|l| {
                         if !due(l) {
+                            next_due = next_due.min(l.due());
                             return true;
                         }
-                        // A spent bucket lease is named too: that releases its hold.
-                        let bucket = matches!(
-                            l.limit.algorithm,
-                            Algorithm::TokenBucket | Algorithm::LeakyBucket
-                        );
-                        if l.tokens > 0 || bucket {
-                            out.push(Return {
-                                scope: *scope,
-                                ident: ident.clone(),
-                                limit: l.limit,
-                                lease: LeaseArgs {
-                                    want: 0,
-                                    ret: l.tokens,
-                                    from: l.grant,
-                                },
-                            });
-                        }
+                        out.extend(l.returned(*scope, ident));
                         false
                     });
                 }
             }
-            if let Some(now) = prune_at {
-                m.retain(|_, e| !e.idle(now));
+            m.next_due = next_due;
+            if let Some(now) = prune_at.filter(|now| *now >= m.next_prune) {
+                m.map.retain(|_, e| !e.idle(now));
+                m.next_prune = now.saturating_add(IDLE_MS);
             }
         }
-        out
     }
 
     /// Identities held (for tests and memory bounds).
     pub fn len(&self) -> usize {
         self.shards
             .iter()
-            .map(|s| s.lock().unwrap_or_else(PoisonError::into_inner).len())
+            .map(|s| s.lock().unwrap_or_else(PoisonError::into_inner).map.len())
             .sum()
     }
 
@@ -464,12 +588,12 @@ impl Entry {
 // === impl Slot ===
 
 impl Slot {
-    /// The lease that can pay `cost` now: the one ending first.
-    fn usable(&self, now: u64, cost: u32) -> Option<usize> {
+    /// The lease that can pay `cost` of a window of `limit` now: the one ending first.
+    fn usable(&self, now: u64, cost: u32, limit: &WindowLimit) -> Option<usize> {
         self.leases
             .iter()
             .enumerate()
-            .filter(|(_, l)| now < l.until && l.tokens >= u64::from(cost))
+            .filter(|(_, l)| now < l.until && l.tokens >= u64::from(cost) && l.limit == *limit)
             .min_by_key(|(_, l)| l.until)
             .map(|(i, _)| i)
     }
@@ -481,6 +605,31 @@ impl Held {
     /// Past half its life: renewed with the next call that goes to Redis anyway.
     fn aging(&self, now: u64) -> bool {
         self.until.saturating_sub(now) < self.len / 2
+    }
+
+    /// When `expired` collects it: half a lease after its end, so that an identity still
+    /// sending gives it back with its next call rather than a call of its own.
+    fn due(&self) -> u64 {
+        self.until.saturating_add(self.len / 2)
+    }
+
+    /// What giving it back sends, if anything: its unused tokens, and for a bucket even
+    /// none (naming a spent lease releases its hold).
+    fn returned(&self, scope: Scope, ident: &Ident) -> Option<Return> {
+        let bucket = matches!(
+            self.limit.algorithm,
+            Algorithm::TokenBucket | Algorithm::LeakyBucket
+        );
+        (self.tokens > 0 || bucket).then(|| Return {
+            scope,
+            ident: ident.clone(),
+            limit: self.limit,
+            lease: LeaseArgs {
+                want: 0,
+                ret: self.tokens,
+                from: self.grant,
+            },
+        })
     }
 
     fn spend(&mut self, scope: Scope, window: Window, cost: u32, now: u64) -> WindowDecision {
@@ -817,5 +966,145 @@ mod tests {
             0,
         );
         assert_eq!(local.drain()[0].lease.ret, 5);
+    }
+
+    /// A cached rejection and a lease serve only requests of the limit they were decided
+    /// at: the same identity under another limit (an adaptive factor, a reload) goes to
+    /// Redis, and the lease of the old limit goes back with that call.
+    #[test]
+    fn rejections_and_leases_are_keyed_to_their_limit() {
+        let local = Local::new(1_000);
+        let full = limits(20, Admission::Auto);
+        let reduced = limits(4, Admission::Auto);
+        let at_full = check(&full, 1);
+        let at_reduced = check(&reduced, 1);
+        local.record(
+            &at_reduced.scopes,
+            1,
+            &[decision(false, 0, 5_000)],
+            &[Grant::default()],
+            1_000,
+            1_000,
+        );
+        assert!(matches!(
+            local.decide(&at_reduced, 2_000),
+            Outcome::OverLimit(_)
+        ));
+        assert_eq!(
+            local.decide(&at_full, 2_000),
+            Outcome::Remote,
+            "a rejection at limit 4 is not one at limit 20"
+        );
+
+        let local = Local::new(1_000);
+        local.record(
+            &at_full.scopes,
+            1,
+            &[decision(true, 15, 0)],
+            &[grant(5, 2_000)],
+            1_000,
+            1_000,
+        );
+        assert!(matches!(local.decide(&at_full, 1_100), Outcome::Leased(_)));
+        assert_eq!(
+            local.decide(&at_reduced, 1_100),
+            Outcome::Remote,
+            "a lease of limit 20 does not pay under limit 4"
+        );
+        let a = remote(&local.prepare(&at_reduced, 1_100));
+        assert_eq!(a.ret, 4, "the old limit's lease ends with the call");
+        assert_eq!(local.decide(&at_full, 1_100), Outcome::Remote, "it is gone");
+    }
+
+    /// A request admitted on a lease was charged when the lease was granted: its verdict
+    /// names the script's time of the grant, not the gateway's clock.
+    #[test]
+    fn leased_verdicts_name_the_grant_time() {
+        let local = Local::new(1_000);
+        let l = limits(100, Admission::Auto);
+        let c = check(&l, 1);
+        local.record(
+            &c.scopes,
+            1,
+            &[decision(true, 50, 0)],
+            &[grant(3, 1_500)],
+            10_000,
+            500,
+        );
+        let Outcome::Leased(v) = local.decide(&c, 10_100) else {
+            panic!("not leased")
+        };
+        assert_eq!(v.decided_at.of(Scope::Key), 500);
+        let plan = local.prepare(&c, 10_200);
+        let WindowPlan::Covered { granted_at, .. } = plan.scopes[0][0] else {
+            panic!("not covered")
+        };
+        assert_eq!(granted_at, 500);
+    }
+
+    /// The table holds a bounded number of identities: a spray of identities evicts
+    /// (idle ones first, then ones without leases, then leased ones, whose tokens go
+    /// back with the next expiry pass), and every eviction is counted.
+    #[test]
+    fn the_table_is_bounded_and_evicted_leases_go_back() {
+        let local = Local::with_capacity(1_000, SHARDS); // one identity per shard
+        let l = limits(100, Admission::Auto);
+        let leased = check(&l, 1);
+        local.record(
+            &leased.scopes,
+            1,
+            &[decision(true, 50, 0)],
+            &[grant(5, 60_000)],
+            0,
+            0,
+        );
+        for i in 0..2_000u32 {
+            let mut c = Check::new(1);
+            c.push(
+                Scope::Ip,
+                Ident::Ip(std::net::IpAddr::from(i.to_be_bytes())),
+                &l,
+            );
+            let _ = local.decide(&c, 10);
+        }
+        assert!(local.len() <= SHARDS, "{} identities held", local.len());
+        let evictions = local.take_evictions();
+        assert!(evictions >= 2_000 - SHARDS as u64, "{evictions} evictions");
+        // The leased identity's shard filled up too: its tokens come back, not lost.
+        let back: u64 = local.expired(20).iter().map(|r| r.lease.ret).sum();
+        assert_eq!(back, 5, "the evicted lease's 5 tokens are given back");
+    }
+
+    /// The expiry pass skips shards with nothing due, and still collects each lease once
+    /// it is due.
+    #[test]
+    fn the_expiry_pass_collects_what_is_due_only() {
+        let local = Local::new(1_000);
+        let l = limits(100, Admission::Auto);
+        let c = check(&l, 1);
+        local.record(
+            &c.scopes,
+            1,
+            &[decision(true, 50, 0)],
+            &[grant(5, 1_000)],
+            0,
+            0,
+        );
+        let mut other = Check::new(1);
+        other.push(Scope::Tenant, Ident::Name("t".into()), &l);
+        local.record(
+            &other.scopes,
+            1,
+            &[decision(true, 50, 0)],
+            &[grant(7, 9_000)],
+            0,
+            0,
+        );
+        assert!(local.expired(100).is_empty());
+        let first: Vec<u64> = local.expired(1_500).iter().map(|r| r.lease.ret).collect();
+        assert_eq!(first, vec![5]);
+        assert!(local.expired(5_000).is_empty());
+        let second: Vec<u64> = local.expired(13_500).iter().map(|r| r.lease.ret).collect();
+        assert_eq!(second, vec![7]);
     }
 }

@@ -46,7 +46,7 @@ use self::wire::{LeaseArgs, Mode, Reply};
 use super::{LimitStore, StoreError};
 use crate::clock::{Clock, SystemClock};
 use crate::config::Store as StoreConfig;
-use crate::limiter::{Check, Ident, Scope, ScopeCheck, Verdict, Window};
+use crate::limiter::{Check, DecidedAt, Ident, Scope, ScopeCheck, Verdict, Window};
 use crate::metrics::Metrics;
 
 macro_rules! lua {
@@ -385,6 +385,9 @@ impl RedisStore {
             }
         };
         let mut decisions: Vec<_> = remote.covered.clone();
+        // When each scope was charged: the grant times of the leases that paid covered
+        // windows, then the script's `now` of the call that decided the rest.
+        let mut decided_at = remote.granted_at;
         if scopes.is_empty() {
             // Every window was paid from leases (the lease check raced a refill).
         } else if !matches!(conn, Conn::Cluster(_)) || scopes.len() == 1 {
@@ -399,6 +402,9 @@ impl RedisStore {
                 )
                 .await?;
             record(&scopes, &reply);
+            for s in &scopes {
+                decided_at.add(s.scope, reply.now);
+            }
             decisions.extend(reply.decisions);
         } else {
             // Cluster: one call per scope (one slot each), concurrently.
@@ -420,8 +426,17 @@ impl RedisStore {
             });
             let replies = futures_util::future::join_all(calls).await;
             let mut charged = Vec::new();
+            let mut failed = None;
             for (s, r) in scopes.iter().zip(replies) {
-                let r = r?;
+                // Every reply is looked at, even after a failed one: a scope charged by
+                // its call must be refunded when another call failed.
+                let r = match r {
+                    Ok(r) => r,
+                    Err(e) => {
+                        failed.get_or_insert(e);
+                        continue;
+                    }
+                };
                 record(std::slice::from_ref(s), &r);
                 if r.all_allowed && !check.peek {
                     charged.push((
@@ -433,14 +448,26 @@ impl RedisStore {
                             .collect::<Vec<_>>(),
                     ));
                 }
+                decided_at.add(s.scope, r.now);
                 decisions.extend(r.decisions);
             }
-            let verdict = Verdict::from_decisions(decisions.iter().copied());
-            if !verdict.allowed && !charged.is_empty() {
+            let allowed = failed.is_none() && decisions.iter().all(|d| d.decision.allowed);
+            if !allowed && !charged.is_empty() {
                 self.refund(conn, check.cost, charged);
             }
+            if let Some(e) = failed {
+                if !remote.covered.is_empty() {
+                    if let Some(l) = &self.local {
+                        l.undo(check, &plan, check.cost);
+                    }
+                }
+                return Err(e);
+            }
         }
-        let verdict = Verdict::from_decisions(decisions);
+        let verdict = Verdict {
+            decided_at,
+            ..Verdict::from_decisions(decisions)
+        };
         if !verdict.allowed && !remote.covered.is_empty() {
             if let Some(l) = &self.local {
                 l.undo(check, &plan, check.cost);
@@ -474,6 +501,9 @@ impl RedisStore {
     pub async fn return_expired(&self) {
         if let Some(local) = &self.local {
             let returns = local.expired(self.local_now());
+            if let Some(m) = &self.metrics {
+                m.lease_table_evictions_total.inc_by(local.take_evictions());
+            }
             self.give_back(returns).await;
         }
     }
@@ -531,7 +561,7 @@ impl RedisStore {
     /// owns everything it sends. Skipped without a connection (none was made, or it was
     /// dropped after an error) or outside a Tokio runtime: the settle is lost, as a
     /// failed call's would be.
-    fn spawn_settle(&self, check: &Check<'_>, delta: i64, admitted_at_ms: u64) {
+    fn spawn_settle(&self, check: &Check<'_>, delta: i64, decided_at: DecidedAt) {
         let Some(conn) = self.conn.load_full() else {
             tracing::debug!("settle skipped: no connection to Redis");
             return;
@@ -546,7 +576,7 @@ impl RedisStore {
                 &now,
                 check.cost,
                 delta,
-                admitted_at_ms,
+                decided_at,
                 &self.prefix,
                 scopes,
             )
@@ -692,11 +722,11 @@ impl LimitStore for RedisStore {
         result
     }
 
-    fn settle(&self, check: &Check<'_>, delta: i64, admitted_at_ms: u64) {
+    fn settle(&self, check: &Check<'_>, delta: i64, decided_at: DecidedAt) {
         if delta == 0 || check.is_empty() || check.peek {
             return;
         }
-        self.spawn_settle(check, delta, admitted_at_ms);
+        self.spawn_settle(check, delta, decided_at);
     }
 
     fn finish(&self, held: super::Held, _ending: super::Ending) {
@@ -730,6 +760,8 @@ struct Remote<'a> {
     leases: Vec<smallvec::SmallVec<[LeaseArgs; 2]>>,
     /// Decisions of the covered windows.
     covered: Vec<crate::limiter::WindowDecision>,
+    /// When the leases paying the covered windows were granted, per scope.
+    granted_at: DecidedAt,
 }
 
 impl<'a> Remote<'a> {
@@ -738,6 +770,7 @@ impl<'a> Remote<'a> {
             parts: Vec::with_capacity(check.scopes.len()),
             leases: Vec::with_capacity(check.scopes.len()),
             covered: Vec::new(),
+            granted_at: DecidedAt::default(),
         };
         for (i, s) in check.scopes.iter().enumerate() {
             let Some(plans) = plan.scopes.get(i) else {
@@ -749,7 +782,14 @@ impl<'a> Remote<'a> {
             let mut args = smallvec::SmallVec::new();
             for (w, p) in s.limits.windows.iter().zip(plans) {
                 match p {
-                    WindowPlan::Covered { decision, .. } => out.covered.push(*decision),
+                    WindowPlan::Covered {
+                        decision,
+                        granted_at,
+                        ..
+                    } => {
+                        out.covered.push(*decision);
+                        out.granted_at.add(s.scope, *granted_at);
+                    }
                     WindowPlan::Remote(a) => {
                         windows.push(*w);
                         args.push(*a);

@@ -5,7 +5,7 @@
 use redis::ScriptInvocation;
 
 use crate::limiter::{
-    Algorithm, Decision, Ident, Scope, ScopeCheck, Window, WindowDecision, WindowLimit,
+    Algorithm, DecidedAt, Decision, Ident, Scope, ScopeCheck, Window, WindowDecision, WindowLimit,
 };
 use crate::store::StoreError;
 
@@ -224,8 +224,9 @@ pub fn command(
     cmd
 }
 
-/// An `EVALSHA` settling a request admitted at `admitted_at_ms` with reserved `cost` on
-/// every window of `scopes`: `delta` = true cost - `cost` (see `LimitStore::settle`).
+/// An `EVALSHA` settling a request whose scopes were decided at `decided_at` (the store
+/// clock, per scope) with reserved `cost` on every window of `scopes`: `delta` = true
+/// cost - `cost` (see `LimitStore::settle`).
 /// The reply is "now 1".
 #[allow(clippy::too_many_arguments)]
 pub fn settle_command(
@@ -233,7 +234,7 @@ pub fn settle_command(
     now: &str,
     cost: u32,
     delta: i64,
-    admitted_at_ms: u64,
+    decided_at: DecidedAt,
     prefix: &str,
     scopes: &[ScopeCheck<'_>],
 ) -> redis::Cmd {
@@ -249,7 +250,7 @@ pub fn settle_command(
     let none = LeaseArgs::default();
     for s in scopes {
         for w in &s.limits.windows {
-            for v in window_args(w, &s.ident, admitted_at_ms, &none) {
+            for v in window_args(w, &s.ident, decided_at.of(s.scope), &none) {
                 cmd.arg(v);
             }
         }

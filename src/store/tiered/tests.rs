@@ -24,9 +24,9 @@ impl LimitStore for FakeStore {
     fn name(&self) -> &'static str {
         "fake"
     }
-    fn settle(&self, check: &Check<'_>, delta: i64, admitted_at_ms: u64) {
+    fn settle(&self, check: &Check<'_>, delta: i64, decided_at: DecidedAt) {
         self.settles.fetch_add(1, Ordering::SeqCst);
-        self.inner.settle(check, delta, admitted_at_ms);
+        self.inner.settle(check, delta, decided_at);
     }
 }
 
@@ -140,7 +140,7 @@ async fn settles_follow_the_breaker() {
     let l = limits(40, OnFailure::Local);
     let c = check(&l, None);
     assert!(t.check(&c).await.unwrap().allowed);
-    t.settle(&c, 5, 0);
+    t.settle(&c, 5, 0.into());
     assert_eq!(fake.settles.load(Ordering::SeqCst), 1);
     let v = t.check(&c).await.unwrap();
     assert_eq!(
@@ -154,8 +154,8 @@ async fn settles_follow_the_breaker() {
     }
     assert_eq!(t.breaker().state(), BreakerState::Open);
     // 10 per hour locally, 3 charged by the failing checks: a debt of 4 leaves 3.
-    t.settle(&c, 4, 0);
-    t.settle(&c, -4, 0); // dropped: its charge may live in the shared store
+    t.settle(&c, 4, 0.into());
+    t.settle(&c, -4, 0.into()); // dropped: its charge may live in the shared store
     assert_eq!(fake.settles.load(Ordering::SeqCst), 1);
     let admitted = (0..10)
         .filter(|_| t.fallback().decide(&divided(&l)).allowed)

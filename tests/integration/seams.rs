@@ -1,0 +1,304 @@
+//! Promises where features meet, on Redis, against the real binary: the over-limit cache
+//! and leases only ever apply at the limit they were decided at (a reload or a policy row
+//! lowers or raises it: the next request is decided afresh), the fleet's bound after a
+//! limit is lowered, and a settle that names the script's own time (no injected clock).
+
+use std::time::Duration;
+
+use crate::support::postgres::TestDb;
+use crate::support::redis::RedisServer;
+use crate::support::{client, eventually, header, Gateway, Upstream, ADMIN_TOKEN};
+
+const KEY: &str = "seams-key-secret";
+/// A second key of the same tier: it shows when a new limit is in force without
+/// touching the first key's leases.
+const PROBE: &str = "seams-probe-secret";
+
+fn store(redis: &RedisServer, prefix: &str) -> String {
+    format!(
+        "[store]\nbackend = \"redis\"\nurl = \"{}\"\ntimeout_ms = 2000\non_failure = \"closed\"\nkey_prefix = \"{prefix}\"\n",
+        redis.url()
+    )
+}
+
+/// One route and one key of tier `t` with `window` (a TOML inline table's body).
+fn config(head: &str, window: &str) -> String {
+    format!(
+        r#"{head}
+[tiers.t]
+key = {{ {window} }}
+
+[[routes]]
+name = "api"
+path_prefix = "/"
+upstreams = ["{{upstream}}"]
+
+[[keys]]
+id = "k1"
+key = "{KEY}"
+tenant = "acme"
+tier = "t"
+
+[[keys]]
+id = "k2"
+key = "{PROBE}"
+tenant = "acme"
+tier = "t"
+"#
+    )
+}
+
+async fn get(base: &str) -> reqwest::Response {
+    get_as(base, KEY).await
+}
+
+async fn get_as(base: &str, key: &str) -> reqwest::Response {
+    client()
+        .get(format!("{base}/x"))
+        .header("x-api-key", key)
+        .send()
+        .await
+        .unwrap()
+}
+
+async fn reload(gw: &Gateway, body: &str, up: &Upstream) {
+    gw.rewrite(&body.replace("{upstream}", &up.addr.to_string()));
+    let r = client()
+        .post(gw.admin_url("/v1/reload"))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "reload refused");
+}
+
+/// A rejection Redis decided at limit 4 is cached; once the limit is 20 (a reload), the
+/// same client's next request is decided afresh and admitted, as the memory store would.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cached_rejection_does_not_outlive_its_limit() {
+    let redis = RedisServer::start().await;
+    let up = Upstream::start("u").await;
+    let head = store(&redis, "cache");
+    let tight = config(&head, r#"per_hour = 4, algorithm = "fixed_window""#);
+    let gw = Gateway::start(&tight, Some(&up)).await;
+    let base = gw.url("");
+    let base = base.trim_end_matches('/');
+    let mut statuses = Vec::new();
+    for _ in 0..6 {
+        statuses.push(get(base).await.status().as_u16());
+    }
+    assert_eq!(statuses, [200, 200, 200, 200, 429, 429]);
+    // The second 429 came from the cache (no Redis call).
+    let m = gw.metrics().await;
+    assert!(
+        m.contains("throttle_local_decisions_total{reason=\"over_limit_cache\"} 1"),
+        "{m}"
+    );
+    reload(
+        &gw,
+        &config(&head, r#"per_hour = 20, algorithm = "fixed_window""#),
+        &up,
+    )
+    .await;
+    let r = get(base).await;
+    assert_eq!(
+        r.status(),
+        200,
+        "a 429 decided at limit 4 was repeated at limit 20: {:?}",
+        r.text().await
+    );
+    assert_eq!(header(&r, "x-ratelimit-limit"), "20");
+    assert_eq!(header(&r, "x-ratelimit-remaining"), "15");
+}
+
+/// Seconds until the current UTC hour ends.
+fn secs_left_in_hour() -> u64 {
+    use throttle::clock::{Clock, SystemClock};
+    3_600 - (SystemClock.now_ms() / 1_000) % 3_600
+}
+
+/// Paced traffic through `bases` in turn for `secs`: (admitted, limits shown by 200s).
+async fn paced(bases: &[String], per_sec: u64, secs: f64) -> (u64, Vec<String>) {
+    let mut tick = tokio::time::interval(Duration::from_micros(1_000_000 / per_sec));
+    let n = (per_sec as f64 * secs) as usize;
+    let (mut admitted, mut limits) = (0, Vec::new());
+    for i in 0..n {
+        tick.tick().await;
+        let r = get(&bases[i % bases.len()]).await;
+        if r.status() == 200 {
+            admitted += 1;
+            limits.push(header(&r, "x-ratelimit-limit"));
+        }
+    }
+    (admitted, limits)
+}
+
+/// The Redis count of the key's hour window (`start:count`).
+async fn redis_count(redis: &RedisServer, prefix: &str) -> u64 {
+    let v: Option<String> = redis::cmd("GET")
+        .arg(format!("{prefix}:{{key:k1}}:1h"))
+        .query_async(&mut redis.client().await)
+        .await
+        .unwrap();
+    v.and_then(|v| v.split(':').nth(1)?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// How a test lowers the limit of tier `t` on every gateway.
+enum Lower<'a> {
+    /// Rewrite gateway.toml and reload each gateway.
+    Reload,
+    /// UPDATE the tier's rate_limit_policies row (NOTIFY reaches every gateway).
+    PolicyRow(&'a TestDb),
+}
+
+/// Two gateways lease tokens of a 1000/h key; then the limit drops to half of what the
+/// fleet has admitted. From then on the fleet admits nothing more in that window (leases
+/// of the old limit pay nothing: a request of the new limit is decided afresh), every
+/// answer shows the new limit, and the old leases' leftovers are back in Redis soon
+/// after (with the next call for the window, or when they expire). Answers the tokens
+/// leased and unused at the change, and how long their return took.
+async fn lowered_limit_bound(prefix: &str, head: String, lower: Lower<'_>) -> (u64, Duration) {
+    if secs_left_in_hour() < 30 {
+        tokio::time::sleep(Duration::from_secs(secs_left_in_hour() + 1)).await;
+    }
+    let redis = RedisServer::start().await;
+    let up = Upstream::start("u").await;
+    let head = format!("{head}{}", store(&redis, prefix));
+    let body = config(&head, r#"per_hour = 1000, algorithm = "fixed_window""#);
+    let a = Gateway::start(&body, Some(&up)).await;
+    let b = Gateway::start(&body, Some(&up)).await;
+    if let Lower::PolicyRow(_) = lower {
+        for gw in [&a, &b] {
+            eventually(Duration::from_secs(10), "database connected", || async {
+                (gw.readyz().await["database"]["healthy"] == true).then_some(())
+            })
+            .await;
+        }
+    }
+    let bases: Vec<String> = [&a, &b]
+        .iter()
+        .map(|g| g.url("").trim_end_matches('/').to_string())
+        .collect();
+    // 100 requests a second for 1.5 s: both gateways hold leases.
+    let (before, _) = paced(&bases, 100, 1.5).await;
+    let counted = redis_count(&redis, prefix).await;
+    assert!(
+        counted > before,
+        "Redis counts {counted} for {before} admitted: no tokens leased"
+    );
+    let outstanding = counted - before;
+    let new_limit = (before / 2).max(1);
+    let lowered = config(
+        &head,
+        &format!(r#"per_hour = {new_limit}, algorithm = "fixed_window""#),
+    );
+    match lower {
+        Lower::Reload => {
+            reload(&a, &lowered, &up).await;
+            reload(&b, &lowered, &up).await;
+        }
+        Lower::PolicyRow(db) => {
+            sqlx::query("UPDATE rate_limit_policies SET req_per_hour = $1 WHERE id = 't'")
+                .bind(new_limit as i32)
+                .execute(&db.pool().await)
+                .await
+                .unwrap();
+        }
+    }
+    let changed = tokio::time::Instant::now();
+    let shown = new_limit.to_string();
+    for base in &bases {
+        eventually(
+            Duration::from_secs(5),
+            "the lowered limit in force",
+            || async {
+                let r = get_as(base, PROBE).await;
+                (header(&r, "x-ratelimit-limit") == shown).then_some(())
+            },
+        )
+        .await;
+    }
+    // Within the old leases' life: 200 requests as fast as they go, across both.
+    let (after, _) = paced(&bases, 1_000, 0.2).await;
+    assert_eq!(
+        after, 0,
+        "{after} admitted after lowering to {new_limit} with {before} admitted and \
+         {outstanding} leased and unused: old leases paid"
+    );
+    eventually(Duration::from_secs(3), "old leases given back", || async {
+        (redis_count(&redis, prefix).await == before).then_some(())
+    })
+    .await;
+    (outstanding, changed.elapsed())
+}
+
+/// The bound after a reload lowers a limit (two gateways, one Redis).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lowered_limit_by_reload_admits_at_most_the_new_limit() {
+    let (outstanding, back) = lowered_limit_bound("lowreload", String::new(), Lower::Reload).await;
+    eprintln!("reload: {outstanding} leased tokens unused at the change, none spent after, all back {back:?} after it");
+}
+
+/// The same bound when a `rate_limit_policies` row lowers the tier.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lowered_limit_by_policy_row_admits_at_most_the_new_limit() {
+    let Some(db) = TestDb::migrated() else { return };
+    let head = format!("[database]\nurl = \"{}\"\n", db.url);
+    let (outstanding, back) = lowered_limit_bound("lowrow", head, Lower::PolicyRow(&db)).await;
+    eprintln!("policy row: {outstanding} leased tokens unused at the change, none spent after, all back {back:?} after it");
+}
+
+/// On Redis with no injected clock, a sliding-log refund finds the request's entry: the
+/// settle names the script's time of the decision, not the gateway's clock reading.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_sliding_log_refund_finds_its_entry() {
+    let redis = RedisServer::start().await;
+    let up = Upstream::start("u").await;
+    let head = store(&redis, "slog");
+    let body = format!(
+        "{}\n[[routes]]\nname = \"llm\"\npath_prefix = \"/chat\"\nupstreams = [\"{{upstream}}\"]\ncost = 10\ncost_header = \"X-Usage-Tokens\"\n",
+        config(
+            &head,
+            r#"per_hour = 100, algorithm = "sliding_log", admission = "exact""#
+        )
+    );
+    let gw = Gateway::start(&body, Some(&up)).await;
+    let conn = redis.client().await;
+    // Five requests reserve 10 and use 2 each: 8 refunded every time.
+    for i in 1..=5u64 {
+        let r = client()
+            .get(gw.url("/chat?usage=2"))
+            .header("x-api-key", KEY)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        eventually(
+            Duration::from_secs(5),
+            "the refund applied in Redis",
+            || async {
+                let members: Vec<String> = redis::cmd("ZRANGE")
+                    .arg("slog:{key:k1}:1h")
+                    .arg(0)
+                    .arg(-1)
+                    .query_async(&mut conn.clone())
+                    .await
+                    .ok()?;
+                let costs: Vec<u64> = members
+                    .iter()
+                    .filter_map(|m| m.rsplit(':').next()?.parse().ok())
+                    .collect();
+                (costs.len() as u64 == i && costs.iter().all(|c| *c == 2)).then_some(())
+            },
+        )
+        .await;
+    }
+    let r = get(gw.url("").trim_end_matches('/')).await;
+    // 5 x 2 used + 1 for this request: 89 left.
+    assert_eq!(header(&r, "x-ratelimit-remaining"), "89");
+    assert!(gw
+        .metrics()
+        .await
+        .contains("throttle_cost_settled_total{direction=\"refund\"} 40"));
+}
