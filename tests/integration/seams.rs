@@ -302,3 +302,100 @@ async fn a_redis_sliding_log_refund_finds_its_entry() {
         .await
         .contains("throttle_cost_settled_total{direction=\"refund\"} 40"));
 }
+
+/// On Redis Cluster each scope is its own call: when one call fails (here: the key's
+/// node is paused past the deadline) after another charged its scope, that charge is
+/// refunded, as for a scope another call rejected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_refunds_charged_scopes_when_another_call_fails() {
+    use crate::support::redis::RedisCluster;
+    let mut cluster = RedisCluster::start().await;
+    let ip_key = "cref:{ip:127.0.0.1}:1h";
+    let ip_port = cluster.primary_for(ip_key).await.port;
+    let mut key_id = String::new();
+    for i in 0.. {
+        key_id = format!("k{i}");
+        if cluster
+            .primary_for(&format!("cref:{{key:{key_id}}}:1h"))
+            .await
+            .port
+            != ip_port
+        {
+            break;
+        }
+    }
+    let nodes = cluster
+        .urls()
+        .iter()
+        .map(|u| format!("\"{u}\""))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let body = format!(
+        r#"[store]
+backend = "redis"
+cluster = [{nodes}]
+timeout_ms = 300
+on_failure = "open"
+key_prefix = "cref"
+
+[limits.ip]
+per_hour = 100
+algorithm = "fixed_window"
+admission = "exact"
+
+[tiers.t]
+key = {{ per_hour = 100, algorithm = "fixed_window", admission = "exact" }}
+
+[[routes]]
+name = "api"
+path_prefix = "/"
+upstreams = ["{{upstream}}"]
+
+[[keys]]
+id = "{key_id}"
+key = "{KEY}"
+tenant = "acme"
+tier = "t"
+"#
+    );
+    let up = Upstream::start("u").await;
+    let gw = Gateway::start(&body, Some(&up)).await;
+    let base = gw.url("");
+    let base = base.trim_end_matches('/');
+    let r = get(base).await;
+    assert_eq!(header(&r, "x-ratelimit-remaining"), "99");
+    let urls = cluster.urls();
+    let count = |key: String| {
+        let urls = urls.clone();
+        async move {
+            let client = redis::cluster::ClusterClient::new(urls).unwrap();
+            let mut c = client.get_async_connection().await.unwrap();
+            let v: Option<String> = redis::cmd("GET")
+                .arg(key)
+                .query_async(&mut c)
+                .await
+                .unwrap();
+            v.and_then(|v| v.split(':').nth(1)?.parse::<u64>().ok())
+                .unwrap_or(0)
+        }
+    };
+    assert_eq!(count(ip_key.to_string()).await, 1);
+    // The key scope's node stops answering for longer than the deadline.
+    let key_node = cluster
+        .primary_for(&format!("cref:{{key:{key_id}}}:1h"))
+        .await;
+    let mut c = key_node.client().await;
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(1_500)
+        .arg("ALL")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let r = get(base).await;
+    assert_eq!(r.status(), 200, "failed open");
+    eventually(Duration::from_secs(5), "the ip charge refunded", || async {
+        (count(ip_key.to_string()).await == 1).then_some(())
+    })
+    .await;
+}
