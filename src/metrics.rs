@@ -56,6 +56,9 @@ pub struct Metrics {
     /// `throttle_lease_table_evictions_total`: identities the Redis store's table of
     /// leases and cached rejections dropped to stay within its bound.
     pub lease_table_evictions_total: IntCounter,
+    /// `throttle_store_late_charges_total`: store calls that missed their deadline but
+    /// charged in Redis, undone when their reply came in.
+    pub store_late_charges_total: IntCounter,
     /// `throttle_upstream_seconds{route}`.
     pub upstream_seconds: HistogramVec,
     /// `throttle_cost_settled_total{direction}`: tokens settled after the response
@@ -207,6 +210,11 @@ impl Metrics {
             "Identities the table of leases and cached rejections evicted to stay within its bound (524,288).",
         )?;
         registry.register(Box::new(lease_table_evictions_total.clone()))?;
+        let store_late_charges_total = IntCounter::new(
+            "throttle_store_late_charges_total",
+            "Redis calls that missed their deadline but charged; refunded when the reply came in.",
+        )?;
+        registry.register(Box::new(store_late_charges_total.clone()))?;
         let store_calls = store_calls_total.with_label_values(&["redis"]);
         let cost_settled_total = IntCounterVec::new(
             Opts::new(
@@ -279,6 +287,7 @@ impl Metrics {
             local_decisions,
             lease_tokens_returned_total,
             lease_table_evictions_total,
+            store_late_charges_total,
             upstream_seconds,
             cost_settled,
             cost_clamped,

@@ -135,13 +135,20 @@ async fn paced(bases: &[String], per_sec: u64, secs: f64) -> (u64, Vec<String>) 
 
 /// The Redis count of the key's hour window (`start:count`).
 async fn redis_count(redis: &RedisServer, prefix: &str) -> u64 {
+    try_count(redis, prefix).await.unwrap()
+}
+
+/// `redis_count`, or None while Redis does not answer.
+async fn try_count(redis: &RedisServer, prefix: &str) -> Option<u64> {
     let v: Option<String> = redis::cmd("GET")
         .arg(format!("{prefix}:{{key:k1}}:1h"))
         .query_async(&mut redis.client().await)
         .await
-        .unwrap();
-    v.and_then(|v| v.split(':').nth(1)?.parse().ok())
-        .unwrap_or(0)
+        .ok()?;
+    Some(
+        v.and_then(|v| v.split(':').nth(1)?.parse().ok())
+            .unwrap_or(0),
+    )
 }
 
 /// How a test lowers the limit of tier `t` on every gateway.
@@ -396,6 +403,132 @@ tier = "t"
     assert_eq!(r.status(), 200, "failed open");
     eventually(Duration::from_secs(5), "the ip charge refunded", || async {
         (count(ip_key.to_string()).await == 1).then_some(())
+    })
+    .await;
+}
+
+/// A tenant's limit stays exact on Redis Cluster under concurrent load from several of
+/// its keys across three gateways, while its keys' own (tighter per key) limits reject
+/// too: the tenant admits exactly its limit. (A key rejection must not leave the tenant
+/// charged, even for a moment, while another key of the tenant is decided.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_tenant_limit_is_exact_under_load() {
+    use crate::support::redis::RedisCluster;
+    let cluster = RedisCluster::start().await;
+    let nodes = cluster
+        .urls()
+        .iter()
+        .map(|u| format!("\"{u}\""))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let mut body = format!(
+        r#"[store]
+backend = "redis"
+cluster = [{nodes}]
+timeout_ms = 2000
+on_failure = "closed"
+key_prefix = "ctl"
+
+[tiers.small]
+key = {{ per_hour = 4, algorithm = "fixed_window", admission = "exact" }}
+[tiers.ten]
+tenant = {{ per_hour = 15, algorithm = "fixed_window", admission = "exact" }}
+
+[[tenants]]
+id = "acme"
+tier = "ten"
+
+[[routes]]
+name = "api"
+path_prefix = "/"
+upstreams = ["{{upstream}}"]
+"#
+    );
+    const KEYS: usize = 8;
+    for k in 0..KEYS {
+        body.push_str(&format!(
+            "\n[[keys]]\nid = \"k{k}\"\nkey = \"key-{k}\"\ntenant = \"acme\"\ntier = \"small\"\n"
+        ));
+    }
+    let up = Upstream::start("u").await;
+    let mut gws = Vec::new();
+    for _ in 0..3 {
+        gws.push(Gateway::start(&body, Some(&up)).await);
+    }
+    let bases: Vec<String> = gws
+        .iter()
+        .map(|g| g.url("").trim_end_matches('/').to_string())
+        .collect();
+    let tasks: Vec<_> = (0..16)
+        .map(|t| {
+            let bases = bases.clone();
+            tokio::spawn(async move {
+                let (mut ok, mut other) = (0, Vec::new());
+                for i in 0..12 {
+                    let k = (t + i) % KEYS;
+                    let r = get_as(&bases[(t + i) % 3], &format!("key-{k}")).await;
+                    match r.status().as_u16() {
+                        200 => ok += 1,
+                        429 => {}
+                        s => other.push(s),
+                    }
+                }
+                (ok, other)
+            })
+        })
+        .collect();
+    let (mut admitted, mut other) = (0, Vec::new());
+    for t in tasks {
+        let (ok, o) = t.await.unwrap();
+        admitted += ok;
+        other.extend(o);
+    }
+    assert!(other.is_empty(), "{other:?}");
+    assert_eq!(admitted, 15, "the tenant admitted {admitted} of its 15");
+}
+
+/// A call that misses its deadline may still run in Redis (here: Redis is paused past
+/// the deadline and then runs it). The request was decided without it (503 for a closed
+/// scope), so the charge it made is undone when its reply comes in: the count is back
+/// to the admitted requests, and the limit is not under-admitted by the timeouts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_that_missed_its_deadline_does_not_keep_its_charge() {
+    let redis = RedisServer::start().await;
+    let up = Upstream::start("u").await;
+    let head = store(&redis, "late").replace("timeout_ms = 2000", "timeout_ms = 300");
+    let gw = Gateway::start(
+        &config(
+            &head,
+            r#"per_hour = 100, algorithm = "fixed_window", admission = "exact""#,
+        ),
+        Some(&up),
+    )
+    .await;
+    let base = gw.url("");
+    let base = base.trim_end_matches('/');
+    assert_eq!(get(base).await.status(), 200);
+    assert_eq!(redis_count(&redis, "late").await, 1);
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(1_000)
+        .arg("ALL")
+        .query_async(&mut redis.client().await)
+        .await
+        .unwrap();
+    let r = get(base).await;
+    assert_eq!(
+        r.status(),
+        503,
+        "fail closed when the call misses its deadline"
+    );
+    // The paused call runs once the pause ends (the count is 2 for a moment); its
+    // charge is refunded.
+    eventually(Duration::from_secs(5), "the late charge undone", || async {
+        let undone = gw
+            .metrics()
+            .await
+            .contains("throttle_store_late_charges_total 1");
+        (undone && try_count(&redis, "late").await? == 1).then_some(())
     })
     .await;
 }

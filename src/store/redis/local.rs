@@ -72,7 +72,8 @@ pub struct Local {
     hasher: DefaultHashBuilder,
     lease_ms: u64,
     per_shard: usize,
-    /// Leftovers of leases whose entry was evicted: given back by the next `expired`.
+    /// Leftovers to give back with the next `expired`: leases whose entry was evicted,
+    /// and leases granted by a call whose reply came too late to be used.
     evicted: Mutex<Vec<Return>>,
     evictions: AtomicU64,
 }
@@ -263,6 +264,15 @@ impl Local {
             }
             self.evictions.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// Queues leased tokens to be given back with the next `expired` (a lease granted by
+    /// a call that missed its deadline: it was never in hand).
+    pub fn queue_returns(&self, returns: Vec<Return>) {
+        self.evicted
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .extend(returns);
     }
 
     /// Entries evicted to make room since the last call (for the metric).

@@ -95,7 +95,7 @@ pub struct RedisStore {
     clock: Option<Arc<dyn Clock>>,
     healthy: AtomicBool,
     /// Leases and the over-limit cache (see `local`); None: every request goes to Redis.
-    local: Option<Local>,
+    local: Option<Arc<Local>>,
     lease_ms: u64,
     metrics: Option<Arc<Metrics>>,
     /// Concurrency slots this gateway holds (see `concurrency`).
@@ -195,7 +195,7 @@ impl RedisStore {
     /// Decides locally when it can: the over-limit cache, and leases of at most
     /// `lease_ms` (0: no leases) for `admission = "auto"` windows.
     pub fn with_local_admission(mut self, lease_ms: u64) -> Self {
-        self.local = Some(Local::new(lease_ms));
+        self.local = Some(Arc::new(Local::new(lease_ms)));
         self.lease_ms = lease_ms;
         self
     }
@@ -289,11 +289,21 @@ impl RedisStore {
 
     async fn connect(&self) -> RedisResult<Conn> {
         Ok(match &self.target {
-            Target::Single(url) => {
-                Conn::Single(ConnectionManager::new(redis::Client::open(url.as_str())?).await?)
-            }
+            // The store's own deadline bounds every call (`timeout_ms`); the client's
+            // response timeout (redis-rs defaults to 500 ms) is set past it, so that a
+            // call that missed the deadline still gets its reply (`undo_late`).
+            Target::Single(url) => Conn::Single(
+                ConnectionManager::new_with_config(
+                    redis::Client::open(url.as_str())?,
+                    redis::aio::ConnectionManagerConfig::new()
+                        .set_response_timeout(Some(LATE_PATIENCE)),
+                )
+                .await?,
+            ),
             Target::Cluster(nodes) => Conn::Cluster(
-                ClusterClient::new(nodes.clone())?
+                ClusterClient::builder(nodes.clone())
+                    .response_timeout(LATE_PATIENCE)
+                    .build()?
                     .get_async_connection()
                     .await?,
             ),
@@ -304,7 +314,9 @@ impl RedisStore {
                     master_tls(urls),
                     SentinelServerType::Master,
                 )?;
-                Conn::Sentinel(client.get_async_connection().await?)
+                let config =
+                    redis::AsyncConnectionConfig::new().set_response_timeout(Some(LATE_PATIENCE));
+                Conn::Sentinel(client.get_async_connection_with_config(&config).await?)
             }
         })
     }
@@ -331,6 +343,10 @@ impl RedisStore {
     }
 
     /// One script call for `scopes` within the deadline.
+    ///
+    /// A call that misses its deadline may still run in Redis: the request is decided
+    /// without it (each scope's `on_failure`), so a charge it makes there is undone when
+    /// its reply comes in late (`undo_late`).
     async fn call(
         &self,
         conn: &mut Conn,
@@ -352,11 +368,96 @@ impl RedisStore {
             leases,
         );
         self.count_call();
-        let raw = tokio::time::timeout(self.timeout, self.run(conn, &cmd))
-            .await
-            .map_err(|_| StoreError::Timeout(self.timeout.as_millis() as u64))?
-            .map_err(unavailable)?;
+        let mut c = conn.clone();
+        let mut run = Box::pin(async move { run_script(&mut c, &cmd).await });
+        let raw = match tokio::time::timeout(self.timeout, &mut run).await {
+            Ok(r) => r.map_err(unavailable)?,
+            Err(_) => {
+                if !peek {
+                    self.undo_late(run, scopes, cost, conn.clone());
+                }
+                return Err(StoreError::Timeout(self.timeout.as_millis() as u64));
+            }
+        };
         wire::parse_reply(&wire::ints(&raw)?, scopes)
+    }
+
+    /// Waits (in the background, up to `LATE_PATIENCE`) for the reply of a call that
+    /// missed its deadline. If it charged, the request was decided without it: the charge
+    /// of every scope not failing open is refunded (an open scope admitted the request
+    /// uncounted, so its late charge is the true count), and tokens it leased go back.
+    fn undo_late(
+        &self,
+        run: std::pin::Pin<Box<dyn std::future::Future<Output = RedisResult<Vec<u8>>> + Send>>,
+        scopes: &[ScopeCheck<'_>],
+        cost: u32,
+        conn: Conn,
+    ) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let owned: Vec<(Scope, Ident, crate::limiter::ScopeLimits)> = scopes
+            .iter()
+            .map(|s| (s.scope, s.ident.clone(), s.limits.clone()))
+            .collect();
+        let (prefix, script, timeout) = (self.prefix.clone(), self.script.clone(), self.timeout);
+        let local = self.local.clone();
+        let metrics = self.metrics.clone();
+        runtime.spawn(async move {
+            let Ok(Ok(raw)) = tokio::time::timeout(LATE_PATIENCE, run).await else {
+                return; // no reply at all: the charge (if any) expires with its window
+            };
+            let scopes: Vec<ScopeCheck<'_>> = owned
+                .iter()
+                .map(|(scope, ident, limits)| ScopeCheck {
+                    scope: *scope,
+                    ident: ident.clone(),
+                    limits,
+                })
+                .collect();
+            let Ok(reply) = wire::ints(&raw).and_then(|v| wire::parse_reply(&v, &scopes)) else {
+                return;
+            };
+            if !reply.all_allowed {
+                return; // nothing was charged
+            }
+            let mut at = 0;
+            let mut charged = Vec::new();
+            let mut returns = Vec::new();
+            for s in &scopes {
+                let n = s.limits.windows.len();
+                let decisions = reply.decisions.get(at..at + n).unwrap_or_default();
+                let grants = reply.grants.get(at..at + n).unwrap_or_default();
+                at += n;
+                for (w, g) in s.limits.windows.iter().zip(grants) {
+                    if g.granted > 0 {
+                        returns.push(local::Return {
+                            scope: s.scope,
+                            ident: s.ident.clone(),
+                            limit: *w,
+                            lease: LeaseArgs {
+                                want: 0,
+                                ret: g.granted,
+                                from: *g,
+                            },
+                        });
+                    }
+                }
+                if s.limits.on_failure != crate::limiter::OnFailure::Open {
+                    let currents = decisions.iter().map(|d| d.decision.current).collect();
+                    charged.push((s.clone(), reply.now, currents));
+                }
+            }
+            tracing::debug!("a call that missed its deadline charged in Redis: undoing it");
+            if let Some(m) = &metrics {
+                m.store_late_charges_total.inc();
+            }
+            if let Some(local) = local.filter(|_| !returns.is_empty()) {
+                local.queue_returns(returns);
+            }
+            let calls = refund_calls(&prefix, cost, &charged);
+            run_refunds(conn, script, timeout, calls).await;
+        });
     }
 
     async fn check_inner(&self, check: &Check<'_>) -> Result<Verdict, StoreError> {
@@ -391,7 +492,7 @@ impl RedisStore {
         if scopes.is_empty() {
             // Every window was paid from leases (the lease check raced a refill).
         } else if !matches!(conn, Conn::Cluster(_)) || scopes.len() == 1 {
-            let reply = self
+            let called = self
                 .call(
                     &mut conn,
                     &scopes,
@@ -400,7 +501,17 @@ impl RedisStore {
                     check.peek,
                     &now,
                 )
-                .await?;
+                .await;
+            let reply = match called {
+                Ok(r) => r,
+                Err(e) => {
+                    // The leased tokens this request spent on covered windows go back.
+                    if let (Some(l), false) = (&self.local, remote.covered.is_empty()) {
+                        l.undo(check, &plan, check.cost);
+                    }
+                    return Err(e);
+                }
+            };
             record(&scopes, &reply);
             for s in &scopes {
                 decided_at.add(s.scope, reply.now);
@@ -549,12 +660,6 @@ impl RedisStore {
         }
     }
 
-    /// Runs an `EVALSHA` of the script, loading it first when Redis does not have it
-    /// (`NOSCRIPT`: a restart, a failover, `SCRIPT FLUSH`).
-    async fn run(&self, conn: &mut Conn, cmd: &redis::Cmd) -> RedisResult<Vec<u8>> {
-        run_script(conn, cmd).await
-    }
-
     /// Spawns the 'settle' calls of `check` (see `LimitStore::settle`): one on a single
     /// node or behind Sentinel, one per scope (one slot each) on Cluster, each within
     /// the deadline and counted as a store call. Built here, synchronously, so the task
@@ -608,49 +713,66 @@ impl RedisStore {
     /// Gives back the charges of scopes whose request another scope rejected. Runs in the
     /// background, each call within the deadline: the 429 does not wait for it.
     fn refund(&self, conn: Conn, cost: u32, charged: Vec<(ScopeCheck<'_>, u64, Vec<u64>)>) {
-        let calls: Vec<(Vec<String>, Vec<String>)> = charged
-            .iter()
-            .map(|(s, now, currents)| {
-                let keys = s
-                    .limits
-                    .windows
-                    .iter()
-                    .map(|w| self.key(s.scope, &s.ident, w.window))
-                    .collect();
-                let mut args = vec![
-                    now.to_string(),
-                    cost.to_string(),
-                    Mode::Refund.as_str().to_string(),
-                    "0".to_string(),
-                ];
-                for (i, w) in s.limits.windows.iter().enumerate() {
-                    let current = currents.get(i).copied().unwrap_or(0);
-                    let none = wire::LeaseArgs::default();
-                    args.extend(
-                        wire::window_args(w, &s.ident, current, &none).map(|v| v.to_string()),
-                    );
-                }
-                (keys, args)
-            })
-            .collect();
-        let timeout = self.timeout;
-        let script = self.script.clone();
-        tokio::spawn(async move {
-            let mut conn = conn;
-            for (keys, args) in calls {
-                let mut inv = script.prepare_invoke();
-                for k in &keys {
-                    inv.key(k);
-                }
-                for a in &args {
-                    inv.arg(a);
-                }
-                let result = tokio::time::timeout(timeout, eval(&mut conn, &inv)).await;
-                if !matches!(result, Ok(Ok(_))) {
-                    tracing::debug!("refund of a rejected request's charge did not complete");
-                }
+        let calls = refund_calls(&self.prefix, cost, &charged);
+        let (script, timeout) = (self.script.clone(), self.timeout);
+        tokio::spawn(run_refunds(conn, script, timeout, calls));
+    }
+}
+
+/// How long a call that missed its deadline is waited for (see `RedisStore::undo_late`).
+const LATE_PATIENCE: Duration = Duration::from_secs(10);
+
+/// The 'refund' calls (keys, arguments) giving back `cost` on each of `charged`'s scopes:
+/// the scope, the script's `now` of the charge, and each window's `current` then.
+fn refund_calls(
+    prefix: &str,
+    cost: u32,
+    charged: &[(ScopeCheck<'_>, u64, Vec<u64>)],
+) -> Vec<(Vec<String>, Vec<String>)> {
+    charged
+        .iter()
+        .map(|(s, now, currents)| {
+            let keys = s
+                .limits
+                .windows
+                .iter()
+                .map(|w| wire::key(prefix, s.scope, &s.ident, w.window))
+                .collect();
+            let mut args = vec![
+                now.to_string(),
+                cost.to_string(),
+                Mode::Refund.as_str().to_string(),
+                "0".to_string(),
+            ];
+            for (i, w) in s.limits.windows.iter().enumerate() {
+                let current = currents.get(i).copied().unwrap_or(0);
+                let none = wire::LeaseArgs::default();
+                args.extend(wire::window_args(w, &s.ident, current, &none).map(|v| v.to_string()));
             }
-        });
+            (keys, args)
+        })
+        .collect()
+}
+
+/// Runs `calls` one after another, each within `timeout`.
+async fn run_refunds(
+    mut conn: Conn,
+    script: Script,
+    timeout: Duration,
+    calls: Vec<(Vec<String>, Vec<String>)>,
+) {
+    for (keys, args) in calls {
+        let mut inv = script.prepare_invoke();
+        for k in &keys {
+            inv.key(k);
+        }
+        for a in &args {
+            inv.arg(a);
+        }
+        let result = tokio::time::timeout(timeout, eval(&mut conn, &inv)).await;
+        if !matches!(result, Ok(Ok(_))) {
+            tracing::debug!("refund of a request's charge did not complete");
+        }
     }
 }
 
