@@ -61,13 +61,23 @@ local function tb_put(key, w, level, now, cap, held, hu)
   bucket_set(key, level, at, held, hu, (at - now) + tb_time_to(w, level, cap, held, hu, at, cap))
 end
 
+-- The tokens used at a decision: `level` units at `last`, `owed` units of refill still to
+-- come before it (a debt), counted up to a whole token. Same as `used_tokens` in Rust.
+local function tb_used(w, level, owed)
+  if level >= owed then
+    return w.capacity - idiv(level - owed, w.period)
+  end
+  return w.capacity + div_ceil(owed - level, w.period)
+end
+
 ALG[1] = {
   decide = function(key, w, now, cost)
     local level, cap, held, hu, at = tb_level(key, w, now)
     -- A bucket in debt is empty until `at` (in the future): no refill before it.
     local wait = at - now
     local need = cost * w.period
-    local current = w.capacity - idiv(level, w.period) + cost
+    -- The count includes the debt: the refill still owed before `at`.
+    local current = tb_used(w, level, wait * w.limit) + cost
     if level >= need then
       local left = level - need
       local d = decision(1, w.limit, clamp_remaining(idiv(left, w.period), w.limit), current,

@@ -15,8 +15,9 @@
 //! Settling: a debt may take the bucket below empty. Levels are unsigned, so a negative
 //! level `-x` at `now` is kept as an empty bucket at `last = now + ceil(x / rate)` in
 //! the future (rounded up: at most a millisecond's refill more is charged). There is no
-//! refill before `last`, so no request is admitted until then, and `retry_after` and
-//! `reset_after` count the wait from `now` to `last`. A refund raises the level by what
+//! refill before `last`, so no request is admitted until then, `retry_after` and
+//! `reset_after` count the wait from `now` to `last`, and `current` counts the debt: a
+//! bucket owing `D` tokens answers `capacity + D + cost` (`used_tokens`). A refund raises the level by what
 //! `refund_units` allows (the replay may have been full and wasted refill since the
 //! request), at most to the capacity less any hold; see `settle`.
 
@@ -97,6 +98,20 @@ impl Bucket {
     }
 }
 
+/// The tokens a bucket of `capacity` has used at a decision: `level` units at `last`,
+/// `owed` units of refill still to come before `last` (a debt: `(last - now) x rate`).
+/// Counted up to a whole token (a partial token used counts as used), so a bucket `x`
+/// units below empty has used `capacity + ceil(x / period)`. `lua/token_bucket.lua`
+/// `tb_used` is the twin.
+fn used_tokens(capacity: u32, level: u64, owed: u64, period: u64) -> u64 {
+    let capacity = u64::from(capacity);
+    if level >= owed {
+        capacity.saturating_sub((level - owed) / period)
+    } else {
+        capacity.saturating_add(div_ceil(owed - level, period))
+    }
+}
+
 /// Ms from `now` until a bucket at `level` (with `hold`) holds `target` (<= cap) units.
 fn time_to(level: u64, hold: Hold, rate: u64, cap: u64, now: u64, target: u64) -> u64 {
     if level >= target {
@@ -128,8 +143,8 @@ pub fn step(
     // A bucket in debt is empty until `at` (in the future): no refill before it.
     let wait = at - now;
     let need = u64::from(cost).saturating_mul(period);
-    let used_tokens = u64::from(limit.capacity) - level / period;
-    let current = used_tokens + u64::from(cost);
+    let current = used_tokens(limit.capacity, level, wait.saturating_mul(rate), period)
+        .saturating_add(u64::from(cost));
     if level >= need {
         let left = level - need;
         if commit {
@@ -506,6 +521,34 @@ mod tests {
                 last: T + owed * 100
             })
         );
+    }
+
+    /// A 429's `current` counts the debt: a bucket owing D tokens shows capacity + D +
+    /// cost. Rounding: the owed units are counted up to a whole token (as a partial token
+    /// used counts as used), so D exactly when the debt is a multiple of a millisecond's
+    /// refill, as here; a debt of 1 at 3/s is kept as 334 ms (1.002 tokens) and shows 2.
+    #[test]
+    fn current_counts_the_debt() {
+        // (limit, burst, debt beyond empty, decided ms after the settle, cost, current)
+        let rows: [(u32, f64, i64, u64, u32, u64); 8] = [
+            (10, 1.0, 12, 0, 1, 10 + 12 + 1),
+            (10, 1.5, 4, 0, 1, 15 + 4 + 1),
+            (10, 1.5, 4, 0, 3, 15 + 4 + 3),
+            (10, 1.5, 4, 100, 1, 15 + 3 + 1), // one token refilled since
+            (10, 1.5, 4, 150, 1, 15 + 3 + 1), // 2.5 owed: counted as 3
+            (10, 1.5, 4, 400, 1, 15 + 1),     // paid off: empty
+            (1000, 1.0, 1000, 0, 1, 1000 + 1000 + 1),
+            (3, 1.0, 1, 0, 1, 3 + 2 + 1), // 1.002 owed (rounded up to the ms)
+        ];
+        for (i, (limit, burst, owed, after, cost, current)) in rows.into_iter().enumerate() {
+            let l = lim(Window::Second, limit, burst);
+            let mut s = State::initial(Algorithm::TokenBucket);
+            // From full: the capacity, then `owed` more.
+            alg::settle(&mut s, &l, T, 0, 1, i64::from(l.capacity) + owed, T);
+            let d = alg::step(&mut s.clone(), &l, T + after, 0, cost, false);
+            assert!(!d.allowed, "row {i}: {d:?}");
+            assert_eq!(d.current, current, "row {i}: {d:?} {s:?}");
+        }
     }
 
     /// A refund settled soon restores exactly the replay with the true cost.
