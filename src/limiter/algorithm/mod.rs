@@ -278,9 +278,15 @@ pub fn give_back(
 
 /// Settles a request admitted at `admitted_at_ms` with the reserved `cost` on this
 /// window, at `now_ms`, once its true cost (`cost + delta`) is known: `delta > 0`
-/// charges the debt at `now_ms` even past the limit; `delta < 0` refunds what the
+/// charges the debt at `now_ms`, past the limit if need be but bounded: a settlement
+/// leaves the window in debt by at most its limit (`max_debt`; each algorithm documents
+/// what it caps), and the rest of the debt is forgiven; `delta < 0` refunds what the
 /// algorithm can refund safely (see the module docs). `lua/check.lua`'s 'settle' mode
 /// is the twin. A state of the wrong variant is reset for a debt, left alone for a refund.
+///
+/// Answers the debt the window accepted, in tokens (0 for a refund): what a replay of the
+/// true costs charges. A bucket stopped at its bound part-way through a token answers
+/// that token (rounded up; the replay's own bound stops it at the same level).
 #[allow(clippy::too_many_arguments)]
 pub fn settle(
     state: &mut State,
@@ -290,18 +296,18 @@ pub fn settle(
     cost: u32,
     delta: i64,
     admitted_at_ms: u64,
-) {
+) -> u64 {
     if delta == 0 {
-        return;
+        return 0;
     }
     if !state.matches(limit.algorithm) {
         if delta < 0 {
-            return;
+            return 0;
         }
         *state = State::initial(limit.algorithm);
     }
     let s = Settle::new(limit, cost, delta, admitted_at_ms);
-    match state {
+    let accepted = match state {
         State::TokenBucket(b) => token_bucket::settle(b, &mut Hold::default(), limit, now_ms, s),
         State::LeakyBucket(m) => leaky_bucket::settle(m, &mut Hold::default(), limit, now_ms, s),
         State::FixedWindow(c) => fixed_window::settle(c, limit, now_ms, offset_ms, s),
@@ -309,20 +315,22 @@ pub fn settle(
         State::SlidingLog(l) => sliding_log::settle(l, limit, now_ms, s),
         State::TokenBucketHeld(x) => {
             let (b, h) = &mut **x;
-            token_bucket::settle(b, h, limit, now_ms, s);
+            token_bucket::settle(b, h, limit, now_ms, s)
         }
         State::LeakyBucketHeld(x) => {
             let (m, h) = &mut **x;
-            leaky_bucket::settle(m, h, limit, now_ms, s);
+            leaky_bucket::settle(m, h, limit, now_ms, s)
         }
-    }
+    };
     state.drop_empty_hold();
+    accepted
 }
 
 /// One settle of one window, normalized: a debt or a refund, in tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Settle {
-    /// Charge this many tokens more, at once (at most `max_debt`).
+    /// Charge up to this many tokens more, at once (at most `debt_ceiling`: no window
+    /// accepts more; each algorithm bounds it further by `max_debt`).
     Debt(u64),
     /// Give back up to `back` tokens of a request admitted at `at` with reserved cost
     /// `cost` (so its true cost is `cost - back`).
@@ -341,7 +349,7 @@ impl Settle {
     pub fn new(limit: &WindowLimit, cost: u32, delta: i64, at: u64) -> Settle {
         let cost = u64::from(cost.max(1));
         if delta > 0 {
-            Settle::Debt(delta.unsigned_abs().min(max_debt(limit)))
+            Settle::Debt(delta.unsigned_abs().min(debt_ceiling(limit)))
         } else {
             Settle::Refund {
                 back: delta.unsigned_abs().min(cost),
@@ -352,21 +360,46 @@ impl Settle {
     }
 }
 
-/// The most tokens a debt may leave a window holding (counters, the log's debt entry)
-/// or owing (buckets): `2^51` token-ms (at least the capacity), at most `u32::MAX`. A
-/// debt beyond it is forgiven; it keeps `count x window_ms` and the bucket levels exact
-/// in a Lua double (`lua/prelude.lua` `max_debt`).
+/// The most tokens a settlement may leave a window in debt: its limit (the contract in
+/// `DESIGN.md`, "Promises at the seams"), so the window is usable again within about one
+/// window length of the settlement. Per algorithm, after a debt (what is already there
+/// is never lowered):
+/// - `fixed_window`: the count is at most 2 x limit (usable again at the next window);
+/// - `sliding_window`: the weighted count the next request sees, `prev x (end - now) /
+///   len + curr`, is at most 2 x limit (`curr` is capped; usable again within 1.5 window
+///   lengths plus `len / (2 x limit)`, see `sliding_window::settle`);
+/// - `sliding_log`: the live total is at most 2 x limit (the debt entry is cut to fit;
+///   usable again one period after the settlement);
+/// - `token_bucket`: the level is at least `-limit` tokens (usable again for `cost`
+///   within `(limit + cost) / rate`: one period plus the cost's refill);
+/// - `leaky_bucket`: the level is at most capacity + limit (the same recovery).
+///
+/// `lua/prelude.lua` `max_debt` is the twin.
 pub fn max_debt(limit: &WindowLimit) -> u64 {
-    (MAX_EXACT_PRODUCT / 2 / limit.window.period_ms())
-        .max(u64::from(limit.capacity))
-        .min(u64::from(u32::MAX))
+    u64::from(limit.limit)
 }
 
-/// A counter raised by a debt of `d` tokens: never above `max_debt` (unless it already
-/// was), saturating.
-pub(crate) fn add_debt(count: u32, d: u64, limit: &WindowLimit) -> u32 {
-    let raised = (u64::from(count) + d).min(max_debt(limit));
-    to_u32(raised.max(u64::from(count)))
+/// More debt than any window accepts (a full token bucket's capacity plus `max_debt`
+/// below empty; every other window at most 2 x limit): `Settle::new` cuts a delta to it,
+/// so the Lua products stay exact whatever the upstream reported.
+pub fn debt_ceiling(limit: &WindowLimit) -> u64 {
+    max_debt(limit) + u64::from(limit.capacity.max(limit.limit))
+}
+
+/// `count` raised by a debt of `d`, to at most `top`; a count already at or above `top`
+/// stays (a settlement never lowers what is there). Same as `add_debt` in
+/// `lua/prelude.lua` (written so every sum stays exact in a double).
+pub(crate) fn add_debt(count: u64, d: u64, top: u64) -> u64 {
+    if count >= top {
+        return count;
+    }
+    count + d.min(top - count)
+}
+
+/// A counter's bound after a debt: twice the limit (in debt by at most the limit),
+/// within a `u32`.
+pub(crate) fn counter_top(limit: &WindowLimit) -> u64 {
+    (2 * u64::from(limit.limit)).min(u64::from(u32::MAX))
 }
 
 /// The units (tokens x period_ms) a bucket may give back for a refund of `back` of a
