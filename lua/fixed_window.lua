@@ -47,15 +47,15 @@ ALG[3] = {
     if count < 0 then count = 0 end
     redis.call('SET', key, fmt(start) .. ':' .. fmt(count), 'KEEPTTL')
   end,
-  -- Debt: added to the current window's count, past the limit if need be. Refund: off
-  -- the window the request was charged in (its `admitted` time), only while it is
-  -- current. See `settle` in fixed_window.rs.
+  -- Debt: added to the current window's count, past the limit if need be, to at most
+  -- 2 x limit. Refund: off the window the request was charged in (its `admitted` time),
+  -- only while it is current. See `settle` in fixed_window.rs.
   settle = function(key, w, now, cost, delta, admitted)
     local s, e = bounds(w, now, w.offset)
     local start, count = split2(redis.call('GET', key))
     if start ~= s then count = 0 end
     if delta > 0 then
-      count = add_debt(count, math.min(delta, max_debt(w)), w)
+      count = add_debt(count, math.min(delta, debt_ceiling(w)), counter_top(w))
       redis.call('SET', key, fmt(s) .. ':' .. fmt(count), 'PX', math.max(e - now, 1))
     elseif start == s and bounds(w, admitted, w.offset) == s then
       count = math.max(count - math.min(-delta, cost), 0)

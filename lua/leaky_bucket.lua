@@ -88,13 +88,14 @@ ALG[5] = {
     if held == 0 then hu = 0 end
     bucket_set(key, level, at, held, hu, lb_time_to(w, level, held, hu, now, 0))
   end,
-  -- Debt: poured in at once, past the limit if need be (never above max_debt). Refund:
-  -- refund_units come out, never below the hold. See `settle` in leaky_bucket.rs.
+  -- Debt: poured in at once, past the limit if need be, to at most capacity + max_debt
+  -- (a level already above stays). Refund: refund_units come out, never below the hold.
+  -- See `settle` in leaky_bucket.rs.
   settle = function(key, w, now, cost, delta, admitted)
     local level, held, hu, at = lb_level(key, w, now)
     if delta > 0 then
-      local top = max_debt(w) * w.period
-      level = math.max(level, math.min(level + math.min(delta, max_debt(w)) * w.period, top))
+      local top = (w.capacity + max_debt(w)) * w.period
+      level = add_debt(level, math.min(delta, debt_ceiling(w)) * w.period, top)
     else
       local units = refund_units(w, math.min(-delta, cost), cost, admitted, now)
       level = math.min(math.max(level - units, held), level)

@@ -138,15 +138,27 @@ local function clamp_remaining(r, limit)
 end
 
 -- Settling (see check.lua's 'settle' mode and `settle` in src/limiter/algorithm/).
--- The most tokens a debt may leave a window holding or owing: 2^51 token-ms (at least
--- the capacity), at most 2^32 - 1, so every product stays exact. Same as `max_debt`.
+-- The most tokens a settlement may leave a window in debt: its limit. Same as `max_debt`.
 local function max_debt(w)
-  return math.min(math.max(idiv(2251799813685248, w.period), w.capacity), 4294967295)
+  return w.limit
 end
 
--- A counter raised by a debt of d tokens: never above max_debt (unless it already was).
-local function add_debt(count, d, w)
-  return math.max(count, math.min(count + d, max_debt(w)))
+-- More debt than any window accepts (a full bucket's capacity plus max_debt below empty):
+-- a delta is cut to it first, so every product below stays exact. Same as `debt_ceiling`.
+local function debt_ceiling(w)
+  return max_debt(w) + math.max(w.capacity, w.limit)
+end
+
+-- `count` raised by a debt of d, to at most `top`; a count already at or above it stays.
+-- Written so every sum stays exact. Same as `add_debt`.
+local function add_debt(count, d, top)
+  if count >= top then return count end
+  return count + math.min(d, top - count)
+end
+
+-- A counter's bound after a debt: twice the limit, within 2^32 - 1. Same as `counter_top`.
+local function counter_top(w)
+  return math.min(2 * w.limit, 4294967295)
 end
 
 -- The units a bucket may give back for a refund of `back` tokens of a request of

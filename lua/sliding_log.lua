@@ -102,13 +102,15 @@ ALG[4] = {
       redis.call('PEXPIRE', key, math.max(tonumber(last[2]) + w.period - now, 1))
     end
   end,
-  -- Debt: one member of the debt at now. Refund: the request's own member (scored
-  -- `admitted`, of the reserved cost; the first by name if several) shrinks, or goes at
-  -- 0. See `settle` in sliding_log.rs.
+  -- Debt: one member of the debt at now, cut so the live total stays within 2 x limit
+  -- (none when it already is). Refund: the request's own member (scored `admitted`, of
+  -- the reserved cost; the first by name if several) shrinks, or goes at 0. See `settle`
+  -- in sliding_log.rs.
   settle = function(key, w, now, cost, delta, admitted)
     if delta > 0 then
       local entries, used = log_live(key, w, now)
-      local d = math.min(delta, max_debt(w))
+      local d = add_debt(used, math.min(delta, debt_ceiling(w)), counter_top(w)) - used
+      if d < 1 then return end
       redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(now - w.period))
       log_add(key, now, fmt(now) .. ':' .. fmt(used + d), d)
       local latest = now

@@ -25,7 +25,8 @@ ALG[2] = {
     local len = e - s
     local lim = w.limit
     local after = prev * (e - now) + (curr + cost) * len
-    local current = div_ceil(after, len)
+    -- div_ceil(after, len), exact in a double after a debt (after itself may not be).
+    local current = curr + cost + div_ceil(prev * (e - now), len)
     local _, next_end = bounds(w, e, w.offset)
     if after <= lim * len then
       return decision(1, lim, idiv(lim * len - after, len), current, next_end - now, 0), { s, prev, curr + cost }
@@ -91,13 +92,16 @@ ALG[2] = {
     end
     redis.call('SET', key, fmt(start) .. ':' .. fmt(prev) .. ':' .. fmt(curr), 'KEEPTTL')
   end,
-  -- Debt: added to the current window's count. Refund: off the count of the window the
-  -- request was charged in (its `admitted` time): curr, prev, or nothing when older.
-  -- See `settle` in sliding_window.rs.
+  -- Debt: added to the current window's count, to at most a weighted count of 2 x limit
+  -- (prev x (e - now) + curr x len <= 2 x limit x len). Refund: off the count of the
+  -- window the request was charged in (its `admitted` time): curr, prev, or nothing when
+  -- older. See `settle` in sliding_window.rs.
   settle = function(key, w, now, cost, delta, admitted)
     local s, e, prev, curr = sw_counts(key, w, now)
     if delta > 0 then
-      curr = add_debt(curr, math.min(delta, max_debt(w)), w)
+      local len = e - s
+      local top = idiv(math.max(counter_top(w) * len - prev * (e - now), 0), len)
+      curr = add_debt(curr, math.min(delta, debt_ceiling(w)), math.min(top, 4294967295))
     else
       local back = math.min(-delta, cost)
       local charged = bounds(w, admitted, w.offset)

@@ -4,8 +4,9 @@
 -- held_until the bucket refills to at most cap - held (as if every held token had been
 -- spent at once; see the Rust twin). A missing key is a full bucket. TTL: the time until
 -- the bucket is full again, so an expired key and a fresh one are the same thing.
--- A debt (settle) below empty is an empty bucket at a `last` in the future, when the debt
--- is paid off: no refill before it, and retry/reset count the wait from now.
+-- A debt (settle) below empty (at most limit tokens below) is an empty bucket at a `last`
+-- in the future, when the debt is paid off: no refill before it, retry/reset count the
+-- wait from now, and `current` the debt.
 
 -- The level at `now` (never before the state's time), refilled and capped, the hold still
 -- in force then, and that time.
@@ -61,13 +62,23 @@ local function tb_put(key, w, level, now, cap, held, hu)
   bucket_set(key, level, at, held, hu, (at - now) + tb_time_to(w, level, cap, held, hu, at, cap))
 end
 
+-- The tokens used at a decision: `level` units at `last`, `owed` units of refill still to
+-- come before it (a debt), counted up to a whole token. Same as `used_tokens` in Rust.
+local function tb_used(w, level, owed)
+  if level >= owed then
+    return w.capacity - idiv(level - owed, w.period)
+  end
+  return w.capacity + div_ceil(owed - level, w.period)
+end
+
 ALG[1] = {
   decide = function(key, w, now, cost)
     local level, cap, held, hu, at = tb_level(key, w, now)
     -- A bucket in debt is empty until `at` (in the future): no refill before it.
     local wait = at - now
     local need = cost * w.period
-    local current = w.capacity - idiv(level, w.period) + cost
+    -- The count includes the debt: the refill still owed before `at`.
+    local current = tb_used(w, level, wait * w.limit) + cost
     if level >= need then
       local left = level - need
       local d = decision(1, w.limit, clamp_remaining(idiv(left, w.period), w.limit), current,
@@ -119,14 +130,15 @@ ALG[1] = {
     if held == 0 then hu = 0 end
     tb_put(key, w, level, now, cap, held, hu)
   end,
-  -- Debt: the level drops by it, below 0 if need be (never below -max_debt). Refund: it
-  -- rises by refund_units, at most to cap - held. See `settle` in token_bucket.rs.
+  -- Debt: the level drops by it, below 0 if need be, never below -max_debt (limit tokens;
+  -- a level already below stays). Refund: it rises by refund_units, at most to
+  -- cap - held. See `settle` in token_bucket.rs.
   settle = function(key, w, now, cost, delta, admitted)
     local level, cap, held, hu, fresh = tb_signed(key, w, now)
     if delta > 0 then
       local floor = -max_debt(w) * w.period
       if level <= floor then return end
-      level = math.max(level - math.min(delta, max_debt(w)) * w.period, floor)
+      level = level - math.min(math.min(delta, debt_ceiling(w)) * w.period, level - floor)
     else
       if fresh then return end
       local units = refund_units(w, math.min(-delta, cost), cost, admitted, now)

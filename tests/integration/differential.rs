@@ -524,6 +524,8 @@ struct SettleStats {
     allowed: usize,
     rejected: usize,
     debts: usize,
+    /// Debts beyond what any window accepts (cut to each window's bound).
+    capped: usize,
     refunds: usize,
 }
 
@@ -531,7 +533,10 @@ struct SettleStats {
 /// admitted requests, through the MemoryStore and the script at the same injected
 /// times, and compares every verdict. Checks go through `RedisStore::check`; settles
 /// send the production command (`wire::settle_command`) directly, so each completes
-/// before the next check (the store's own `settle` is spawned).
+/// before the next check (the store's own `settle` is spawned). Now and then a debt is
+/// far beyond every window's bound (`x-usage-tokens: 999999999`, or just past the
+/// bound): both cut it alike, and a rejection's `current` (which counts the debt) never
+/// shows a window more than its limit in debt.
 #[allow(clippy::too_many_arguments)]
 async fn settle_replay(
     redis: &RedisServer,
@@ -542,6 +547,7 @@ async fn settle_replay(
     steps: usize,
     max_step_ms: u64,
     start: u64,
+    huge_every: u64,
 ) -> SettleStats {
     let sha = redis::Script::new(CHECK_LUA).get_hash().to_string();
     let clock = Arc::new(ManualClock::at(start));
@@ -566,6 +572,16 @@ async fn settle_replay(
         }
         check
     };
+    let windows: Vec<(Scope, WindowLimit)> = scopes
+        .iter()
+        .flat_map(|(scope, _, l)| l.windows.iter().map(|w| (*scope, *w)))
+        .collect();
+    // No window accepts more debt than this (`algorithm::debt_ceiling`).
+    let ceiling = windows
+        .iter()
+        .map(|(_, w)| alg::debt_ceiling(w))
+        .max()
+        .unwrap();
     let mut rng = Rng(seed);
     let mut pending: Vec<(u64, u32)> = Vec::new();
     let mut stats = SettleStats::default();
@@ -575,14 +591,18 @@ async fn settle_replay(
         // Settle some earlier requests: at once, soon or late, in any order.
         while !pending.is_empty() && rng.below(3) == 0 {
             let (at, cost) = pending.swap_remove(rng.below(pending.len() as u64) as usize);
-            // Half refunds (true cost 0 to cost - 1), half debts (up to 3x the cost + 2).
+            // Half refunds (true cost 0 to cost - 1), half debts (up to 3x the cost + 2;
+            // 1 in `huge_every` of them past every window's bound).
             let c = u64::from(cost);
             let truth = if rng.below(2) == 0 {
                 rng.below(c)
+            } else if huge_every > 0 && rng.below(huge_every) == 0 {
+                [999_999_999, c + ceiling + rng.below(3)][rng.below(2) as usize]
             } else {
                 c + 1 + rng.below(2 * c + 2)
             } as i64;
             let delta = truth - i64::from(cost);
+            stats.capped += usize::from(delta.unsigned_abs() > ceiling);
             let check = make(cost);
             memory.settle_at(&check, delta, at, now);
             let cmd = wire::settle_command(
@@ -617,6 +637,19 @@ async fn settle_replay(
             }
         } else {
             stats.rejected += 1;
+            // In debt by at most the limit: used + debt + cost <= capacity + limit + cost.
+            let g = m.governing.unwrap();
+            let (_, w) = windows
+                .iter()
+                .find(|(scope, w)| *scope == g.scope && w.window == g.window)
+                .unwrap();
+            let most = u64::from(w.capacity) + u64::from(w.limit) + u64::from(cost);
+            assert!(
+                g.decision.current <= most,
+                "step {i}: {:?} {:?} in debt past its limit: {g:?}",
+                w.algorithm,
+                w.window
+            );
         }
     }
     if std::env::var_os("LEASE_STATS").is_some() {
@@ -626,6 +659,7 @@ async fn settle_replay(
         stats.allowed > steps / 10
             && stats.rejected > steps / 10
             && stats.debts > steps / 40
+            && (huge_every == 0 || stats.capped > steps / 40)
             && stats.refunds > steps / 40,
         "{prefix}: sequence too one-sided: {stats:?}"
     );
@@ -673,15 +707,17 @@ async fn rust_and_lua_agree_on_settles_per_algorithm() {
             400,
             step,
             1_764_000_000_123,
+            0,
         )
         .await;
     }
 }
 
-/// Settles on calendar months with reset offsets, and on layered checks (several scopes
-/// and windows, mixed algorithms): Rust and Lua agree.
+/// Debts far beyond every window's bound (`x-usage-tokens: 999999999`, or just past the
+/// bound), every algorithm, on a short and a long window, the bursty and large ones
+/// too: Rust and Lua cut them alike, and no window shows more than its limit in debt.
 #[tokio::test(flavor = "multi_thread")]
-async fn rust_and_lua_agree_on_layered_and_monthly_settles() {
+async fn rust_and_lua_agree_on_capped_debts() {
     let redis = RedisServer::start().await;
     let mut conn = redis.client().await;
     let _: String = redis::cmd("SCRIPT")
@@ -690,6 +726,40 @@ async fn rust_and_lua_agree_on_layered_and_monthly_settles() {
         .query_async(&mut conn)
         .await
         .unwrap();
+    let cases = [
+        (Algorithm::TokenBucket, Window::Second, 5, 1.5),
+        (Algorithm::TokenBucket, Window::Minute, 5, 1.0),
+        (Algorithm::TokenBucket, Window::Second, 3_000, 2.0),
+        (Algorithm::SlidingWindow, Window::Second, 6, 1.0),
+        (Algorithm::SlidingWindow, Window::Minute, 20, 1.0),
+        (Algorithm::FixedWindow, Window::Second, 5, 1.0),
+        (Algorithm::FixedWindow, Window::Minute, 20, 1.0),
+        (Algorithm::SlidingLog, Window::Second, 5, 1.0),
+        (Algorithm::SlidingLog, Window::Minute, 15, 1.0),
+        (Algorithm::LeakyBucket, Window::Second, 4, 1.0),
+        (Algorithm::LeakyBucket, Window::Minute, 30, 1.0),
+    ];
+    for (n, (alg, window, limit, burst)) in cases.into_iter().enumerate() {
+        let l = limits(vec![
+            WindowLimit::with_algorithm(window, limit, alg).with_burst(burst)
+        ]);
+        // A few steps per period: a capped debt is paid off within a few.
+        let step = window.period_ms() / 2;
+        let scopes = [(Scope::Ip, Ident::Ip("198.51.100.1".parse().unwrap()), l)];
+        settle_replay(
+            &redis,
+            &mut conn,
+            &format!("c{n}"),
+            &scopes,
+            0xCA99ED + n as u64,
+            400,
+            step,
+            1_764_000_000_123,
+            3,
+        )
+        .await;
+    }
+    // Calendar months with reset offsets (steps of up to 20 days), and layered checks.
     for (n, alg) in [Algorithm::FixedWindow, Algorithm::SlidingWindow]
         .into_iter()
         .enumerate()
@@ -701,16 +771,33 @@ async fn rust_and_lua_agree_on_layered_and_monthly_settles() {
         settle_replay(
             &redis,
             &mut conn,
-            &format!("sm{n}"),
+            &format!("cm{n}"),
             &scopes,
-            177 + n as u64,
+            0xCA77 + n as u64,
             400,
-            24 * 3_600_000,
+            20 * 86_400_000,
             1_767_000_000_000,
+            3,
         )
         .await;
     }
-    let scopes = [
+    settle_replay(
+        &redis,
+        &mut conn,
+        "cl",
+        &layered_settle_scopes(),
+        0xCA11,
+        600,
+        20_000,
+        1_764_000_000_000,
+        3,
+    )
+    .await;
+}
+
+/// The layered settle case: several scopes and windows, mixed algorithms.
+fn layered_settle_scopes() -> [(Scope, Ident, ScopeLimits); 4] {
+    [
         (
             Scope::Ip,
             Ident::Ip("2001:db8::7".parse().unwrap()),
@@ -745,7 +832,43 @@ async fn rust_and_lua_agree_on_layered_and_monthly_settles() {
                 Algorithm::FixedWindow,
             )]),
         ),
-    ];
+    ]
+}
+
+/// Settles on calendar months with reset offsets, and on layered checks (several scopes
+/// and windows, mixed algorithms): Rust and Lua agree.
+#[tokio::test(flavor = "multi_thread")]
+async fn rust_and_lua_agree_on_layered_and_monthly_settles() {
+    let redis = RedisServer::start().await;
+    let mut conn = redis.client().await;
+    let _: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(CHECK_LUA)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    for (n, alg) in [Algorithm::FixedWindow, Algorithm::SlidingWindow]
+        .into_iter()
+        .enumerate()
+    {
+        let l = limits(vec![
+            WindowLimit::with_algorithm(Window::Month, 30, alg).with_jitter_ms(5 * 86_400_000)
+        ]);
+        let scopes = [(Scope::Tenant, Ident::Name("acme".into()), l)];
+        settle_replay(
+            &redis,
+            &mut conn,
+            &format!("sm{n}"),
+            &scopes,
+            177 + n as u64,
+            400,
+            24 * 3_600_000,
+            1_767_000_000_000,
+            0,
+        )
+        .await;
+    }
+    let scopes = layered_settle_scopes();
     settle_replay(
         &redis,
         &mut conn,
@@ -755,6 +878,7 @@ async fn rust_and_lua_agree_on_layered_and_monthly_settles() {
         600,
         1_000,
         1_764_000_000_000,
+        0,
     )
     .await;
 }

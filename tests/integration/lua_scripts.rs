@@ -416,8 +416,9 @@ async fn sliding_log_members_stay_unique() {
 }
 
 /// Settles write keys with TTLs (a debt's key lives until it is paid off), a token
-/// bucket in debt is an empty bucket at a future time, and a sliding log's refund keeps
-/// one member per request.
+/// bucket in debt is an empty bucket at a future time (at most the limit below empty), and
+/// a sliding log's debt member is cut to twice the limit and its refund keeps one member
+/// per request.
 #[tokio::test(flavor = "multi_thread")]
 async fn settled_keys_keep_ttls() {
     let redis = RedisServer::start().await;
@@ -478,15 +479,15 @@ async fn settled_keys_keep_ttls() {
         }
         match alg {
             Algorithm::TokenBucket => {
-                // 6.1 left at T + 10 - 30: 23.9 owed, paid off at T + 2 400. The refund at
-                // T + 20 (true cost 1: 3 back; 20 ms of refill is below 1 token): 20.8
-                // owed, paid off at T + 2 100.
+                // 6.1 left at T + 10 - 30: cut to 10 owed (the limit), paid off at
+                // T + 1 010. The refund at T + 20 (true cost 1: 3 back; 20 ms of refill is
+                // below 1 token): 6.9 owed, paid off at T + 710.
                 let v: String = redis::cmd("GET")
                     .arg(&key)
                     .query_async(&mut c)
                     .await
                     .unwrap();
-                assert_eq!(v, format!("0:{}", T + 2_100));
+                assert_eq!(v, format!("0:{}", T + 710));
             }
             Algorithm::SlidingLog => {
                 let members: Vec<String> = redis::cmd("ZRANGE")
@@ -496,7 +497,8 @@ async fn settled_keys_keep_ttls() {
                     .query_async(&mut c)
                     .await
                     .unwrap();
-                assert_eq!(members, [format!("{T}:4:1"), format!("{}:34:30", T + 10)]);
+                // The debt entry is cut to 16: 4 + 16 = 20, twice the limit.
+                assert_eq!(members, [format!("{T}:4:1"), format!("{}:20:16", T + 10)]);
             }
             _ => {}
         }

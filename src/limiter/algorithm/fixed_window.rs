@@ -10,11 +10,11 @@
 //! `give_back` subtracts unused tokens while that window lasts; after it, nothing (its
 //! tokens went with it).
 //!
-//! Settling: a debt is added to the window current at the settle (past the limit if need
-//! be: rejected until the window ends); a refund comes off the window the request was
-//! charged in, only while it is current. See `settle`.
+//! Settling: a debt is added to the window current at the settle, past the limit if need
+//! be but to at most 2 x limit (rejected until the window ends); a refund comes off the
+//! window the request was charged in, only while it is current. See `settle`.
 
-use super::{add_debt, bounds, to_u32, Lease, Settle};
+use super::{add_debt, bounds, counter_top, to_u32, Lease, Settle};
 use crate::limiter::decision::Decision;
 use crate::limiter::policy::WindowLimit;
 
@@ -102,28 +102,33 @@ pub fn give_back(c: &mut Counter, k: u64, tag1: u64) {
     }
 }
 
-/// Settles a request at `now`.
+/// Settles a request at `now`; answers the debt accepted (0 for a refund).
 ///
 /// Debt: added to the current window's count (a replay charges it there too), past the
-/// limit if need be: `step` rejects until the window ends, `remaining` never underflows.
+/// limit if need be but to at most 2 x limit (`counter_top`: in debt by at most the
+/// limit; a count already above stays): `step` rejects until the window ends, at the
+/// latest one window length after the settlement, and `remaining` never underflows.
 ///
 /// Refund: the request was charged in the window containing its `at`. While that window
 /// is current, the replay's count is this count less the refund, so giving it back is
 /// exact. Once it is over, no later window holds the request's charge: nothing.
-pub fn settle(c: &mut Counter, limit: &WindowLimit, now: u64, offset: u64, s: Settle) {
+pub fn settle(c: &mut Counter, limit: &WindowLimit, now: u64, offset: u64, s: Settle) -> u64 {
     let (start, _) = bounds(limit.window, now, offset);
     let count = if c.start == start { c.count } else { 0 };
     match s {
         Settle::Debt(d) => {
+            let raised = add_debt(u64::from(count), d, counter_top(limit));
             *c = Counter {
                 start,
-                count: add_debt(count, d, limit),
-            }
+                count: to_u32(raised),
+            };
+            raised - u64::from(count)
         }
         Settle::Refund { back, at, .. } => {
             if c.start == start && bounds(limit.window, at, offset).0 == start {
                 c.count = count.saturating_sub(to_u32(back));
             }
+            0
         }
     }
 }
@@ -287,11 +292,107 @@ mod tests {
         // Settled in a later window: charged to the window current then.
         alg::settle(&mut s, &l, 125_000, 0, 4, 3, 60_500);
         assert_eq!(count(&s), (120_000, 3));
-        // u32 counts saturate (a debt beyond max_debt is forgiven).
-        alg::settle(&mut s, &l, 125_000, 0, 1, i64::MAX, 125_000);
-        alg::settle(&mut s, &l, 125_000, 0, 1, i64::MAX, 125_000);
-        assert_eq!(count(&s), (120_000, u32::MAX));
+        // A huge debt stops at 2 x limit, and another adds nothing.
+        assert_eq!(
+            alg::settle(&mut s, &l, 125_000, 0, 1, i64::MAX, 125_000),
+            17
+        );
+        assert_eq!(alg::settle(&mut s, &l, 125_000, 0, 1, i64::MAX, 125_000), 0);
+        assert_eq!(count(&s), (120_000, 20));
         assert_eq!(assert_exact_at(&s, &l, 125_000, 1).retry_after_ms, 55_000);
+    }
+
+    /// A settlement leaves the count at most 2 x limit (in debt by at most the limit),
+    /// whatever the debt: the window admits again at its end, within one window length.
+    /// `per_minute = 5` after `x-usage-tokens: 999999999`: a count of 10 (it was about
+    /// 10^9), admitted again at the next minute.
+    #[test]
+    fn debt_is_bounded_by_the_limit() {
+        let day = 86_400_000u64;
+        let feb = days_from_civil(2026, 2, 1) as u64 * day;
+        let mar = days_from_civil(2026, 3, 1) as u64 * day;
+        // (window, limit, offset, admitted (and settled) at, reserved cost, delta,
+        // accepted, then for a unit request: current, retry_after)
+        type Row = (Window, u32, u64, u64, u32, i64, u64, u64, u64);
+        let rows: [Row; 5] = [
+            (Window::Minute, 5, 0, 61_000, 1, 999_999_999, 9, 11, 59_000),
+            (
+                Window::Second,
+                1000,
+                0,
+                1_500,
+                500,
+                999_999_999,
+                1_500,
+                2_001,
+                500,
+            ),
+            (
+                Window::Month,
+                30,
+                0,
+                feb + 5,
+                10,
+                i64::MAX,
+                50,
+                61,
+                mar - feb - 5,
+            ),
+            (
+                Window::Day,
+                10,
+                1_000,
+                day + 1_010,
+                1,
+                100,
+                19,
+                21,
+                day - 10,
+            ),
+            // Within the bound: all of it.
+            (Window::Minute, 10, 0, 61_000, 4, 10, 10, 15, 59_000),
+        ];
+        for (i, (window, limit, offset, at, cost, delta, accepted, current, retry)) in
+            rows.into_iter().enumerate()
+        {
+            let l = lim(window, limit).with_jitter_ms(offset + 1);
+            let mut s = State::initial(Algorithm::FixedWindow);
+            assert!(
+                alg::step(&mut s, &l, at, offset, cost, true).allowed,
+                "row {i}"
+            );
+            assert_eq!(
+                alg::settle(&mut s, &l, at, offset, cost, delta, at),
+                accepted,
+                "row {i}"
+            );
+            let d = alg::step(&mut s.clone(), &l, at, offset, 1, false);
+            assert_eq!(
+                (d.allowed, d.current, d.retry_after_ms),
+                (false, current, retry),
+                "row {i}: {d:?}"
+            );
+            let end = at + retry;
+            assert!(alg::step(&mut s.clone(), &l, end, offset, 1, false).allowed);
+            assert!(!alg::step(&mut s.clone(), &l, end - 1, offset, 1, false).allowed);
+            // Stacked: a count at its bound takes no more.
+            let more = alg::settle(&mut s, &l, at, offset, cost, delta, at);
+            let left = if accepted < delta.unsigned_abs() {
+                0
+            } else {
+                6
+            };
+            assert_eq!(more, left, "row {i}");
+            assert_eq!(count(&s).1, 2 * limit, "row {i}");
+        }
+        // A count already above (a state from before the bound) is not lowered.
+        let l = lim(Window::Minute, 10);
+        let mut s = State::FixedWindow(Counter {
+            start: 60_000,
+            count: 500,
+        });
+        assert_eq!(alg::settle(&mut s, &l, 61_000, 0, 1, 5, 61_000), 0);
+        assert_eq!(count(&s), (60_000, 500));
     }
 
     /// A refund restores exactly the replay while the request's window is current;

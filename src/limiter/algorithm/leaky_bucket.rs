@@ -10,11 +10,11 @@
 //! lease's tokens then come on top of an empty meter's full allowance). `give_back`
 //! takes unused tokens out and releases them from the hold while it lasts; later, nothing.
 //!
-//! Settling: a debt pours more in, above the limit if need be (`step` then rejects until
-//! the meter has drained to `limit - cost`, exactly); a refund takes out what
-//! `refund_units` allows, never below the hold. See `settle`.
+//! Settling: a debt pours more in, above the limit if need be but to at most capacity +
+//! limit (`step` then rejects until the meter has drained to `limit - cost`, exactly); a
+//! refund takes out what `refund_units` allows, never below the hold. See `settle`.
 
-use super::{div_ceil, hold_end, refund_units, to_u32, Hold, Lease, Settle};
+use super::{add_debt, div_ceil, hold_end, refund_units, to_u32, Hold, Lease, Settle};
 use crate::limiter::decision::Decision;
 use crate::limiter::policy::WindowLimit;
 
@@ -175,27 +175,33 @@ pub fn give_back(
     *hold = h.sub(release);
 }
 
-/// Settles a request on the meter (holding `hold`) at `now`.
+/// Settles a request on the meter (holding `hold`) at `now`; answers the debt accepted
+/// in tokens, rounded up (0 for a refund).
 ///
-/// Debt: the debt is poured in at once, past the limit if need be (never above
-/// `max_debt`). A replay pours the same at the same time: it is never fuller.
+/// Debt: the debt is poured in at once, past the limit if need be, to at most the
+/// capacity plus the limit (`max_debt`: in debt by at most the limit; a level already
+/// above stays). So it drains back to admitting `cost` within `(limit + cost) / rate` of
+/// the settlement.
+/// A replay pours the same at the same time (its own bound stops it at the same level):
+/// it is never fuller.
 ///
 /// Refund: `refund_units` come out (all of it when the request settles before its true
 /// cost's worth of drain; less after, down to nothing once the reserved cost's worth has
 /// drained), never below the hold. Why it never admits more than the replay: see
 /// `refund_units` (the replay's meter may have run empty and wasted drain since).
-pub fn settle(m: &mut Meter, hold: &mut Hold, limit: &WindowLimit, now: u64, s: Settle) {
+pub fn settle(m: &mut Meter, hold: &mut Hold, limit: &WindowLimit, now: u64, s: Settle) -> u64 {
     let period = limit.window.period_ms();
     let rate = u64::from(limit.limit);
     let (level, h, at) = m.level_at(*hold, rate, now);
-    let next = match s {
+    let (next, accepted) = match s {
         Settle::Debt(d) => {
-            let top = super::max_debt(limit).saturating_mul(period);
-            level.max(level.saturating_add(d.saturating_mul(period)).min(top))
+            let top = (u64::from(limit.capacity) + super::max_debt(limit)).saturating_mul(period);
+            let next = add_debt(level, d.saturating_mul(period), top);
+            (next, div_ceil(next - level, period))
         }
         Settle::Refund { back, cost, at } => {
             let units = refund_units(back, cost, at, now, period, rate);
-            level.saturating_sub(units).max(h.units).min(level)
+            (level.saturating_sub(units).max(h.units).min(level), 0)
         }
     };
     *m = Meter {
@@ -203,6 +209,7 @@ pub fn settle(m: &mut Meter, hold: &mut Hold, limit: &WindowLimit, now: u64, s: 
         last: at,
     };
     *hold = h;
+    accepted
 }
 
 #[cfg(test)]
@@ -353,14 +360,80 @@ mod tests {
         let l = lim(Window::Second, 10); // drains 1 token per 100 ms
         let mut s = State::initial(Algorithm::LeakyBucket);
         assert!(alg::step(&mut s, &l, T, 0, 2, true).allowed);
-        alg::settle(&mut s, &l, T, 0, 2, 20, T); // true cost 22
+        assert_eq!(alg::settle(&mut s, &l, T, 0, 2, 15, T), 15); // true cost 17
         let d = assert_exact_at(&s, &l, T, 1);
         assert_eq!(
             (d.retry_after_ms, d.reset_after_ms, d.current),
-            (1_300, 2_200, 23)
+            (800, 1_700, 18)
         );
-        assert_eq!(assert_exact_at(&s, &l, T + 1_000, 4).retry_after_ms, 600);
-        assert_eq!(remaining(&s, &l, T, 11), (false, 0, 2_200));
+        assert_eq!(assert_exact_at(&s, &l, T + 1_000, 4).retry_after_ms, 100);
+        assert_eq!(remaining(&s, &l, T, 11), (false, 0, 1_700));
+    }
+
+    /// A settlement fills the meter to at most capacity + limit, whatever the debt: a
+    /// unit request waits at most `(limit + 1) / rate`, one period and a token's drain.
+    #[test]
+    fn debt_is_bounded_by_the_limit() {
+        // (window, limit, reserved cost admitted at T, delta, accepted, then for a unit
+        // request: current, retry_after, reset_after)
+        type Row = (Window, u32, u32, i64, u64, u64, u64, u64);
+        let rows: [Row; 5] = [
+            (Window::Second, 10, 2, i64::MAX, 18, 21, 1_100, 2_000),
+            (Window::Minute, 5, 1, 999_999_999, 9, 11, 72_000, 120_000),
+            (
+                Window::Second,
+                1000,
+                500,
+                999_999_999,
+                1_500,
+                2_001,
+                1_001,
+                2_000,
+            ),
+            (Window::Hour, 3, 3, 50, 3, 7, 4_800_000, 7_200_000),
+            // Within the bound: all of it.
+            (Window::Second, 10, 2, 15, 15, 18, 800, 1_700),
+        ];
+        for (i, (window, limit, cost, delta, accepted, current, retry, reset)) in
+            rows.into_iter().enumerate()
+        {
+            let l = lim(window, limit);
+            let mut s = State::initial(Algorithm::LeakyBucket);
+            assert!(alg::step(&mut s, &l, T, 0, cost, true).allowed, "row {i}");
+            assert_eq!(
+                alg::settle(&mut s, &l, T, 0, cost, delta, T),
+                accepted,
+                "row {i}"
+            );
+            let d = assert_exact_at(&s, &l, T, 1);
+            assert_eq!(
+                (d.current, d.retry_after_ms, d.reset_after_ms),
+                (current, retry, reset),
+                "row {i}: {d:?}"
+            );
+            let period = window.period_ms();
+            assert!(
+                retry <= period + period.div_ceil(u64::from(limit)),
+                "row {i}"
+            );
+            // Stacked: a meter at its bound takes no more.
+            let before = s.clone();
+            let more = alg::settle(&mut s, &l, T, 0, cost, delta, T);
+            if accepted < delta.unsigned_abs() {
+                assert_eq!((more, &s), (0, &before), "row {i}");
+            } else {
+                assert_eq!(more, 3, "row {i}"); // 17 in: 3 more to 20
+            }
+        }
+        // A meter already fuller (a state from before the bound) is not lowered.
+        let l = lim(Window::Second, 10);
+        let deep = Meter {
+            level: 90_000,
+            last: T,
+        };
+        let mut s = State::LeakyBucket(deep);
+        assert_eq!(alg::settle(&mut s, &l, T, 0, 1, 5, T), 0);
+        assert_eq!(s, State::LeakyBucket(deep));
     }
 
     /// A refund settled soon restores exactly the replay with the true cost; a late one

@@ -10,12 +10,13 @@
 //! a lease's future entry counts from the take on and `retry_after` stays exact.
 //! `give_back` shrinks (or removes) that entry.
 //!
-//! Settling: a debt is a new entry at the settle's time; a refund shrinks the request's
-//! own entry (at its admission time, of its reserved cost). See `settle`.
+//! Settling: a debt is a new entry at the settle's time, cut so the live total stays
+//! within 2 x limit; a refund shrinks the request's own entry (at its admission time, of
+//! its reserved cost). See `settle`.
 
 use std::collections::VecDeque;
 
-use super::{to_u32, Lease, Settle};
+use super::{add_debt, counter_top, to_u32, Lease, Settle};
 use crate::limiter::decision::Decision;
 use crate::limiter::policy::WindowLimit;
 
@@ -156,11 +157,14 @@ pub fn give_back(log: &mut Log, k: u64, tag1: u64, size: u64) {
     log.total -= back;
 }
 
-/// Settles a request at `now`.
+/// Settles a request at `now`; answers the debt accepted (0 for a refund).
 ///
 /// Debt: one entry of the debt at `now` (as a replay's forced charge), past the limit if
-/// need be: `step` rejects until enough of the oldest entries have left the window, and
-/// `retry_after` stays exact (the entries are in time order).
+/// need be but cut so the live total is at most 2 x limit (`counter_top`; none when it
+/// already is: several settlements never stack past it). `step` rejects until enough of
+/// the oldest entries have left the window, and `retry_after` stays exact (the entries
+/// are in time order); every entry in the log at the settlement has left one period
+/// after it (but a lease's, dated at its end).
 ///
 /// Refund: the request's own entry (at its admission time `at`, of its reserved cost)
 /// shrinks by the refund, or goes at 0: the log is then exactly the replay's. Not the
@@ -169,10 +173,15 @@ pub fn give_back(log: &mut Log, k: u64, tag1: u64, size: u64) {
 /// (which still counts the later entry in full). An entry equal in time
 /// and cost is equivalent (Lua picks the first by member name). None (a lease paid for
 /// the request, or it was pruned): nothing.
-pub fn settle(log: &mut Log, limit: &WindowLimit, now: u64, s: Settle) {
+pub fn settle(log: &mut Log, limit: &WindowLimit, now: u64, s: Settle) -> u64 {
     let len = limit.window.period_ms();
     match s {
         Settle::Debt(d) => {
+            let used = log.used(len, now);
+            let entry = add_debt(used, d, counter_top(limit)) - used;
+            if entry == 0 {
+                return 0;
+            }
             while log
                 .entries
                 .front()
@@ -182,7 +191,8 @@ pub fn settle(log: &mut Log, limit: &WindowLimit, now: u64, s: Settle) {
                     log.total -= u64::from(c);
                 }
             }
-            log.insert(now, to_u32(d));
+            log.insert(now, to_u32(entry));
+            entry
         }
         Settle::Refund { back, cost, at } => {
             let from = log.entries.partition_point(|(t, _)| *t < at);
@@ -190,7 +200,7 @@ pub fn settle(log: &mut Log, limit: &WindowLimit, now: u64, s: Settle) {
                 .take_while(|i| log.entries[*i].0 == at)
                 .find(|i| u64::from(log.entries[*i].1) == cost)
             else {
-                return;
+                return 0;
             };
             if back >= cost {
                 log.entries.remove(i);
@@ -198,6 +208,7 @@ pub fn settle(log: &mut Log, limit: &WindowLimit, now: u64, s: Settle) {
                 log.entries[i].1 = to_u32(cost - back);
             }
             log.total -= back;
+            0
         }
     }
 }
@@ -417,6 +428,85 @@ mod tests {
             &mut s,
             &[(2_099, 1, false, 0, 1), (2_100, 5, true, 0, 0)],
         );
+    }
+
+    /// A debt entry is cut so the live total stays within 2 x limit (in debt by at most
+    /// the limit), whatever the debt; several settlements never stack past it. Every
+    /// entry there at the settlement has left one period after it: a unit request waits
+    /// at most one period.
+    #[test]
+    fn debt_is_bounded_by_the_limit() {
+        // (window, limit, admissions (at, cost), settled at, delta, accepted, then for a
+        // unit request: current, retry_after)
+        type Row = (Window, u32, &'static [(u64, u32)], u64, i64, u64, u64, u64);
+        let rows: [Row; 4] = [
+            (
+                Window::Second,
+                5,
+                &[(1_000, 1)],
+                1_100,
+                i64::MAX,
+                9,
+                11,
+                1_000,
+            ),
+            (
+                Window::Minute,
+                5,
+                &[(61_000, 1)],
+                61_000,
+                999_999_999,
+                9,
+                11,
+                60_000,
+            ),
+            (
+                Window::Second,
+                10,
+                &[(1_000, 4), (1_500, 4)],
+                1_600,
+                999,
+                12,
+                21,
+                1_000,
+            ),
+            // Within the bound: all of it.
+            (Window::Second, 5, &[(1_000, 1)], 1_100, 7, 7, 9, 1_000),
+        ];
+        for (i, (window, limit, admitted, at, delta, accepted, current, retry)) in
+            rows.into_iter().enumerate()
+        {
+            let l = lim(window, limit);
+            let mut s = State::initial(Algorithm::SlidingLog);
+            for &(t, c) in admitted {
+                assert!(alg::step(&mut s, &l, t, 0, c, true).allowed, "row {i}");
+            }
+            assert_eq!(
+                alg::settle(&mut s, &l, at, 0, 1, delta, at),
+                accepted,
+                "row {i}"
+            );
+            assert_eq!(entries(&s).last(), Some(&(at, accepted as u32)), "row {i}");
+            let d = assert_exact_at(&s, &l, at, 1);
+            assert_eq!(
+                (d.current, d.retry_after_ms),
+                (current, retry),
+                "row {i}: {d:?}"
+            );
+            assert!(retry <= window.period_ms(), "row {i}");
+        }
+        // Stacked: a log at its bound takes no more; once entries leave, a new debt fills
+        // it up to the bound again, no further.
+        let l = lim(Window::Second, 10);
+        let mut s = State::initial(Algorithm::SlidingLog);
+        assert!(alg::step(&mut s, &l, 1_000, 0, 4, true).allowed);
+        assert!(alg::step(&mut s, &l, 1_500, 0, 4, true).allowed);
+        assert_eq!(alg::settle(&mut s, &l, 1_600, 0, 4, 999, 1_000), 12);
+        assert_eq!(alg::settle(&mut s, &l, 1_700, 0, 4, 999, 1_000), 0);
+        assert_eq!(alg::settle(&mut s, &l, 2_000, 0, 4, 999, 1_000), 4);
+        assert_eq!(entries(&s), [(1_500, 4), (1_600, 12), (2_000, 4)]);
+        let d = assert_exact_at(&s, &l, 2_000, 1);
+        assert_eq!((d.current, d.retry_after_ms), (21, 600));
     }
 
     /// A refund shrinks the request's own entry, not the newest: the log is then the

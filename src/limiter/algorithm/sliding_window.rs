@@ -15,10 +15,11 @@
 //! `curr` while the state is still that window's, `prev` once it moved to the next one,
 //! nothing later (the weight of that window is gone).
 //!
-//! Settling: a debt is added to the current window's count; a refund comes off the
-//! count of the window the request was charged in (`curr` or `prev`). See `settle`.
+//! Settling: a debt is added to the current window's count, to at most a weighted count
+//! of 2 x limit; a refund comes off the count of the window the request was charged in
+//! (`curr` or `prev`). See `settle`.
 
-use super::{add_debt, bounds, div_ceil, to_u32, Lease, Settle};
+use super::{add_debt, bounds, counter_top, div_ceil, to_u32, Lease, Settle};
 use crate::limiter::decision::Decision;
 use crate::limiter::policy::WindowLimit;
 
@@ -48,7 +49,8 @@ pub fn step(
     let weighted = u64::from(prev).saturating_mul(end - now);
     let lim = u64::from(limit.limit);
     let after = weighted.saturating_add((u64::from(curr) + u64::from(cost)).saturating_mul(len));
-    let current = div_ceil(after, len);
+    // div_ceil(after, len), in terms that stay exact in a Lua double after a debt.
+    let current = u64::from(curr) + u64::from(cost) + div_ceil(weighted, len);
     let (_, next_end) = bounds(limit.window, end, offset);
     if after <= lim.saturating_mul(len) {
         if commit {
@@ -156,46 +158,63 @@ pub fn give_back(c: &mut Counters, limit: &WindowLimit, offset: u64, k: u64, tag
     }
 }
 
-/// Settles a request at `now`.
+/// Settles a request at `now`; answers the debt accepted (0 for a refund).
 ///
 /// Debt: added to the current window's count (a replay charges it there too), past the
-/// limit if need be; `step` then rejects until the weighted count has room again (in
-/// this window or the next, exactly), with no underflow.
+/// limit if need be but bounded: the weighted count the next request sees,
+/// `prev x (end - now) / len + curr`, is at most 2 x limit (`curr` is capped at
+/// `(2 x limit x len - prev x (end - now)) / len`, rounded down, and at `u32::MAX`; a
+/// `curr` already above stays). `step` then rejects until the weighted count has room again (in this window
+/// or the next, exactly), with no underflow. The bound on the wait: the weight of the
+/// previous window only fades, so the count stays within 2 x limit; in the next window
+/// `curr` (at most 2 x limit) weighs `2 x limit x (next end - t) / len`, which leaves
+/// room for a unit request from `next end - (limit - 1) x len / (2 x limit)` on. From a
+/// settlement at the start of a window that is `len x (1.5 + 1 / (2 x limit))`: 1.5
+/// window lengths and a bit (2 for a limit of 1), the worst case; later in the window,
+/// less.
 ///
 /// Refund: the request was charged in the window containing its `at`: if that is the
 /// current window, `curr` gives it back; if the previous one, `prev` (whose weight is
 /// fading); older, nothing (it no longer counts). The replay's count of that window is
 /// ours less the refund and the estimate grows with both counts, so the state never
 /// admits more than the replay.
-pub fn settle(c: &mut Counters, limit: &WindowLimit, now: u64, offset: u64, s: Settle) {
-    let (start, _) = bounds(limit.window, now, offset);
+pub fn settle(c: &mut Counters, limit: &WindowLimit, now: u64, offset: u64, s: Settle) -> u64 {
+    let (start, end) = bounds(limit.window, now, offset);
     let (prev, curr) = counts(c, limit, start, offset);
-    *c = match s {
-        Settle::Debt(d) => Counters {
-            start,
-            prev,
-            curr: add_debt(curr, d, limit),
-        },
+    match s {
+        Settle::Debt(d) => {
+            let len = end - start;
+            let top = counter_top(limit)
+                .saturating_mul(len)
+                .saturating_sub(u64::from(prev).saturating_mul(end - now))
+                / len;
+            let raised = add_debt(u64::from(curr), d, top.min(u64::from(u32::MAX)));
+            *c = Counters {
+                start,
+                prev,
+                curr: to_u32(raised),
+            };
+            raised - u64::from(curr)
+        }
         Settle::Refund { back, at, .. } => {
             let charged = bounds(limit.window, at, offset).0;
             let back = to_u32(back);
             if charged == start {
-                Counters {
+                *c = Counters {
                     start,
                     prev,
                     curr: curr.saturating_sub(back),
-                }
+                };
             } else if start > 0 && charged == bounds(limit.window, start - 1, offset).0 {
-                Counters {
+                *c = Counters {
                     start,
                     prev: prev.saturating_sub(back),
                     curr,
-                }
-            } else {
-                return;
+                };
             }
+            0
         }
-    };
+    }
 }
 
 #[cfg(test)]
@@ -347,9 +366,133 @@ mod tests {
         // 17 x (180 000 - t) / 60 000 + 1 <= 10 from t = 148 236 on.
         assert_eq!(assert_exact_at(&s, &l, 100_000, 1).retry_after_ms, 48_236);
         assert_eq!(assert_exact_at(&s, &l, 130_000, 1).retry_after_ms, 18_236);
-        // Many windows' worth: the window after next.
-        alg::settle(&mut s, &l, 100_000, 0, 1, 1_000_000, 100_000);
-        assert_eq!(assert_exact_at(&s, &l, 100_000, 1).retry_after_ms, 80_000);
+        // Many windows' worth: cut to a count of 20 (2 x limit); 20 x (180 000 - t) /
+        // 60 000 + 1 <= 10 from t = 153 000 on.
+        assert_eq!(
+            alg::settle(&mut s, &l, 100_000, 0, 1, 1_000_000, 100_000),
+            3
+        );
+        assert_eq!(counters(&s), (60_000, 0, 20));
+        assert_eq!(assert_exact_at(&s, &l, 100_000, 1).retry_after_ms, 53_000);
+    }
+
+    /// A settlement leaves the weighted count the next request sees, `prev x (end -
+    /// now) / len + curr`, at most 2 x limit, whatever the debt (`curr` is capped). The
+    /// settled window's count then weighs into the next window: a unit request waits at
+    /// most `len x (1.5 + 1 / (2 x limit))`, from a settlement at a window's start (the
+    /// worst case; 2 window lengths for a limit of 1), less from later in the window.
+    #[test]
+    fn debt_is_bounded_by_the_limit() {
+        // (window, limit, (previous window's admission at, cost), admitted and settled at,
+        // reserved cost, delta, accepted, curr after, then for a unit request: current,
+        // retry_after)
+        type Row = (
+            Window,
+            u32,
+            Option<(u64, u32)>,
+            u64,
+            u32,
+            i64,
+            u64,
+            u32,
+            u64,
+            u64,
+        );
+        let rows: [Row; 5] = [
+            // At the start of a window: the worst case, 1.55 minutes.
+            (
+                Window::Minute,
+                10,
+                None,
+                60_000,
+                1,
+                i64::MAX,
+                19,
+                20,
+                21,
+                93_000,
+            ),
+            (
+                Window::Minute,
+                1,
+                None,
+                60_000,
+                1,
+                999_999_999,
+                1,
+                2,
+                3,
+                120_000,
+            ),
+            // Half way, the previous window's 10 weigh 5: curr is cut to 15.
+            (
+                Window::Minute,
+                10,
+                Some((59_000, 10)),
+                90_000,
+                1,
+                999,
+                14,
+                15,
+                21,
+                54_000,
+            ),
+            (
+                Window::Second,
+                1000,
+                None,
+                1_000,
+                500,
+                999_999_999,
+                1_500,
+                2_000,
+                2_001,
+                1_501,
+            ),
+            // Within the bound: all of it.
+            (Window::Minute, 10, None, 100_000, 2, 15, 15, 17, 18, 48_236),
+        ];
+        for (i, (window, limit, prev, at, cost, delta, accepted, curr, current, retry)) in
+            rows.into_iter().enumerate()
+        {
+            let l = lim(window, limit);
+            let mut s = State::initial(Algorithm::SlidingWindow);
+            if let Some((t, c)) = prev {
+                assert!(alg::step(&mut s, &l, t, 0, c, true).allowed, "row {i}");
+            }
+            assert!(alg::step(&mut s, &l, at, 0, cost, true).allowed, "row {i}");
+            assert_eq!(
+                alg::settle(&mut s, &l, at, 0, cost, delta, at),
+                accepted,
+                "row {i}"
+            );
+            assert_eq!(counters(&s).2, curr, "row {i}");
+            let d = assert_exact_at(&s, &l, at, 1);
+            assert_eq!(
+                (d.current, d.retry_after_ms),
+                (current, retry),
+                "row {i}: {d:?}"
+            );
+            let (len, lim2) = (window.period_ms(), 2 * u64::from(limit));
+            assert!(
+                retry <= (len * (3 * lim2 / 2 + 1)).div_ceil(lim2),
+                "row {i}"
+            );
+            // Stacked: at its bound the window takes no more.
+            let more = alg::settle(&mut s, &l, at, 0, cost, delta, at);
+            if accepted < delta.unsigned_abs() {
+                assert_eq!(more, 0, "row {i}");
+            }
+        }
+        // Counts already above (a state from before the bound) are not lowered.
+        let l = lim(Window::Minute, 10);
+        let mut s = State::SlidingWindow(Counters {
+            start: 60_000,
+            prev: 0,
+            curr: 500,
+        });
+        assert_eq!(alg::settle(&mut s, &l, 61_000, 0, 1, 5, 61_000), 0);
+        assert_eq!(counters(&s), (60_000, 0, 500));
     }
 
     /// A refund comes off the count of the window the request was charged in: curr in

@@ -12,13 +12,16 @@
 //! lease's tokens then come on top of a full bucket). `give_back` returns unused tokens
 //! to the level and releases them from the hold while the hold lasts; later, nothing.
 //!
-//! Settling: a debt may take the bucket below empty. Levels are unsigned, so a negative
+//! Settling: a debt may take the bucket below empty, to at most `limit` tokens below
+//! (the capacity may be larger: `burst_multiplier`). Levels are unsigned, so a negative
 //! level `-x` at `now` is kept as an empty bucket at `last = now + ceil(x / rate)` in
-//! the future (rounded up: at most a millisecond's refill more is charged). There is no
-//! refill before `last`, so no request is admitted until then, and `retry_after` and
-//! `reset_after` count the wait from `now` to `last`. A refund raises the level by what
-//! `refund_units` allows (the replay may have been full and wasted refill since the
-//! request), at most to the capacity less any hold; see `settle`.
+//! the future (rounded up: at most a millisecond's refill more is charged), at most one
+//! period ahead. There is no refill before `last`, so no request is admitted until then,
+//! `retry_after` and `reset_after` count the wait from `now` to `last`, and `current`
+//! counts the debt: a bucket owing `D` tokens answers `capacity + D + cost`
+//! (`used_tokens`). A refund raises the level by what `refund_units` allows (the replay
+//! may have been full and wasted refill since the request), at most to the capacity
+//! less any hold; see `settle`.
 
 use super::{div_ceil, hold_end, refund_units, to_u32, Hold, Lease, Settle};
 use crate::limiter::decision::Decision;
@@ -97,6 +100,20 @@ impl Bucket {
     }
 }
 
+/// The tokens a bucket of `capacity` has used at a decision: `level` units at `last`,
+/// `owed` units of refill still to come before `last` (a debt: `(last - now) x rate`).
+/// Counted up to a whole token (a partial token used counts as used), so a bucket `x`
+/// units below empty has used `capacity + ceil(x / period)`. `lua/token_bucket.lua`
+/// `tb_used` is the twin.
+fn used_tokens(capacity: u32, level: u64, owed: u64, period: u64) -> u64 {
+    let capacity = u64::from(capacity);
+    if level >= owed {
+        capacity.saturating_sub((level - owed) / period)
+    } else {
+        capacity.saturating_add(div_ceil(owed - level, period))
+    }
+}
+
 /// Ms from `now` until a bucket at `level` (with `hold`) holds `target` (<= cap) units.
 fn time_to(level: u64, hold: Hold, rate: u64, cap: u64, now: u64, target: u64) -> u64 {
     if level >= target {
@@ -128,8 +145,8 @@ pub fn step(
     // A bucket in debt is empty until `at` (in the future): no refill before it.
     let wait = at - now;
     let need = u64::from(cost).saturating_mul(period);
-    let used_tokens = u64::from(limit.capacity) - level / period;
-    let current = used_tokens + u64::from(cost);
+    let current = used_tokens(limit.capacity, level, wait.saturating_mul(rate), period)
+        .saturating_add(u64::from(cost));
     if level >= need {
         let left = level - need;
         if commit {
@@ -227,44 +244,51 @@ pub fn give_back(
     *hold = h.sub(release);
 }
 
-/// Settles a request on the bucket (holding `hold`) at `now`.
+/// Settles a request on the bucket (holding `hold`) at `now`; answers the debt accepted
+/// in tokens, rounded up (0 for a refund).
 ///
 /// Debt: the level drops by the debt, below 0 if need be (an empty bucket until the
-/// debt is paid off, see the module docs), never below `-max_debt`. A replay charges the
-/// same debt at the same time: it stays at least as full as this bucket.
+/// debt is paid off, see the module docs), never below `-limit` tokens (`max_debt`: in
+/// debt by at most the limit, whatever the capacity; a bucket already below stays). So
+/// it is empty for at most one period (plus the ms rounding) and admits `cost` within
+/// `(limit + cost) / rate` of the settlement. A replay charges the same debt at the same
+/// time (its own bound stops it at the same level): it stays at least as full.
 ///
 /// Refund: the level rises by `refund_units` (all of it when the request settles
 /// before its true cost's worth of refill; less after, down to nothing once the
 /// reserved cost's worth has refilled), at most to the capacity less the hold. Why it
 /// never admits more than the replay: see `refund_units`. A bucket in debt pays it off
 /// first (the signed level).
-pub fn settle(b: &mut Bucket, hold: &mut Hold, limit: &WindowLimit, now: u64, s: Settle) {
+pub fn settle(b: &mut Bucket, hold: &mut Hold, limit: &WindowLimit, now: u64, s: Settle) -> u64 {
     if b.last == u64::MAX && matches!(s, Settle::Refund { .. }) {
-        return; // a full bucket: nothing to give back to
+        return 0; // a full bucket: nothing to give back to
     }
     let period = limit.window.period_ms();
     let rate = u64::from(limit.limit);
     let cap = u64::from(limit.capacity).saturating_mul(period);
     let (level, h) = b.signed_level(*hold, rate, cap, now);
-    let next = match s {
+    let (next, accepted) = match s {
         Settle::Debt(d) => {
             let floor = -i128::from(super::max_debt(limit).saturating_mul(period));
             if level <= floor {
-                return;
+                return 0;
             }
-            (level - i128::from(d.saturating_mul(period))).max(floor)
+            let units = i128::from(d.saturating_mul(period)).min(level - floor);
+            let tokens = div_ceil(u64::try_from(units).unwrap_or(u64::MAX), period);
+            (level - units, tokens)
         }
         Settle::Refund { back, cost, at } => {
             let units = refund_units(back, cost, at, now, period, rate);
             let top = i128::from(cap.saturating_sub(h.units));
             if units == 0 || level >= top {
-                return;
+                return 0;
             }
-            (level + i128::from(units)).min(top)
+            ((level + i128::from(units)).min(top), 0)
         }
     };
     *b = Bucket::from_signed(next, rate, now);
     *hold = h;
+    accepted
 }
 
 #[cfg(test)]
@@ -471,41 +495,196 @@ mod tests {
         let l = lim(Window::Second, 10, 1.0); // 1 token per 100 ms
         let mut s = State::initial(Algorithm::TokenBucket);
         assert!(alg::step(&mut s, &l, T, 0, 2, true).allowed);
-        // True cost 22: 8 left - 20 = 12 tokens owed, paid off at T + 1 200.
-        alg::settle(&mut s, &l, T, 0, 2, 20, T);
+        // True cost 18: 8 left - 16 = 8 tokens owed (within the limit), paid off at
+        // T + 800.
+        assert_eq!(alg::settle(&mut s, &l, T, 0, 2, 16, T), 16);
         assert_eq!(
             s,
             State::TokenBucket(Bucket {
                 level: 0,
-                last: T + 1_200
+                last: T + 800
             })
         );
         let d = assert_exact_at(&s, &l, T, 1);
-        assert_eq!((d.retry_after_ms, d.reset_after_ms), (1_300, 2_200));
-        assert_eq!(assert_exact_at(&s, &l, T + 1_250, 3).retry_after_ms, 250);
+        assert_eq!((d.retry_after_ms, d.reset_after_ms), (900, 1_800));
+        assert_eq!(assert_exact_at(&s, &l, T + 850, 3).retry_after_ms, 250);
         // Never admissible (above capacity): the next full bucket.
-        assert_eq!(remaining(&s, &l, T, 11), (false, 0, 2_200));
+        assert_eq!(remaining(&s, &l, T, 11), (false, 0, 1_800));
         // A refund while in debt pays part of it off: an admitted-at-once refund of 2
         // (true cost 0) 100 ms later gives back 2 tokens less the 1 refilled since.
-        alg::settle(&mut s, &l, T + 100, 0, 2, -2, T);
+        assert_eq!(alg::settle(&mut s, &l, T + 100, 0, 2, -2, T), 0);
         assert_eq!(
             s,
             State::TokenBucket(Bucket {
                 level: 0,
-                last: T + 1_100
+                last: T + 700
             })
         );
-        // A debt beyond max_debt is forgiven (the bucket stays exact in Lua).
+    }
+
+    /// A settlement leaves the bucket at most `limit` tokens below empty, whatever the
+    /// debt and the capacity: empty for at most one period, then a unit request waits
+    /// for a token's refill, `(limit + 1) / rate` in all. One `x-usage-tokens: 999999999`
+    /// on a global 1000/s bucket: 1 001 ms (was ~10^7 s); on `per_minute = 5`: 72 s (was
+    /// 380 years).
+    #[test]
+    fn debt_is_bounded_by_the_limit() {
+        // (window, limit, burst, reserved cost admitted at T, delta, accepted, paid off
+        // at T + ms, then for a unit request: current, retry_after, reset_after)
+        type Row = (Window, u32, f64, u32, i64, u64, u64, u64, u64, u64);
+        let rows: [Row; 6] = [
+            (
+                Window::Second,
+                10,
+                1.0,
+                2,
+                i64::MAX,
+                18,
+                1_000,
+                21,
+                1_100,
+                2_000,
+            ),
+            (
+                Window::Second,
+                10,
+                1.5,
+                2,
+                999_999_999,
+                23,
+                1_000,
+                26,
+                1_100,
+                2_500,
+            ),
+            (
+                Window::Minute,
+                5,
+                1.0,
+                1,
+                999_999_999,
+                9,
+                60_000,
+                11,
+                72_000,
+                120_000,
+            ),
+            (
+                Window::Second,
+                1000,
+                1.0,
+                500,
+                999_999_999,
+                1_500,
+                1_000,
+                2_001,
+                1_001,
+                2_000,
+            ),
+            (
+                Window::Hour,
+                3,
+                2.0,
+                3,
+                50,
+                6,
+                3_600_000,
+                10,
+                4_800_000,
+                10_800_000,
+            ),
+            // Within the bound: all of it.
+            (Window::Second, 10, 1.0, 2, 15, 15, 700, 18, 800, 1_700),
+        ];
+        for (i, (window, limit, burst, cost, delta, accepted, paid, current, retry, reset)) in
+            rows.into_iter().enumerate()
+        {
+            let l = lim(window, limit, burst);
+            let mut s = State::initial(Algorithm::TokenBucket);
+            assert!(alg::step(&mut s, &l, T, 0, cost, true).allowed, "row {i}");
+            assert_eq!(
+                alg::settle(&mut s, &l, T, 0, cost, delta, T),
+                accepted,
+                "row {i}"
+            );
+            let want = Bucket {
+                level: 0,
+                last: T + paid,
+            };
+            assert_eq!(s, State::TokenBucket(want), "row {i}");
+            let d = assert_exact_at(&s, &l, T, 1);
+            assert_eq!(
+                (d.current, d.retry_after_ms, d.reset_after_ms),
+                (current, retry, reset),
+                "row {i}: {d:?}"
+            );
+            let period = window.period_ms();
+            assert!(
+                retry <= period + period.div_ceil(u64::from(limit)),
+                "row {i}"
+            );
+            // Stacked: a bucket at its bound takes no more debt.
+            let before = s.clone();
+            let more = alg::settle(&mut s, &l, T, 0, cost, delta, T);
+            if accepted < delta.unsigned_abs() {
+                assert_eq!((more, &s), (0, &before), "row {i}");
+            } else {
+                // 7 owed: 3 more to the bound.
+                assert_eq!(more, 3, "row {i}");
+            }
+        }
+        // Later settlements are bounded from where the bucket is then: half paid off,
+        // another huge debt puts it back at the bound (one period from that settlement).
+        let l = lim(Window::Second, 10, 1.0);
         let mut s = State::initial(Algorithm::TokenBucket);
         alg::settle(&mut s, &l, T, 0, 1, i64::MAX, T);
-        let owed = alg::max_debt(&l) - 10;
+        assert_eq!(alg::settle(&mut s, &l, T + 500, 0, 1, i64::MAX, T), 5);
         assert_eq!(
             s,
             State::TokenBucket(Bucket {
                 level: 0,
-                last: T + owed * 100
+                last: T + 1_500
             })
         );
+        // A bucket already further below (a state from before the bound) is not lowered.
+        let mut s = State::TokenBucket(Bucket {
+            level: 0,
+            last: T + 9_000,
+        });
+        assert_eq!(alg::settle(&mut s, &l, T, 0, 1, 5, T), 0);
+        let deep = Bucket {
+            level: 0,
+            last: T + 9_000,
+        };
+        assert_eq!(s, State::TokenBucket(deep));
+    }
+
+    /// A 429's `current` counts the debt: a bucket owing D tokens shows capacity + D +
+    /// cost. Rounding: the owed units are counted up to a whole token (as a partial token
+    /// used counts as used), so D exactly when the debt is a multiple of a millisecond's
+    /// refill, as here; a debt of 1 at 3/s is kept as 334 ms (1.002 tokens) and shows 2.
+    #[test]
+    fn current_counts_the_debt() {
+        // (limit, burst, debt beyond empty, decided ms after the settle, cost, current)
+        let rows: [(u32, f64, i64, u64, u32, u64); 8] = [
+            (10, 1.0, 8, 0, 1, 10 + 8 + 1),
+            (10, 1.5, 4, 0, 1, 15 + 4 + 1),
+            (10, 1.5, 4, 0, 3, 15 + 4 + 3),
+            (10, 1.5, 4, 100, 1, 15 + 3 + 1), // one token refilled since
+            (10, 1.5, 4, 150, 1, 15 + 3 + 1), // 2.5 owed: counted as 3
+            (10, 1.5, 4, 400, 1, 15 + 1),     // paid off: empty
+            (1000, 1.0, 1000, 0, 1, 1000 + 1000 + 1),
+            (3, 1.0, 1, 0, 1, 3 + 2 + 1), // 1.002 owed (rounded up to the ms)
+        ];
+        for (i, (limit, burst, owed, after, cost, current)) in rows.into_iter().enumerate() {
+            let l = lim(Window::Second, limit, burst);
+            let mut s = State::initial(Algorithm::TokenBucket);
+            // From full: the capacity, then `owed` more.
+            alg::settle(&mut s, &l, T, 0, 1, i64::from(l.capacity) + owed, T);
+            let d = alg::step(&mut s.clone(), &l, T + after, 0, cost, false);
+            assert!(!d.allowed, "row {i}: {d:?}");
+            assert_eq!(d.current, current, "row {i}: {d:?} {s:?}");
+        }
     }
 
     /// A refund settled soon restores exactly the replay with the true cost.
