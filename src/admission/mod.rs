@@ -217,9 +217,11 @@ impl Admission {
 
     /// Settles the reserved cost against the request's true cost (`cost_header`), once:
     /// every window that was charged is charged `actual - cost` more, or refunded
-    /// `cost - actual` (the store does it without blocking), and `rate`'s remaining count
-    /// follows, so the response's `X-RateLimit-Remaining` is the settled one. Answers the
-    /// difference applied (0: nothing to settle).
+    /// `cost - actual` (the store does it without blocking; a debt is bounded by each
+    /// window's limit), and `rate` describes its window as settled
+    /// (`limiter::algorithm::settled`), so the response's `X-RateLimit-Remaining` and
+    /// `-Reset` are the settled ones. Answers the difference applied (0: nothing to
+    /// settle).
     pub fn settle(&mut self, actual: u32, metrics: &Metrics) -> i64 {
         if self.settled || !self.charged {
             return 0;
@@ -241,14 +243,17 @@ impl Admission {
         l.store.settle(&check, delta, self.decided_at);
         l.held.cost = actual;
         metrics.cost_settled(delta);
+        // The headers describe the governing window as settled (remaining, reset).
         if let Some(wd) = &mut self.rate {
-            let d = &mut wd.decision;
-            let moved = u32::try_from(delta.unsigned_abs()).unwrap_or(u32::MAX);
-            d.remaining = if delta > 0 {
-                d.remaining.saturating_sub(moved)
-            } else {
-                d.remaining.saturating_add(moved).min(d.limit)
-            };
+            let limit = check
+                .scopes
+                .iter()
+                .filter(|s| s.scope == wd.scope)
+                .flat_map(|s| s.limits.windows.iter())
+                .find(|w| w.window == wd.window);
+            if let Some(limit) = limit {
+                wd.decision = crate::limiter::algorithm::settled(&wd.decision, limit, delta);
+            }
         }
         delta
     }

@@ -532,3 +532,55 @@ async fn a_call_that_missed_its_deadline_does_not_keep_its_charge() {
     })
     .await;
 }
+
+/// A usage of 999,999,999 on a 100/min token bucket leaves it at most one limit in debt
+/// (memory and Redis): the response's headers describe the bucket as settled (full again
+/// in 120 s, not the 6 s of the reserve alone), the next request's 429 counts the debt
+/// in `current` (capacity 100 + debt 100 + cost 10) and its Retry-After is 66 s, not
+/// centuries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_huge_usage_is_bounded_by_the_limit_and_shows_in_the_headers() {
+    use throttle::clock::{Clock, SystemClock};
+    let redis = RedisServer::start().await;
+    let up = Upstream::start("u").await;
+    for head in [String::new(), store(&redis, "huge")] {
+        let window = if head.is_empty() {
+            r#"per_minute = 100, algorithm = "token_bucket""#
+        } else {
+            r#"per_minute = 100, algorithm = "token_bucket", admission = "exact""#
+        };
+        let body = format!(
+            "{}\n[[routes]]\nname = \"llm\"\npath_prefix = \"/chat\"\nupstreams = [\"{{upstream}}\"]\ncost = 10\ncost_header = \"X-Usage-Tokens\"\n",
+            config(&head, window)
+        );
+        let gw = Gateway::start(&body, Some(&up)).await;
+        let r = client()
+            .get(gw.url("/chat?usage=999999999"))
+            .header("x-api-key", KEY)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let now_s = SystemClock.now_ms() / 1_000;
+        let reset: u64 = header(&r, "x-ratelimit-reset").parse().unwrap();
+        assert_eq!(header(&r, "x-ratelimit-remaining"), "0", "{head}");
+        assert!(
+            (now_s + 115..=now_s + 122).contains(&reset),
+            "reset {} s ahead, want 120 ({head})",
+            reset.saturating_sub(now_s)
+        );
+        let body: serde_json::Value = eventually(Duration::from_secs(5), "the debt", || async {
+            let r = get(gw.url("").trim_end_matches('/')).await;
+            (r.status() == 429).then_some(())?;
+            r.json().await.ok()
+        })
+        .await;
+        // The probe costs 1 (the "/" route).
+        assert_eq!(body["current"], 201, "{body} ({head})");
+        let retry = body["retry_after"].as_f64().unwrap();
+        assert!(
+            (59.0..=61.0).contains(&retry),
+            "retry_after {retry} ({head})"
+        );
+    }
+}

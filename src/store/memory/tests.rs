@@ -244,12 +244,12 @@ fn debt_outlives_eviction_and_refunds_create_nothing() {
     store.settle_at(&check(1), -1, T0, T0);
     assert!(store.is_empty());
     assert!(store.decide(&check(1)).allowed);
-    store.settle_at(&check(1), 40, T0, T0); // 9 left - 40: 3.1 s to pay off, 1 s to fill
-    store.sweep_at(T0 + 4_099);
+    store.settle_at(&check(1), 15, T0, T0); // 9 left - 15: 0.6 s to pay off, 1 s to fill
+    store.sweep_at(T0 + 1_599);
     assert_eq!(store.len(), 1);
-    let v = store.decide_at(&check(1), T0 + 4_099);
+    let v = store.decide_at(&check(1), T0 + 1_599);
     assert_eq!(v.governing.unwrap().decision.remaining, 8);
-    store.sweep_at(T0 + 4_100);
+    store.sweep_at(T0 + 1_600);
     assert_eq!(store.len(), 1);
     store.sweep_at(T0 + 10_000);
     assert!(store.is_empty());
