@@ -2,6 +2,8 @@
 //! 403 with `Retry-After` on every gateway, listed by `/v1/blocks` as automatic, and one
 //! `DELETE` lifts it everywhere.
 
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -260,4 +262,180 @@ async fn a_ban_that_ends_is_struck_again() {
     assert_eq!(first, 429);
     assert_eq!(get(&gw, who).await.status(), 429);
     assert_eq!(get(&gw, who).await.status(), 403, "banned again");
+}
+
+/// `INFO commandstats` of `redis`: calls per command (commands run by scripts included).
+async fn commandstats(redis: &RedisServer) -> HashMap<String, u64> {
+    let mut c = redis.client().await;
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    info.lines()
+        .filter_map(|l| {
+            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
+            let calls = rest.strip_prefix("calls=")?.split(',').next()?;
+            Some((name.to_string(), calls.parse().ok()?))
+        })
+        .collect()
+}
+
+/// The calls adding rejections to a fleet's count: each runs one INCR (or INCRBY), and
+/// nothing else in the gateway does.
+async fn strike_calls(redis: &RedisServer) -> u64 {
+    let stats = commandstats(redis).await;
+    ["incr", "incrby"]
+        .iter()
+        .map(|c| stats.get(*c).copied().unwrap_or(0))
+        .sum()
+}
+
+/// The value of the series `series` (name and labels) in `gw`'s `/metrics`, 0 if absent.
+async fn metric(gw: &Gateway, series: &str) -> f64 {
+    gw.metrics()
+        .await
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+fn fleet_config(redis: &RedisServer, limit: &str, ban: &str) -> String {
+    format!(
+        r#"
+[client_ip]
+trusted_proxies = ["127.0.0.1/32"]
+
+[store]
+backend = "redis"
+url = "{}"
+key_prefix = "fleet"
+timeout_ms = 500
+
+[limits.ip]
+{limit}
+ban = {{ {ban} }}
+
+[[routes]]
+name = "public"
+path_prefix = "/"
+upstreams = ["{{upstream}}"]
+auth = "none"
+"#,
+        redis.url()
+    )
+}
+
+/// A client sending far past its limit (per_second = 1, so a retry_after of at most
+/// 1 s) on a ban-enabled scope costs at most one Redis call per retry_after for its
+/// strikes, not one per 429: between two calls the limit must have admitted it again,
+/// so calls <= requests admitted + 1. The ban still lands on the `after`-th rejection.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_client_far_over_its_limit_costs_one_strike_call_per_retry_after() {
+    let redis = RedisServer::start().await;
+    let up = Upstream::start("u").await;
+    let gw = Gateway::start(
+        &fleet_config(
+            &redis,
+            "per_second = 1",
+            "after = 100, within_secs = 60, for_secs = 60",
+        ),
+        Some(&up),
+    )
+    .await;
+    let who = "198.51.100.44";
+    let before = strike_calls(&redis).await;
+    let started = tokio::time::Instant::now();
+    let admitted = std::sync::atomic::AtomicU64::new(0);
+    let mut rejected = 0u32;
+    while rejected < 100 {
+        match get(&gw, who).await.status().as_u16() {
+            200 => _ = admitted.fetch_add(1, Ordering::Relaxed),
+            429 => rejected += 1,
+            s => panic!("{s} after {rejected} rejections: banned before the 100th"),
+        }
+    }
+    let elapsed = started.elapsed();
+    // The 100th rejection bans (this gateway's own count reached `after`).
+    let r = eventually(Duration::from_secs(5), "the ban", || async {
+        let r = get(&gw, who).await;
+        if r.status() == 200 {
+            admitted.fetch_add(1, Ordering::Relaxed);
+        }
+        (r.status() == 403).then_some(r)
+    })
+    .await;
+    let admitted = admitted.load(Ordering::Relaxed);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(
+        body["reason"],
+        "automatic: 100 rate-limit rejections in 60s"
+    );
+    assert_eq!(metric(&gw, "throttle_bans_total{scope=\"ip\"}").await, 1.0);
+    let calls = strike_calls(&redis).await - before;
+    eprintln!("{rejected} rejections and {admitted} admitted in {elapsed:?}: {calls} strike calls");
+    assert!(calls >= 1, "the strikes reached Redis");
+    assert!(
+        calls <= admitted + 1,
+        "{calls} strike calls for {rejected} rejections ({admitted} admitted in {elapsed:?})"
+    );
+}
+
+/// Rejections held between two calls are not lost: they go with the next call (INCRBY
+/// n), so two gateways each seeing half of a client's rejections ban it on the fleet's
+/// count, long before either gateway's own count reaches `after`. The client sends
+/// every 100 ms, alternating gateways: 5 rejections a second on each, so a call per
+/// second on each carries about 5.
+#[tokio::test(flavor = "multi_thread")]
+async fn rejections_held_between_calls_reach_the_fleet_count() {
+    let redis = RedisServer::start().await;
+    let up = Upstream::start("u").await;
+    let config = fleet_config(
+        &redis,
+        "per_second = 1",
+        "after = 30, within_secs = 60, for_secs = 60",
+    );
+    let a = Gateway::start(&config, Some(&up)).await;
+    let b = Gateway::start(&config, Some(&up)).await;
+    let who = "198.51.100.45";
+    let before = strike_calls(&redis).await;
+    let mut pace = tokio::time::interval(Duration::from_millis(100));
+    let mut rejected = [0u32; 2];
+    let mut i = 0usize;
+    loop {
+        pace.tick().await;
+        let gw = [&a, &b][i % 2];
+        match get(gw, who).await.status().as_u16() {
+            200 => {}
+            429 => rejected[i % 2] += 1,
+            403 => break,
+            s => panic!("{s}"),
+        }
+        assert!(
+            rejected[0] < 30 && rejected[1] < 30,
+            "not banned on the fleet's count: {rejected:?} rejections"
+        );
+        i += 1;
+    }
+    let total = rejected[0] + rejected[1];
+    let calls = strike_calls(&redis).await - before;
+    eprintln!("banned after {rejected:?} rejections, {calls} strike calls");
+    assert!(
+        total >= 30,
+        "banned after {total} rejections, before `after`"
+    );
+    assert!(
+        u64::from(total) > calls,
+        "{calls} strike calls for {total} rejections: held ones were sent one by one"
+    );
+    // Exactly one gateway imposed it; the other took it from the sync.
+    for gw in [&a, &b] {
+        eventually(Duration::from_secs(5), "the ban on both", || async {
+            (get(gw, who).await.status() == 403).then_some(())
+        })
+        .await;
+    }
+    let imposed = metric(&a, "throttle_bans_total{scope=\"ip\"}").await
+        + metric(&b, "throttle_bans_total{scope=\"ip\"}").await;
+    assert_eq!(imposed, 1.0);
 }

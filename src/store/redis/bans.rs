@@ -1,32 +1,59 @@
 //! Automatic bans shared by a fleet: rejections counted per identity
-//! (`<prefix>:{<scope>:<id>}:strikes`, INCR with the span as its expiry) and the bans in
-//! force in one hash, `<prefix>:{bans}`: field `<scope>|<value>`, value
+//! (`<prefix>:{<scope>:<id>}:strikes`, INCRBY with the span as its expiry; a gateway adds
+//! its rejections in batches, at most one call per identity per rejection's
+//! `retry_after`, see `Bans::strike_shared`) and the bans in force in one hash, `<prefix>:{bans}`: field `<scope>|<value>`, value
 //! `<expires_at_ms>|<reason>`. Every gateway reads the hash each second (the ban sync)
 //! and drops expired fields; the request path never asks Redis about a ban.
 
-use redis::FromRedisValue;
+use std::sync::LazyLock;
+
+use redis::{FromRedisValue, Script, ScriptInvocation};
 
 use super::{unavailable, wire, Conn, RedisStore};
 use crate::bans::{parse_ident, Ban, MAX_BANS};
 use crate::limiter::{Ident, Scope};
 use crate::store::StoreError;
 
-/// INCR, and the span's expiry on the first rejection.
-const STRIKE_LUA: &str = "local n = redis.call('INCR', KEYS[1])
-if n == 1 then redis.call('PEXPIRE', KEYS[1], ARGV[1]) end
-return n";
+/// INCRBY, and the span's expiry when the count is new.
+static STRIKE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "local n = redis.call('INCRBY', KEYS[1], ARGV[2])
+if n == tonumber(ARGV[2]) then redis.call('PEXPIRE', KEYS[1], ARGV[1]) end
+return n",
+    )
+});
 
-/// HSET unless the hash is full (`ARGV[3]` fields) and the field is new: 1 when set, 0
-/// when refused. A full hash of bans in force refuses; it never drops one for another.
-const PUBLISH_LUA: &str = "if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0
-  and redis.call('HLEN', KEYS[1]) >= tonumber(ARGV[3]) then return 0 end
+/// ARGV: field, value, max bans, now (ms). `{1, ''}`: set. `{0, ''}`: refused, the hash
+/// is full (`ARGV[3]` fields) and the field is new (no ban is dropped for another).
+/// `{2, value}`: a ban on the field is in force already (a gateway the first ban has not
+/// reached yet struck too): kept, not renewed.
+static PUBLISH: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "local cur = redis.call('HGET', KEYS[1], ARGV[1])
+if cur then
+  local e = tonumber(string.match(cur, '^(%d+)|'))
+  if e and e > tonumber(ARGV[4]) then return {2, cur} end
+elseif redis.call('HLEN', KEYS[1]) >= tonumber(ARGV[3]) then return {0, ''} end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-return 1";
+return {1, ''}",
+    )
+});
 
 /// The strike count of a banned identity until its ban ends: so far below zero that no
 /// gateway's INCR reaches `after` meanwhile; when the key expires with the ban, the next
 /// rejection starts a new span at 1.
 const QUIET: i64 = -(1 << 62);
+
+/// What publishing a ban did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Published {
+    /// It is the fleet's ban.
+    Set,
+    /// Refused: the fleet's table holds `MAX_BANS` bans in force, none on this identity.
+    Full,
+    /// The identity is banned already (that ban is kept).
+    InForce(Ban),
+}
 
 impl RedisStore {
     fn bans_key(&self) -> String {
@@ -49,8 +76,27 @@ impl RedisStore {
             .map_err(|_| StoreError::Timeout(timeout_ms))?
     }
 
-    /// Counts a rejection of `ident` by `scope`: the fleet's count in the current span
-    /// of `within_ms` (which starts at the first rejection).
+    /// `inv` (EVALSHA, loading the script when Redis does not have it) within the
+    /// deadline.
+    async fn script<T: FromRedisValue>(&self, inv: &ScriptInvocation<'_>) -> Result<T, StoreError> {
+        let timeout_ms = self.timeout.as_millis() as u64;
+        let call = async {
+            let mut conn = self.conn().await?;
+            let r: redis::RedisResult<T> = match &mut conn {
+                Conn::Single(c) => inv.invoke_async(c).await,
+                Conn::Cluster(c) => inv.invoke_async(c).await,
+                Conn::Sentinel(c) => inv.invoke_async(c).await,
+            };
+            r.map_err(unavailable)
+        };
+        tokio::time::timeout(self.timeout, call)
+            .await
+            .map_err(|_| StoreError::Timeout(timeout_ms))?
+    }
+
+    /// Adds `n` rejections of `ident` by `scope` to the fleet's count in the current span
+    /// of `within_ms` (which starts with the first of them); the count after it. Far
+    /// below zero while the identity is banned (see `quiet_strikes`).
     ///
     /// # Errors
     /// When Redis fails or misses the deadline.
@@ -58,12 +104,13 @@ impl RedisStore {
         &self,
         scope: Scope,
         ident: &Ident,
+        n: u32,
         within_ms: u64,
     ) -> Result<i64, StoreError> {
         let key = wire::identity_key(&self.prefix, scope, ident, "strikes");
-        let mut cmd = redis::cmd("EVAL");
-        cmd.arg(STRIKE_LUA).arg(1).arg(key).arg(within_ms);
-        self.command(&cmd).await
+        let mut inv = STRIKE.prepare_invoke();
+        inv.key(key).arg(within_ms).arg(n);
+        self.script(&inv).await
     }
 
     /// Keeps the strike count of `ident` in `scope` quiet until `until_ms` (its ban's
@@ -88,20 +135,26 @@ impl RedisStore {
         self.command::<()>(&cmd).await
     }
 
-    /// Publishes `ban` to the fleet: false when the fleet's table holds `MAX_BANS` bans
-    /// and none of them is on `ban`'s identity (refused: no ban is dropped for another).
+    /// Publishes `ban` to the fleet at `now_ms`, unless the identity is banned already
+    /// or the fleet's table holds `MAX_BANS` bans and none of them is on `ban`'s identity
+    /// (refused: no ban is dropped for another).
     ///
     /// # Errors
     /// When Redis fails or misses the deadline.
-    pub async fn publish_ban(&self, ban: &Ban) -> Result<bool, StoreError> {
-        let mut cmd = redis::cmd("EVAL");
-        cmd.arg(PUBLISH_LUA)
-            .arg(1)
-            .arg(self.bans_key())
-            .arg(field(ban))
+    pub async fn publish_ban(&self, ban: &Ban, now_ms: u64) -> Result<Published, StoreError> {
+        let field = field(ban);
+        let mut inv = PUBLISH.prepare_invoke();
+        inv.key(self.bans_key())
+            .arg(&field)
             .arg(format!("{}|{}", ban.expires_at_ms, ban.reason))
-            .arg(MAX_BANS);
-        self.command::<i64>(&cmd).await.map(|n| n == 1)
+            .arg(MAX_BANS)
+            .arg(now_ms);
+        let (code, value): (i64, String) = self.script(&inv).await?;
+        Ok(match code {
+            1 => Published::Set,
+            0 => Published::Full,
+            _ => Published::InForce(parse(&field, &value).map_or_else(|| ban.clone(), |(_, b)| b)),
+        })
     }
 
     /// Lifts `ban` fleet-wide; the identity's rejections are then counted afresh.
