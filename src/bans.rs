@@ -340,7 +340,9 @@ impl Bans {
         out
     }
 
-    /// Replaces the bans with the fleet's (`remote`, from Redis) and drops expired ones.
+    /// Replaces the bans with the fleet's (`remote`, all of them, from Redis) and drops
+    /// expired ones. The rejection counts of the banned identities go quiet until their
+    /// bans end, as for a ban imposed here.
     pub fn replace(&self, remote: Vec<(Ident, Ban)>, now_ms: u64) {
         let fresh: HashMap<(Scope, Ident), Ban> = remote
             .into_iter()
@@ -348,15 +350,68 @@ impl Bans {
             .take(self.max_bans)
             .map(|(ident, b)| ((b.scope, ident), b))
             .collect();
+        self.quiet(fresh.iter().map(|(k, b)| (k, b.expires_at_ms)));
         let mut active = self.active.write().unwrap_or_else(PoisonError::into_inner);
         active.soonest_ms = soonest(&fresh);
         active.map = fresh;
         self.any.store(!active.map.is_empty(), Ordering::Relaxed);
     }
 
-    /// Drops expired bans (memory store; on Redis `replace` does).
+    /// Applies what changed in the fleet's bans since the last sync (Redis): `set` (bans
+    /// new or renewed) go in, `lifted` identities come out, and ended bans are dropped;
+    /// the others stay as they are. Rejection counts follow as for bans imposed and
+    /// lifted here: quiet while a ban lasts, afresh after a lift. At the cap, bans new
+    /// here are refused (the fleet's table has the same cap).
+    pub fn apply(&self, set: Vec<(Ident, Ban)>, lifted: Vec<(Scope, Ident)>, now_ms: u64) {
+        let set: Vec<((Scope, Ident), Ban)> = set
+            .into_iter()
+            .filter(|(_, b)| b.expires_at_ms > now_ms)
+            .map(|(ident, b)| ((b.scope, ident), b))
+            .collect();
+        {
+            let mut active = self.active.write().unwrap_or_else(PoisonError::into_inner);
+            for key in &lifted {
+                active.map.remove(key);
+            }
+            if active.soonest_ms <= now_ms {
+                active.map.retain(|_, b| b.expires_at_ms > now_ms);
+                active.soonest_ms = soonest(&active.map);
+            }
+            for (key, ban) in &set {
+                put(&mut active, key.clone(), ban.clone(), now_ms, self.max_bans);
+            }
+            self.any.store(!active.map.is_empty(), Ordering::Relaxed);
+        }
+        self.quiet(set.iter().map(|(k, b)| (k, b.expires_at_ms)));
+        if !lifted.is_empty() {
+            let mut strikes = self.strikes.lock().unwrap_or_else(PoisonError::into_inner);
+            for key in &lifted {
+                strikes.remove(key);
+            }
+        }
+    }
+
+    /// Quiets the rejection counts already held for `banned` (identity, ban's end) until
+    /// their bans end; identities without a count get none.
+    fn quiet<'a>(&self, banned: impl Iterator<Item = (&'a (Scope, Ident), u64)>) {
+        let mut strikes = self.strikes.lock().unwrap_or_else(PoisonError::into_inner);
+        if strikes.is_empty() {
+            return;
+        }
+        for (key, until_ms) in banned {
+            if let Some(s) = strikes.get_mut(key) {
+                *s = Strike::quiet(until_ms, s.calling);
+            }
+        }
+    }
+
+    /// Drops expired bans (memory store; on Redis the sync does). Costs nothing while
+    /// no ban has ended.
     pub fn prune(&self, now_ms: u64) {
         let mut active = self.active.write().unwrap_or_else(PoisonError::into_inner);
+        if active.soonest_ms > now_ms {
+            return;
+        }
         active.map.retain(|_, b| b.expires_at_ms > now_ms);
         active.soonest_ms = soonest(&active.map);
         self.any.store(!active.map.is_empty(), Ordering::Relaxed);
@@ -661,5 +716,50 @@ mod tests {
         }
         let n = bans.strikes.lock().unwrap().len();
         assert!(n <= 1_000, "{n}");
+    }
+
+    /// Changes from the fleet: set bans go in (their counts go quiet), lifted ones come
+    /// out (their counts start afresh), ended ones go, the rest stay.
+    #[test]
+    fn fleet_changes_apply_incrementally() {
+        let bans = Bans::default();
+        let (a, b, c) = (ip("198.51.100.1"), ip("198.51.100.2"), ip("198.51.100.3"));
+        let short = BanRule {
+            for_ms: 1_000,
+            ..RULE
+        };
+        bans.apply(
+            vec![
+                (a.clone(), Ban::new(Scope::Ip, &a, &RULE, 0)),
+                (b.clone(), Ban::new(Scope::Ip, &b, &short, 0)),
+            ],
+            Vec::new(),
+            0,
+        );
+        assert!(bans.banned(Scope::Ip, &a, 500).is_some());
+        assert!(bans.banned(Scope::Ip, &b, 500).is_some());
+        // c has a count: a ban on it quiets it.
+        bans.strike(Scope::Ip, &c, &RULE, 500);
+        bans.apply(
+            vec![(c.clone(), Ban::new(Scope::Ip, &c, &short, 500))],
+            Vec::new(),
+            500,
+        );
+        assert_eq!(bans.strike(Scope::Ip, &c, &RULE, 600), 0, "quiet");
+        // Nothing changed: all stay. Later b's ban ends and it goes.
+        bans.apply(Vec::new(), Vec::new(), 700);
+        assert_eq!(bans.list(700).len(), 3);
+        bans.apply(Vec::new(), Vec::new(), 1_200);
+        assert_eq!(bans.list(1_200).len(), 2);
+        assert_eq!(
+            bans.active.read().unwrap().map.len(),
+            2,
+            "dropped, not only hidden"
+        );
+        // a lifted: gone, its count afresh.
+        bans.apply(Vec::new(), vec![(Scope::Ip, a.clone())], 1_300);
+        assert!(bans.banned(Scope::Ip, &a, 1_300).is_none());
+        assert_eq!(bans.strike(Scope::Ip, &a, &RULE, 1_300), 1);
+        assert!(bans.banned(Scope::Ip, &c, 1_300).is_some());
     }
 }

@@ -4,9 +4,16 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
+use throttle::bans::Ban;
+use throttle::clock::{Clock, SystemClock};
+use throttle::limiter::{BanRule, Ident, Scope};
+use throttle::store::redis::bans::{BanCursor, BanRead, Published, MAX_CHANGES};
+use throttle::store::redis::Target;
+use throttle::store::RedisStore;
 
 use crate::support::postgres::TestDb;
 use crate::support::redis::RedisServer;
@@ -438,4 +445,287 @@ async fn rejections_held_between_calls_reach_the_fleet_count() {
     let imposed = metric(&a, "throttle_bans_total{scope=\"ip\"}").await
         + metric(&b, "throttle_bans_total{scope=\"ip\"}").await;
     assert_eq!(imposed, 1.0);
+}
+
+/// `INFO stats` of `redis`: the bytes it has sent to clients so far, and the size of
+/// this reply (counted in the next).
+async fn bytes_out(redis: &RedisServer) -> (u64, u64) {
+    let mut c = redis.client().await;
+    let info: String = redis::cmd("INFO")
+        .arg("stats")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let sent = info
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("total_net_output_bytes:")?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .unwrap();
+    (sent, info.len() as u64 + 16)
+}
+
+/// Bans `ip` through `gw`'s `/v1/check` (with `from_check = true` and `after = 1`, one
+/// refused check bans).
+async fn ban_by_check(gw: &Gateway, ip: &str) {
+    let r = client()
+        .post(gw.admin_url("/v1/check"))
+        .json(&serde_json::json!({"ip": ip, "cost": 1_000_000}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 429, "{ip}");
+}
+
+async fn syncs(gw: &Gateway, read: &str) -> f64 {
+    metric(gw, &format!("throttle_ban_syncs_total{{read=\"{read}\"}}")).await
+}
+
+/// Waits until both gateways have synced `n` more times reading changes only.
+async fn idle_syncs(gws: [&Gateway; 2], n: f64) {
+    let start = [
+        syncs(gws[0], "changes").await,
+        syncs(gws[1], "changes").await,
+    ];
+    eventually(Duration::from_secs(10), "ban syncs", || async {
+        let a = syncs(gws[0], "changes").await - start[0];
+        let b = syncs(gws[1], "changes").await - start[1];
+        (a >= n && b >= n).then_some(())
+    })
+    .await;
+}
+
+/// The ban sync reads only what changed: two gateways on one Redis; 200 bans published
+/// by one reach the other; then a sync with nothing changed reads no hash (no HGETALL,
+/// no HGET) and a few dozen bytes, where the whole table is kilobytes. A lift reaches
+/// the other gateway; a flushed Redis (a restart) is read anew, once, and bans made
+/// after it arrive.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_ban_sync_reads_only_what_changed() {
+    let redis = RedisServer::start().await;
+    let up = Upstream::start("u").await;
+    let config = fleet_config(
+        &redis,
+        "per_minute = 2",
+        "after = 1, within_secs = 60, for_secs = 600, from_check = true",
+    );
+    let a = Gateway::start(&config, Some(&up)).await;
+    let b = Gateway::start(&config, Some(&up)).await;
+    let ip = |i: u32| format!("10.9.{}.{}", i / 256, i % 256);
+    for i in 0..200 {
+        ban_by_check(&a, &ip(i)).await;
+    }
+    eventually(Duration::from_secs(10), "200 bans on b", || async {
+        (automatic(&b).await.len() == 200).then_some(())
+    })
+    .await;
+    assert_eq!(get(&b, &ip(7)).await.status(), 403);
+    // One full read each (the first sync); the bans came to b as changes.
+    assert_eq!(syncs(&a, "full").await, 1.0);
+    assert_eq!(syncs(&b, "full").await, 1.0);
+
+    // Nothing changes: three syncs on each gateway.
+    let stats = commandstats(&redis).await;
+    let (sent, info) = bytes_out(&redis).await;
+    let before = [syncs(&a, "changes").await, syncs(&b, "changes").await];
+    idle_syncs([&a, &b], 3.0).await;
+    let sent = bytes_out(&redis).await.0 - sent - info;
+    let after = commandstats(&redis).await;
+    let n = syncs(&a, "changes").await - before[0] + syncs(&b, "changes").await - before[1];
+    let calls = |c: &str, s: &HashMap<String, u64>| s.get(c).copied().unwrap_or(0);
+    for c in ["hgetall", "hget", "hscan", "hkeys", "hvals"] {
+        assert_eq!(
+            calls(c, &after),
+            calls(c, &stats),
+            "{c} while nothing changed"
+        );
+    }
+    // Bytes Redis sent meanwhile: the syncs and the heartbeats.
+    let mut c = redis.client().await;
+    let table: Vec<String> = redis::cmd("HGETALL")
+        .arg("fleet:{bans}")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let table_bytes: usize = table.iter().map(|s| s.len() + 8).sum();
+    let per_sync = sent as f64 / n;
+    eprintln!(
+        "{n} idle syncs: {sent} bytes sent by Redis ({per_sync:.0} per sync, at most); the table is {table_bytes} bytes"
+    );
+    assert!(
+        per_sync < 1_000.0 && table_bytes > 10_000,
+        "{per_sync} bytes per idle sync, table {table_bytes}"
+    );
+
+    // A lift on a reaches b.
+    let id = automatic(&a)
+        .await
+        .into_iter()
+        .find(|b| b["value"] == ip(7))
+        .unwrap()["id"]
+        .as_i64()
+        .unwrap();
+    let r = client()
+        .delete(a.admin_url(&format!("/v1/blocks/{id}")))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 204);
+    eventually(Duration::from_secs(5), "the lift on b", || async {
+        (get(&b, &ip(7)).await.status() == 200).then_some(())
+    })
+    .await;
+    assert_eq!(automatic(&b).await.len(), 199);
+    assert_eq!(get(&b, &ip(8)).await.status(), 403);
+
+    // Redis loses everything (a restart without persistence), then three new bans are
+    // published at once: each gateway reads the table anew (once) and holds exactly
+    // those three.
+    let _: () = redis::cmd("FLUSHALL").query_async(&mut c).await.unwrap();
+    for i in 1000..1003 {
+        ban_by_check(&a, &ip(i)).await;
+    }
+    for gw in [&a, &b] {
+        eventually(Duration::from_secs(5), "the table read anew", || async {
+            let l = automatic(gw).await;
+            let mut values: Vec<String> = l
+                .iter()
+                .map(|b| b["value"].as_str().unwrap().to_string())
+                .collect();
+            values.sort();
+            (values == [ip(1000), ip(1001), ip(1002)]).then_some(())
+        })
+        .await;
+        assert_eq!(syncs(gw, "full").await, 2.0);
+    }
+    assert_eq!(get(&b, &ip(8)).await.status(), 200);
+    assert_eq!(get(&b, &ip(1001)).await.status(), 403);
+    // And the fleet goes on reading changes only.
+    let stats = commandstats(&redis).await;
+    idle_syncs([&a, &b], 2.0).await;
+    assert_eq!(
+        calls("hgetall", &commandstats(&redis).await),
+        calls("hgetall", &stats)
+    );
+}
+
+/// The change log on a real Redis, through the store: a cursor at the last change reads
+/// nothing; one a few changes behind reads those (a lift as a lift); one behind what the
+/// log holds (`MAX_CHANGES`), or new, reads the whole table. A ban in force is not
+/// published twice; ended bans leave the hash on a sync.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_change_log_serves_changes_and_reads_anew_when_behind() {
+    let redis = RedisServer::start().await;
+    let store = Arc::new(RedisStore::new(
+        Target::Single(redis.url()),
+        Duration::from_secs(2),
+        "log",
+    ));
+    let now = SystemClock.now_ms();
+    let rule = BanRule {
+        after: 1,
+        within_ms: 1_000,
+        for_ms: 600_000,
+        from_check: false,
+    };
+    let who = |i: u32| Ident::Ip(std::net::IpAddr::from((0x0a00_0000 + i).to_be_bytes()));
+    let ban = |i: u32| Ban::new(Scope::Ip, &who(i), &rule, now);
+    let mut early = BanCursor::default();
+    assert_eq!(
+        store.sync_bans(&mut early, now).await.unwrap(),
+        BanRead::Full(Vec::new())
+    );
+    let mut near = early.clone();
+    assert_eq!(
+        store.publish_ban(&ban(0), now).await.unwrap(),
+        Published::Set
+    );
+    // The same identity again (a gateway the ban had not reached): the first is kept.
+    let again = Ban::new(Scope::Ip, &who(0), &rule, now + 500);
+    assert_eq!(
+        store.publish_ban(&again, now + 500).await.unwrap(),
+        Published::InForce(ban(0))
+    );
+    let changes =
+        |set: Vec<(Ident, Ban)>, lifted: Vec<(Scope, Ident)>| BanRead::Changes { set, lifted };
+    assert_eq!(
+        store.sync_bans(&mut near, now).await.unwrap(),
+        changes(vec![(who(0), ban(0))], Vec::new())
+    );
+    assert_eq!(
+        store.sync_bans(&mut near, now).await.unwrap(),
+        changes(Vec::new(), Vec::new())
+    );
+    store.lift_ban(&ban(0)).await.unwrap();
+    assert_eq!(
+        store.publish_ban(&ban(1), now).await.unwrap(),
+        Published::Set
+    );
+    assert_eq!(
+        store.sync_bans(&mut near, now).await.unwrap(),
+        changes(vec![(who(1), ban(1))], vec![(Scope::Ip, who(0))])
+    );
+
+    // An ended ban leaves the hash at the next sync, unlogged (gateways drop it by time).
+    let ended = Ban {
+        expires_at_ms: now + 1,
+        ..ban(2)
+    };
+    assert_eq!(
+        store.publish_ban(&ended, now).await.unwrap(),
+        Published::Set
+    );
+    assert_eq!(
+        store.sync_bans(&mut near, now + 2).await.unwrap(),
+        changes(Vec::new(), vec![(Scope::Ip, who(2))])
+    );
+    let mut c = redis.client().await;
+    let len: u64 = redis::cmd("HLEN")
+        .arg("log:{bans}")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(len, 1);
+
+    // More changes than the log holds: `near`, one change behind the flood's start,
+    // reads the whole table; a cursor at the end reads nothing.
+    let flood = u32::try_from(MAX_CHANGES).unwrap() + 10;
+    let tasks: Vec<_> = (0..16)
+        .map(|t| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let mut i = 10 + t;
+                while i < 10 + flood {
+                    let b = Ban::new(Scope::Ip, &who(i), &rule, now);
+                    assert_eq!(store.publish_ban(&b, now).await.unwrap(), Published::Set);
+                    i += 16;
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    match store.sync_bans(&mut near, now + 2).await.unwrap() {
+        BanRead::Full(all) => assert_eq!(all.len(), flood as usize + 1),
+        other => panic!("not a full read: {other:?}"),
+    }
+    assert_eq!(
+        store.sync_bans(&mut near, now + 2).await.unwrap(),
+        changes(Vec::new(), Vec::new())
+    );
+    assert!(matches!(
+        store.sync_bans(&mut early, now + 2).await.unwrap(),
+        BanRead::Full(_)
+    ));
+    let logged: u64 = redis::cmd("ZCARD")
+        .arg("log:{bans}:changes")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(logged, MAX_CHANGES as u64);
 }
