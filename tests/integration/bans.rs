@@ -16,7 +16,7 @@ use throttle::store::redis::Target;
 use throttle::store::RedisStore;
 
 use crate::support::postgres::TestDb;
-use crate::support::redis::RedisServer;
+use crate::support::redis::{RedisCluster, RedisServer};
 use crate::support::{client, eventually, header, Gateway, Upstream, ADMIN_TOKEN};
 
 fn config(redis: &RedisServer) -> String {
@@ -728,4 +728,54 @@ async fn the_change_log_serves_changes_and_reads_anew_when_behind() {
         .await
         .unwrap();
     assert_eq!(logged, MAX_CHANGES as u64);
+}
+
+/// On Redis Cluster the ban scripts name keys of one slot (`{bans}`; a strike, its
+/// identity's): strike, publish, sync and lift run without CROSSSLOT.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_ban_scripts_run_on_redis_cluster() {
+    let cluster = RedisCluster::start().await;
+    let store = RedisStore::new(
+        Target::Cluster(cluster.urls()),
+        Duration::from_secs(2),
+        "cl",
+    );
+    let now = SystemClock.now_ms();
+    let rule = BanRule {
+        after: 3,
+        within_ms: 60_000,
+        for_ms: 600_000,
+        from_check: false,
+    };
+    let who = Ident::Ip("192.0.2.80".parse().unwrap());
+    assert_eq!(store.strike(Scope::Ip, &who, 2, 60_000).await.unwrap(), 2);
+    assert_eq!(store.strike(Scope::Ip, &who, 1, 60_000).await.unwrap(), 3);
+    let mut cursor = BanCursor::default();
+    assert_eq!(
+        store.sync_bans(&mut cursor, now).await.unwrap(),
+        BanRead::Full(Vec::new())
+    );
+    let ban = Ban::new(Scope::Ip, &who, &rule, now);
+    assert_eq!(store.publish_ban(&ban, now).await.unwrap(), Published::Set);
+    store
+        .quiet_strikes(Scope::Ip, &who, ban.expires_at_ms, now)
+        .await
+        .unwrap();
+    assert_eq!(
+        store.sync_bans(&mut cursor, now).await.unwrap(),
+        BanRead::Changes {
+            set: vec![(who.clone(), ban.clone())],
+            lifted: Vec::new()
+        }
+    );
+    store.lift_ban(&ban).await.unwrap();
+    assert_eq!(
+        store.sync_bans(&mut cursor, now).await.unwrap(),
+        BanRead::Changes {
+            set: Vec::new(),
+            lifted: vec![(Scope::Ip, who.clone())]
+        }
+    );
+    // The lift reset the count.
+    assert_eq!(store.strike(Scope::Ip, &who, 1, 60_000).await.unwrap(), 1);
 }
