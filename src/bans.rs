@@ -16,8 +16,12 @@ use crate::limiter::{BanRule, Ident, Scope};
 /// Most bans held. At the cap a new ban is refused (and counted), never put in place of
 /// another: a flood of bans on others cannot lift an earlier one.
 pub const MAX_BANS: usize = 100_000;
-/// Most identities whose rejections are counted locally (memory store).
+/// Most identities whose rejections are counted locally (on Redis too: there the entry
+/// also holds the rejections not yet sent to the fleet's count).
 pub const MAX_STRIKES: usize = 100_000;
+/// On Redis, the shortest time between two calls adding one identity's rejections to the
+/// fleet's count (a rejection's `retry_after` may be a few ms).
+pub const MIN_STRIKE_INTERVAL_MS: u64 = 100;
 
 /// One ban.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,11 +39,54 @@ pub struct Ban {
 /// Rejections of one identity: counted in `[starts_ms, ends_ms)`. After a ban the entry
 /// is quiet until the ban ends (`starts_ms == ends_ms ==` its end): rejections then are
 /// not counted, and the first one after it starts a new span.
+///
+/// On Redis the entry also gates the calls adding to the fleet's count: `pending`
+/// rejections wait here until `next_call_ms`, then go in one call.
 #[derive(Debug, Clone, Copy)]
 struct Strike {
     starts_ms: u64,
     ends_ms: u64,
     count: u32,
+    /// Rejections of this span not yet added to the fleet's count (Redis).
+    pending: u32,
+    /// No call adds to the fleet's count before this.
+    next_call_ms: u64,
+    /// A call adding to the fleet's count is under way (at most one at a time).
+    calling: bool,
+}
+
+impl Strike {
+    /// Quiet until `until_ms` (a ban's end). A call under way stays known as such.
+    fn quiet(until_ms: u64, calling: bool) -> Self {
+        Strike {
+            starts_ms: until_ms,
+            ends_ms: until_ms,
+            count: 0,
+            pending: 0,
+            next_call_ms: 0,
+            calling,
+        }
+    }
+}
+
+/// What one rejection on a gateway sharing its counts (Redis) calls for; see
+/// [`Bans::strike_shared`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tally {
+    /// Nothing now: counted here (it goes with the next call), or quiet (a ban is in
+    /// force).
+    Held,
+    /// This gateway's own count reached `after`: ban now (its count is at most the
+    /// fleet's).
+    Ban,
+    /// Add `n` rejections to the fleet's count now, in one call; report its end with
+    /// [`Bans::sent`] and `span_ms`.
+    Send {
+        /// Rejections to add.
+        n: u32,
+        /// The span they were counted in (its start).
+        span_ms: u64,
+    },
 }
 
 /// The bans in force and when the first of them ends.
@@ -148,6 +195,72 @@ impl Bans {
     /// At the cap, spans that are over are forgotten, then (a spray of identities) the
     /// half with the fewest rejections: an identity close to its ban keeps its count.
     pub fn strike(&self, scope: Scope, ident: &Ident, rule: &BanRule, now_ms: u64) -> u32 {
+        self.with_strike(scope, ident, rule, now_ms, |s| s.count)
+            .unwrap_or(0)
+    }
+
+    /// Counts a rejection as [`Bans::strike`] does, on a gateway that shares its counts
+    /// (Redis), and says what to do about it. The rejection is also held as pending for
+    /// the fleet's count; the pending ones go in one call (`Send`) when no call is under
+    /// way and `interval_ms` (the rejection's `retry_after`, at least
+    /// [`MIN_STRIKE_INTERVAL_MS`], at most the span) has passed since the last call: one
+    /// call per identity per interval, however fast the rejections come. This gateway's
+    /// own count reaching `after` bans at once (`Ban`).
+    pub fn strike_shared(
+        &self,
+        scope: Scope,
+        ident: &Ident,
+        rule: &BanRule,
+        now_ms: u64,
+        interval_ms: u64,
+    ) -> Tally {
+        let interval_ms = interval_ms
+            .max(MIN_STRIKE_INTERVAL_MS)
+            .min(rule.within_ms.max(1));
+        self.with_strike(scope, ident, rule, now_ms, |s| {
+            s.pending = s.pending.saturating_add(1);
+            if s.count == rule.after {
+                // The ban quiets the fleet's count: what is pending no longer matters.
+                s.pending = 0;
+                return Tally::Ban;
+            }
+            if s.calling || now_ms < s.next_call_ms {
+                return Tally::Held;
+            }
+            let n = std::mem::take(&mut s.pending);
+            s.calling = true;
+            s.next_call_ms = now_ms.saturating_add(interval_ms);
+            Tally::Send {
+                n,
+                span_ms: s.starts_ms,
+            }
+        })
+        .unwrap_or(Tally::Held)
+    }
+
+    /// The call a `Send` asked for is over: `unsent` of its rejections did not reach the
+    /// fleet's count (all of them when it failed) and go with the next call, if their
+    /// span (`span_ms`) is still the current one.
+    pub fn sent(&self, scope: Scope, ident: &Ident, span_ms: u64, unsent: u32) {
+        let mut strikes = self.strikes.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(s) = strikes.get_mut(&(scope, ident.clone())) {
+            s.calling = false;
+            if s.starts_ms == span_ms && s.starts_ms < s.ends_ms {
+                s.pending = s.pending.saturating_add(unsent);
+            }
+        }
+    }
+
+    /// Counts a rejection in its span (a new span when the last is over) and hands the
+    /// entry to `f`; None (nothing counted) while the entry is quiet.
+    fn with_strike<R>(
+        &self,
+        scope: Scope,
+        ident: &Ident,
+        rule: &BanRule,
+        now_ms: u64,
+        f: impl FnOnce(&mut Strike) -> R,
+    ) -> Option<R> {
         let mut strikes = self.strikes.lock().unwrap_or_else(PoisonError::into_inner);
         let key = (scope, ident.clone());
         if strikes.len() >= self.max_strikes && !strikes.contains_key(&key) {
@@ -157,19 +270,24 @@ impl Bans {
             starts_ms: now_ms,
             ends_ms: now_ms,
             count: 0,
+            pending: 0,
+            next_call_ms: 0,
+            calling: false,
         });
         if now_ms < s.starts_ms {
-            return 0; // quiet: the ban is in force
+            return None; // quiet: the ban is in force
         }
         if now_ms >= s.ends_ms {
             *s = Strike {
                 starts_ms: now_ms,
                 ends_ms: now_ms.saturating_add(rule.within_ms),
                 count: 0,
+                pending: 0,
+                ..*s
             };
         }
         s.count = s.count.saturating_add(1);
-        s.count
+        Some(f(s))
     }
 
     /// Puts `ban` on `ident` at `now_ms` (replacing an earlier ban on it) and makes its
@@ -180,31 +298,17 @@ impl Bans {
         let until_ms = ban.expires_at_ms;
         {
             let mut active = self.active.write().unwrap_or_else(PoisonError::into_inner);
-            if active.map.len() >= self.max_bans && !active.map.contains_key(&key) {
-                if active.soonest_ms <= now_ms {
-                    active.map.retain(|_, b| b.expires_at_ms > now_ms);
-                    active.soonest_ms = soonest(&active.map);
-                }
-                if active.map.len() >= self.max_bans {
-                    return false;
-                }
+            if !put(&mut active, key.clone(), ban, now_ms, self.max_bans) {
+                return false;
             }
-            active.soonest_ms = active.soonest_ms.min(until_ms);
-            active.map.insert(key.clone(), ban);
             self.any.store(true, Ordering::Relaxed);
         }
         let mut strikes = self.strikes.lock().unwrap_or_else(PoisonError::into_inner);
         if strikes.len() >= self.max_strikes && !strikes.contains_key(&key) {
             shed(&mut strikes, now_ms, self.max_strikes);
         }
-        strikes.insert(
-            key,
-            Strike {
-                starts_ms: until_ms,
-                ends_ms: until_ms,
-                count: 0,
-            },
-        );
+        let calling = strikes.get(&key).is_some_and(|s| s.calling);
+        strikes.insert(key, Strike::quiet(until_ms, calling));
         true
     }
 
@@ -236,7 +340,9 @@ impl Bans {
         out
     }
 
-    /// Replaces the bans with the fleet's (`remote`, from Redis) and drops expired ones.
+    /// Replaces the bans with the fleet's (`remote`, all of them, from Redis) and drops
+    /// expired ones. The rejection counts of the banned identities go quiet until their
+    /// bans end, as for a ban imposed here.
     pub fn replace(&self, remote: Vec<(Ident, Ban)>, now_ms: u64) {
         let fresh: HashMap<(Scope, Ident), Ban> = remote
             .into_iter()
@@ -244,19 +350,89 @@ impl Bans {
             .take(self.max_bans)
             .map(|(ident, b)| ((b.scope, ident), b))
             .collect();
+        self.quiet(fresh.iter().map(|(k, b)| (k, b.expires_at_ms)));
         let mut active = self.active.write().unwrap_or_else(PoisonError::into_inner);
         active.soonest_ms = soonest(&fresh);
         active.map = fresh;
         self.any.store(!active.map.is_empty(), Ordering::Relaxed);
     }
 
-    /// Drops expired bans (memory store; on Redis `replace` does).
+    /// Applies what changed in the fleet's bans since the last sync (Redis): `set` (bans
+    /// new or renewed) go in, `lifted` identities come out, and ended bans are dropped;
+    /// the others stay as they are. Rejection counts follow as for bans imposed and
+    /// lifted here: quiet while a ban lasts, afresh after a lift. At the cap, bans new
+    /// here are refused (the fleet's table has the same cap).
+    pub fn apply(&self, set: Vec<(Ident, Ban)>, lifted: Vec<(Scope, Ident)>, now_ms: u64) {
+        let set: Vec<((Scope, Ident), Ban)> = set
+            .into_iter()
+            .filter(|(_, b)| b.expires_at_ms > now_ms)
+            .map(|(ident, b)| ((b.scope, ident), b))
+            .collect();
+        {
+            let mut active = self.active.write().unwrap_or_else(PoisonError::into_inner);
+            for key in &lifted {
+                active.map.remove(key);
+            }
+            if active.soonest_ms <= now_ms {
+                active.map.retain(|_, b| b.expires_at_ms > now_ms);
+                active.soonest_ms = soonest(&active.map);
+            }
+            for (key, ban) in &set {
+                put(&mut active, key.clone(), ban.clone(), now_ms, self.max_bans);
+            }
+            self.any.store(!active.map.is_empty(), Ordering::Relaxed);
+        }
+        self.quiet(set.iter().map(|(k, b)| (k, b.expires_at_ms)));
+        if !lifted.is_empty() {
+            let mut strikes = self.strikes.lock().unwrap_or_else(PoisonError::into_inner);
+            for key in &lifted {
+                strikes.remove(key);
+            }
+        }
+    }
+
+    /// Quiets the rejection counts already held for `banned` (identity, ban's end) until
+    /// their bans end; identities without a count get none.
+    fn quiet<'a>(&self, banned: impl Iterator<Item = (&'a (Scope, Ident), u64)>) {
+        let mut strikes = self.strikes.lock().unwrap_or_else(PoisonError::into_inner);
+        if strikes.is_empty() {
+            return;
+        }
+        for (key, until_ms) in banned {
+            if let Some(s) = strikes.get_mut(key) {
+                *s = Strike::quiet(until_ms, s.calling);
+            }
+        }
+    }
+
+    /// Drops expired bans (memory store; on Redis the sync does). Costs nothing while
+    /// no ban has ended.
     pub fn prune(&self, now_ms: u64) {
         let mut active = self.active.write().unwrap_or_else(PoisonError::into_inner);
+        if active.soonest_ms > now_ms {
+            return;
+        }
         active.map.retain(|_, b| b.expires_at_ms > now_ms);
         active.soonest_ms = soonest(&active.map);
         self.any.store(!active.map.is_empty(), Ordering::Relaxed);
     }
+}
+
+/// Puts `ban` under `key` in `active` unless it holds `max` bans in force and none on
+/// `key` (then false: refused, never put in place of another).
+fn put(active: &mut Active, key: (Scope, Ident), ban: Ban, now_ms: u64, max: usize) -> bool {
+    if active.map.len() >= max && !active.map.contains_key(&key) {
+        if active.soonest_ms <= now_ms {
+            active.map.retain(|_, b| b.expires_at_ms > now_ms);
+            active.soonest_ms = soonest(&active.map);
+        }
+        if active.map.len() >= max {
+            return false;
+        }
+    }
+    active.soonest_ms = active.soonest_ms.min(ban.expires_at_ms);
+    active.map.insert(key, ban);
+    true
 }
 
 /// When the first of `bans` ends (`u64::MAX`: none).
@@ -467,5 +643,123 @@ mod tests {
         }
         assert!(bans.strikes.lock().unwrap().len() <= 100);
         assert_eq!(bans.strike(Scope::Ip, &who, &RULE, 2), 3);
+    }
+
+    /// On Redis: the first rejection calls, the ones within its interval are held, the
+    /// first after it sends them all in one call; the local count reaching `after` bans
+    /// at once.
+    #[test]
+    fn shared_strikes_call_once_per_interval_and_carry_the_rest() {
+        let bans = Bans::default();
+        let who = ip("192.0.2.20");
+        let rule = BanRule { after: 10, ..RULE };
+        let strike = |at| bans.strike_shared(Scope::Ip, &who, &rule, at, 1_000);
+        assert_eq!(strike(0), Tally::Send { n: 1, span_ms: 0 });
+        // Within the interval, and while the call is under way: held.
+        for at in [1, 200, 999] {
+            assert_eq!(strike(at), Tally::Held, "at {at}");
+        }
+        // The interval is over but the call is not: still held.
+        assert_eq!(strike(1_000), Tally::Held);
+        bans.sent(Scope::Ip, &who, 0, 0);
+        // The next call carries the four held meanwhile and this one.
+        assert_eq!(strike(1_001), Tally::Send { n: 5, span_ms: 0 });
+        // A failed call: its rejections go with the next.
+        bans.sent(Scope::Ip, &who, 0, 5);
+        assert_eq!(strike(2_001), Tally::Send { n: 6, span_ms: 0 });
+        bans.sent(Scope::Ip, &who, 0, 0);
+        // Rejections 8 and 9 held; the 10th (local count = after) bans at once.
+        assert_eq!(strike(2_002), Tally::Held);
+        assert_eq!(strike(2_003), Tally::Held);
+        assert_eq!(strike(2_004), Tally::Ban);
+    }
+
+    /// The interval is the rejection's retry_after, at least `MIN_STRIKE_INTERVAL_MS`,
+    /// at most the span; a new span drops what was held in the last.
+    #[test]
+    fn shared_strike_intervals_are_bounded_and_spans_restart() {
+        let bans = Bans::default();
+        let who = ip("192.0.2.21");
+        let rule = BanRule {
+            after: 1_000,
+            ..RULE
+        }; // a 10 s span
+        let strike = |at, every| bans.strike_shared(Scope::Ip, &who, &rule, at, every);
+        let done = |span, unsent| bans.sent(Scope::Ip, &who, span, unsent);
+        // A 1 ms retry_after waits 100 ms.
+        assert_eq!(strike(0, 1), Tally::Send { n: 1, span_ms: 0 });
+        done(0, 0);
+        assert_eq!(strike(99, 1), Tally::Held);
+        // An hour's retry_after waits the span (10 s), not the hour.
+        assert_eq!(strike(100, 3_600_000), Tally::Send { n: 2, span_ms: 0 });
+        assert_eq!(strike(9_999, 1), Tally::Held);
+        // That call fails late, after a new span began (10 s): its rejections belong to
+        // the last span and are dropped, as is the one held there.
+        assert_eq!(strike(10_050, 1), Tally::Held, "the call is under way");
+        done(0, 2);
+        assert_eq!(
+            strike(10_100, 1),
+            Tally::Send {
+                n: 2,
+                span_ms: 10_050
+            }
+        );
+    }
+
+    /// A spray of identities on Redis does not grow the table past its bound either.
+    #[test]
+    fn shared_strikes_are_bounded() {
+        let bans = Bans::with_caps(10, 1_000);
+        for i in 0..10_000u32 {
+            let who = Ident::Ip(std::net::IpAddr::from(i.to_be_bytes()));
+            bans.strike_shared(Scope::Ip, &who, &RULE, 0, 1_000);
+        }
+        let n = bans.strikes.lock().unwrap().len();
+        assert!(n <= 1_000, "{n}");
+    }
+
+    /// Changes from the fleet: set bans go in (their counts go quiet), lifted ones come
+    /// out (their counts start afresh), ended ones go, the rest stay.
+    #[test]
+    fn fleet_changes_apply_incrementally() {
+        let bans = Bans::default();
+        let (a, b, c) = (ip("198.51.100.1"), ip("198.51.100.2"), ip("198.51.100.3"));
+        let short = BanRule {
+            for_ms: 1_000,
+            ..RULE
+        };
+        bans.apply(
+            vec![
+                (a.clone(), Ban::new(Scope::Ip, &a, &RULE, 0)),
+                (b.clone(), Ban::new(Scope::Ip, &b, &short, 0)),
+            ],
+            Vec::new(),
+            0,
+        );
+        assert!(bans.banned(Scope::Ip, &a, 500).is_some());
+        assert!(bans.banned(Scope::Ip, &b, 500).is_some());
+        // c has a count: a ban on it quiets it.
+        bans.strike(Scope::Ip, &c, &RULE, 500);
+        bans.apply(
+            vec![(c.clone(), Ban::new(Scope::Ip, &c, &short, 500))],
+            Vec::new(),
+            500,
+        );
+        assert_eq!(bans.strike(Scope::Ip, &c, &RULE, 600), 0, "quiet");
+        // Nothing changed: all stay. Later b's ban ends and it goes.
+        bans.apply(Vec::new(), Vec::new(), 700);
+        assert_eq!(bans.list(700).len(), 3);
+        bans.apply(Vec::new(), Vec::new(), 1_200);
+        assert_eq!(bans.list(1_200).len(), 2);
+        assert_eq!(
+            bans.active.read().unwrap().map.len(),
+            2,
+            "dropped, not only hidden"
+        );
+        // a lifted: gone, its count afresh.
+        bans.apply(Vec::new(), vec![(Scope::Ip, a.clone())], 1_300);
+        assert!(bans.banned(Scope::Ip, &a, 1_300).is_none());
+        assert_eq!(bans.strike(Scope::Ip, &a, &RULE, 1_300), 1);
+        assert!(bans.banned(Scope::Ip, &c, 1_300).is_some());
     }
 }

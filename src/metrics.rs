@@ -75,6 +75,10 @@ pub struct Metrics {
     /// `throttle_bans_dropped_total`: automatic bans refused because the table of bans
     /// (or the fleet's, on Redis) was full of bans still in force.
     pub bans_dropped_total: IntCounter,
+    /// `throttle_ban_syncs_total{read}`: ban syncs from Redis that succeeded, by what
+    /// they read: `full` (the whole table: first sync, Redis restarted or flushed, or
+    /// fallen behind the change log) or `changes` (what changed since the last).
+    pub ban_syncs: [IntCounter; 2],
     /// `throttle_adaptive_factor{route}`: the factor an adaptive route's limits are
     /// multiplied by (only adaptive routes have a series).
     pub adaptive_factor: GaugeVec,
@@ -261,6 +265,15 @@ impl Metrics {
             "Automatic bans refused because the table of bans was full of bans in force.",
         )?;
         registry.register(Box::new(bans_dropped_total.clone()))?;
+        let ban_syncs_total = IntCounterVec::new(
+            Opts::new(
+                "throttle_ban_syncs_total",
+                "Ban syncs from Redis, by what they read (full: the whole table; changes: what changed since the last).",
+            ),
+            &["read"],
+        )?;
+        registry.register(Box::new(ban_syncs_total.clone()))?;
+        let ban_syncs = ["full", "changes"].map(|r| ban_syncs_total.with_label_values(&[r]));
         let local_decisions =
             ["lease", "over_limit_cache"].map(|r| local_decisions_total.with_label_values(&[r]));
         let upstream_healthy = IntGaugeVec::new(
@@ -294,6 +307,7 @@ impl Metrics {
             near_limit,
             bans,
             bans_dropped_total,
+            ban_syncs,
             adaptive_factor,
             upstream_healthy,
         })

@@ -25,6 +25,7 @@ use crate::metrics::Metrics;
 use crate::proxy::listener::{Capped, Edge};
 use crate::proxy::Gateway;
 use crate::rls::RlsListener;
+use crate::store::redis::bans::{BanCursor, BanRead};
 use crate::store::{LimitStore, MemoryStore, RedisStore, TieredStore};
 use crate::sync::{EventRetention, EventWriter, Refresher};
 
@@ -445,8 +446,10 @@ impl BackgroundService for LeaseReturns {
     }
 }
 
-/// Every second: the fleet's automatic bans read from Redis (this gateway's own are
-/// there too), or, on the memory store, expired bans dropped.
+/// Every second: what changed in the fleet's automatic bans, read from Redis (this
+/// gateway's own are there too) and applied; the whole table on the first sync, after
+/// Redis restarted or was flushed, or when this gateway fell behind the change log (see
+/// `store::redis::bans`). On the memory store: expired bans dropped.
 struct BanSync {
     core: Arc<Core>,
 }
@@ -456,18 +459,32 @@ impl BackgroundService for BanSync {
     async fn start(&self, mut shutdown: ShutdownWatch) {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut cursor = BanCursor::default();
         loop {
             tokio::select! {
                 _ = shutdown.changed() => return,
                 _ = tick.tick() => {
                     let now_ms = self.core.clock.now_ms();
-                    match &self.core.shared_bans {
-                        Some(redis) => match redis.bans(now_ms).await {
-                            Ok(bans) => self.core.bans.replace(bans, now_ms),
-                            // Keep the bans known; expired ones still stop matching.
-                            Err(e) => tracing::debug!(error = %e, "ban sync failed"),
-                        },
-                        None => self.core.bans.prune(now_ms),
+                    let bans = &self.core.bans;
+                    let Some(redis) = &self.core.shared_bans else {
+                        bans.prune(now_ms);
+                        continue;
+                    };
+                    let syncs = &self.core.metrics.ban_syncs;
+                    match redis.sync_bans(&mut cursor, now_ms).await {
+                        Ok(BanRead::Full(all)) => {
+                            bans.replace(all, now_ms);
+                            syncs[0].inc();
+                        }
+                        Ok(BanRead::Changes { set, lifted }) => {
+                            bans.apply(set, lifted, now_ms);
+                            syncs[1].inc();
+                        }
+                        // Keep the bans known; expired ones still stop matching.
+                        Err(e) => {
+                            tracing::debug!(error = %e, "ban sync failed");
+                            bans.prune(now_ms);
+                        }
                     }
                 }
             }

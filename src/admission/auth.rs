@@ -130,7 +130,14 @@ async fn auth_limit(
                     client_ip: ip,
                     key: None,
                 };
-                super::bans::strike(core, Scope::Auth, &s.ident, rule, &who);
+                super::bans::strike(
+                    core,
+                    Scope::Auth,
+                    &s.ident,
+                    rule,
+                    g.decision.retry_after_ms,
+                    &who,
+                );
             }
             Err(Rejection::RateLimited {
                 governing: g,

@@ -3,17 +3,20 @@
 //! count reaching `after` bans the identity (fleet-wide on Redis).
 //!
 //! Counting never delays the 429: on Redis it runs in a spawned task under the store's
-//! deadline, and a failed count falls back to this gateway's own.
+//! deadline, at most once per identity per `retry_after` (see [`strike`]), and while
+//! Redis fails this gateway's own count decides.
 
 use std::net::IpAddr;
 use std::sync::Arc;
 
 use super::core::Core;
 use super::Rejection;
-use crate::bans::{Ban, Bans};
+use crate::bans::{Ban, Bans, Tally};
 use crate::db::events::{Event, EventQueue};
 use crate::identity::KeyInfo;
 use crate::limiter::{BanRule, Ident, Scope, Window};
+use crate::store::redis::bans::Published;
+use crate::store::RedisStore;
 
 /// 403 when `ident` is banned in `scope`.
 pub(super) fn check(
@@ -34,66 +37,122 @@ pub(super) struct Offender<'a> {
     pub(super) key: Option<&'a KeyInfo>,
 }
 
-/// Counts a rejection of `ident` by `scope` under `rule`; bans it on the `after`-th of
-/// the span (at most one ban per span). Only a ban formats anything: a rejection that
-/// does not ban costs the count alone.
-pub(super) fn strike(core: &Core, scope: Scope, ident: &Ident, rule: BanRule, who: &Offender<'_>) {
-    let ban = Pending {
-        scope,
-        ident: ident.clone(),
-        rule,
-        now_ms: core.clock.now_ms(),
-        client_ip: who.client_ip,
-        tenant: who.key.map(|k| k.tenant.clone()),
-        key_id: who
-            .key
-            .map(|k| k.key_id.clone())
-            .filter(|id| !id.is_empty()),
-        events: core.events.clone(),
-        counted: core.metrics.bans(scope),
-        dropped: core.metrics.bans_dropped_total.clone(),
-        bans: core.bans.clone(),
-    };
+/// Counts a rejection of `ident` by `scope` under `rule`, whose `retry_after` was
+/// `retry_after_ms`; bans it on the `after`-th of the span (at most one ban per span).
+/// Only a ban formats anything: a rejection that does not ban costs the count alone.
+///
+/// On Redis the rejections go to the fleet's count in batches: at most one call per
+/// identity per `retry_after` on this gateway, the ones counted meanwhile with the next
+/// call (INCRBY n). The ban lands when the fleet's count crosses `after` with a call
+/// (before < after <= after it: one gateway sees that), or at once when this gateway's
+/// own count reaches `after`; publishing it is the arbiter between the two (a ban in
+/// force is kept, not imposed twice).
+pub(super) fn strike(
+    core: &Core,
+    scope: Scope,
+    ident: &Ident,
+    rule: BanRule,
+    retry_after_ms: u64,
+    who: &Offender<'_>,
+) {
+    let now_ms = core.clock.now_ms();
     let Some(redis) = core.shared_bans.clone() else {
-        if ban.local_strike() == rule.after {
+        if core.bans.strike(scope, ident, &rule, now_ms) == rule.after {
+            Pending::new(core, scope, ident, rule, now_ms, who).impose();
+        }
+        return;
+    };
+    let tally = core
+        .bans
+        .strike_shared(scope, ident, &rule, now_ms, retry_after_ms);
+    if tally == Tally::Held {
+        return;
+    }
+    let ban = Pending::new(core, scope, ident, rule, now_ms, who);
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        // No runtime to call Redis from: this gateway's own count decides.
+        match tally {
+            Tally::Send { n, span_ms } => core.bans.sent(scope, ident, span_ms, n),
+            Tally::Ban | Tally::Held => ban.impose(),
+        }
+        return;
+    };
+    match tally {
+        Tally::Held => {}
+        Tally::Ban => {
+            runtime.spawn(publish(redis, ban));
+        }
+        Tally::Send { n, span_ms } => {
+            runtime.spawn(async move {
+                let mut call = Call {
+                    bans: ban.bans.clone(),
+                    scope,
+                    ident: ban.ident.clone(),
+                    span_ms,
+                    unsent: n,
+                };
+                let count = match redis.strike(scope, &ban.ident, n, rule.within_ms).await {
+                    Ok(count) => count,
+                    // Redis away: they go with the next call; meanwhile this gateway's
+                    // own count decides (see `Bans::strike_shared`).
+                    Err(e) => {
+                        tracing::debug!(error = %e, "counting rejections towards a ban failed");
+                        return;
+                    }
+                };
+                call.unsent = 0;
+                drop(call);
+                // Exactly one call sees the count cross `after`: one ban per span,
+                // however many gateways go on refusing before the ban reaches them (the
+                // count stays quiet until the ban ends, see `RedisStore::quiet_strikes`).
+                let after = i64::from(rule.after);
+                if count.saturating_sub(i64::from(n)) < after && after <= count {
+                    publish(redis, ban).await;
+                }
+            });
+        }
+    }
+}
+
+/// Publishes the ban to the fleet and imposes it here; a ban already in force on the
+/// identity (another gateway was first) is taken as it is, not imposed twice.
+async fn publish(redis: Arc<RedisStore>, ban: Pending) {
+    let published = ban.ban();
+    match redis.publish_ban(&published, ban.now_ms).await {
+        Ok(Published::Set) => {
+            let quiet =
+                redis.quiet_strikes(ban.scope, &ban.ident, published.expires_at_ms, ban.now_ms);
+            if let Err(e) = quiet.await {
+                tracing::debug!(error = %e, "quieting the strikes of a banned identity failed");
+            }
             ban.impose();
         }
-        return;
-    };
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        return;
-    };
-    runtime.spawn(async move {
-        let n = match redis.strike(scope, &ban.ident, rule.within_ms).await {
-            Ok(n) => n,
-            // Redis away: this gateway's own count decides.
-            Err(_) => i64::from(ban.local_strike()),
-        };
-        // Exactly one gateway sees the `after`-th rejection of the span: one ban per
-        // span, however many gateways go on refusing before the ban reaches them (and
-        // the count stays quiet until the ban ends, see `RedisStore::quiet_strikes`).
-        if n != i64::from(rule.after) {
-            return;
+        Ok(Published::InForce(first)) => ban.adopt(first),
+        // The fleet's table is full of bans in force: refused, not put in place of one.
+        Ok(Published::Full) => ban.dropped.inc(),
+        Err(e) => {
+            tracing::warn!(error = %e, "publishing an automatic ban failed: it holds on this gateway only");
+            ban.impose();
         }
-        let published = ban.ban();
-        match redis.publish_ban(&published).await {
-            Ok(true) => {
-                let quiet = redis.quiet_strikes(scope, &ban.ident, published.expires_at_ms, ban.now_ms);
-                if let Err(e) = quiet.await {
-                    tracing::debug!(error = %e, "quieting the strikes of a banned identity failed");
-                }
-            }
-            // The fleet's table is full of bans in force: refused, not put in place of one.
-            Ok(false) => {
-                ban.dropped.inc();
-                return;
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "publishing an automatic ban failed: it holds on this gateway only");
-            }
-        }
-        ban.impose();
-    });
+    }
+}
+
+/// A call adding rejections to the fleet's count, under way: when it ends (or its task
+/// is dropped), the identity may call again, and what did not reach Redis is pending
+/// again.
+struct Call {
+    bans: Arc<Bans>,
+    scope: Scope,
+    ident: Ident,
+    span_ms: u64,
+    unsent: u32,
+}
+
+impl Drop for Call {
+    fn drop(&mut self) {
+        self.bans
+            .sent(self.scope, &self.ident, self.span_ms, self.unsent);
+    }
 }
 
 /// A rejection that may become a ban: what imposing it needs, none of it formatted yet.
@@ -112,10 +171,38 @@ struct Pending {
 }
 
 impl Pending {
-    /// Counts the rejection on this gateway.
-    fn local_strike(&self) -> u32 {
-        self.bans
-            .strike(self.scope, &self.ident, &self.rule, self.now_ms)
+    fn new(
+        core: &Core,
+        scope: Scope,
+        ident: &Ident,
+        rule: BanRule,
+        now_ms: u64,
+        who: &Offender<'_>,
+    ) -> Self {
+        Pending {
+            scope,
+            ident: ident.clone(),
+            rule,
+            now_ms,
+            client_ip: who.client_ip,
+            tenant: who.key.map(|k| k.tenant.clone()),
+            key_id: who
+                .key
+                .map(|k| k.key_id.clone())
+                .filter(|id| !id.is_empty()),
+            events: core.events.clone(),
+            counted: core.metrics.bans(scope),
+            dropped: core.metrics.bans_dropped_total.clone(),
+            bans: core.bans.clone(),
+        }
+    }
+
+    /// Takes the fleet's ban on the identity (another gateway imposed it): in force
+    /// here at once, not counted or logged again.
+    fn adopt(self, first: Ban) {
+        if !self.bans.insert(self.ident, first, self.now_ms) {
+            self.dropped.inc();
+        }
     }
 
     fn ban(&self) -> Ban {

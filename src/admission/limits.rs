@@ -118,7 +118,14 @@ pub(super) async fn limit(
     if let Some(s) = rejecting {
         if let Some(rule) = s.limits.ban.filter(|r| origin.strikes(r)) {
             let who = Offender { client_ip, key };
-            bans::strike(core, s.scope, &s.ident, rule, &who);
+            bans::strike(
+                core,
+                s.scope,
+                &s.ident,
+                rule,
+                governing.decision.retry_after_ms,
+                &who,
+            );
         }
     }
     let message = rejecting.and_then(|s| s.limits.message.clone());
