@@ -1,6 +1,6 @@
 //! What the process must know to stop well: open proxy connections (capped, globally and
 //! per peer address) and background work that must finish before exit (the violation log
-//! flush). A gateway told to stop exits as soon as both are zero instead of sleeping the
+//! flush, and on Redis the lease returns giving every leased token back). A gateway told to stop exits as soon as both are zero instead of sleeping the
 //! whole grace period.
 
 use std::collections::HashMap;
