@@ -31,7 +31,7 @@ use crate::sync::{EventRetention, EventWriter, Refresher};
 
 mod services;
 
-use self::services::Every;
+use crate::lifecycle::Every;
 
 /// Why the gateway cannot start.
 #[derive(Debug, thiserror::Error)]
@@ -320,10 +320,11 @@ fn add_background(
             db: db.clone(),
         },
     ));
-    server.add_service(background_service(
+    add(
+        server,
         "upstream health checks",
-        crate::upstream_health::HealthChecks::new(core.clone()),
-    ));
+        crate::upstream_health::health_checks(core.clone()),
+    );
     if let Some((redis, beat)) = heartbeat {
         let returns = services::lease_returns(redis.clone(), lifecycle.clone());
         add(server, "lease returns", returns);

@@ -1,99 +1,16 @@
-//! The gateway's periodic background work, each written as one `every(period, f)`: the
-//! memory store's sweeper, the instance heartbeat, lease returns and slot renewals, ban
-//! sync and the adaptive-limit controller.
-//!
-//! `Every` owns the loop they share: a tick at once and then every period (a late tick is
-//! delayed, not bunched up), each tick run to its end before shutdown is looked at again,
-//! and an optional last action once shutdown is seen, which the process waits for when
-//! the service holds a `Lifecycle` (see `Every::finishing`).
+//! The gateway's periodic background work, each written as one `lifecycle::every(period,
+//! f)`: the memory store's sweeper, the instance heartbeat, lease returns and slot
+//! renewals, ban sync and the adaptive-limit controller.
 
-use std::future::Future;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use async_trait::async_trait;
-use futures_util::future::BoxFuture;
-use pingora::server::ShutdownWatch;
-use pingora::services::background::BackgroundService;
-use tokio::time::MissedTickBehavior;
-
 use crate::admission::Core;
 use crate::clock::{Clock, SystemClock};
-use crate::lifecycle::Lifecycle;
+use crate::lifecycle::{every, Every, Lifecycle};
 use crate::store::redis::bans::{BanCursor, BanRead};
 use crate::store::{MemoryStore, RedisStore};
-
-/// A background service running `f` every `period` until shutdown (see the module docs).
-pub(crate) fn every<F, Fut>(period: Duration, f: F) -> Every
-where
-    F: Fn() -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = ()> + Send + 'static,
-{
-    Every {
-        period,
-        tick: boxed(f),
-        last: None,
-        lifecycle: None,
-    }
-}
-
-type Task = Box<dyn Fn() -> BoxFuture<'static, ()> + Send + Sync>;
-
-fn boxed<F, Fut>(f: F) -> Task
-where
-    F: Fn() -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = ()> + Send + 'static,
-{
-    Box::new(move || Box::pin(f()))
-}
-
-/// A periodic background service (see `every`).
-pub(crate) struct Every {
-    period: Duration,
-    tick: Task,
-    last: Option<Task>,
-    lifecycle: Option<Arc<Lifecycle>>,
-}
-
-// === impl Every ===
-
-impl Every {
-    /// Runs `f` once when shutdown is seen, after the last tick.
-    pub(crate) fn at_shutdown<F, Fut>(mut self, f: F) -> Self
-    where
-        F: Fn() -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = ()> + Send + 'static,
-    {
-        self.last = Some(boxed(f));
-        self
-    }
-
-    /// Holds `lifecycle`'s shutdown work open while the service runs, so the process does
-    /// not exit early before the last action is done.
-    pub(crate) fn finishing(mut self, lifecycle: Arc<Lifecycle>) -> Self {
-        self.lifecycle = Some(lifecycle);
-        self
-    }
-}
-
-#[async_trait]
-impl BackgroundService for Every {
-    async fn start(&self, mut shutdown: ShutdownWatch) {
-        let _finishing = self.lifecycle.as_ref().map(Lifecycle::finishing);
-        let mut tick = tokio::time::interval(self.period);
-        tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = shutdown.changed() => break,
-                _ = tick.tick() => (self.tick)().await,
-            }
-        }
-        if let Some(last) = &self.last {
-            last().await;
-        }
-    }
-}
 
 /// Evicts idle memory-store state every second (see `MemoryStore`).
 pub(crate) fn sweeper(store: Arc<MemoryStore>) -> Every {
