@@ -1,7 +1,8 @@
 //! A tiny echo upstream for `throttle demo` and the tests: every request gets 200 and a
 //! JSON body with the method, path and the headers the upstream received, so one can
-//! see exactly what the gateway forwarded. `?delay_ms=N` makes it answer N ms late;
-//! `?status=N` makes it answer with status N (100..=599; e.g. 503 for a failing upstream);
+//! see exactly what the gateway forwarded. `?delay_ms=N` makes it answer N ms late (at
+//! most 60 s); `?status=N` makes it answer with status N (any code `http` accepts,
+//! 100..=999; e.g. 503 for a failing upstream);
 //! `?usage=N` makes it report `X-Usage-Tokens: N` (one line per `usage=`), like an LLM
 //! API reporting the tokens a request used (a route's `cost_header`).
 

@@ -1,12 +1,23 @@
 //! What the process must know to stop well: open proxy connections (capped, globally and
 //! per peer address) and background work that must finish before exit (the violation log
-//! flush). A gateway told to stop exits as soon as both are zero instead of sleeping the
-//! whole grace period.
+//! flush, and on Redis the lease returns giving every leased token back). A gateway told
+//! to stop exits as soon as both are zero instead of sleeping the whole grace period.
+//!
+//! Periodic background services are `every(period, f)`: one loop that honours shutdown,
+//! delays a late tick, and may end with a last action the process waits for.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures_util::future::BoxFuture;
+use pingora::server::ShutdownWatch;
+use pingora::services::background::BackgroundService;
+use tokio::time::MissedTickBehavior;
 
 /// Open connections and unfinished shutdown work of one process.
 #[derive(Debug, Default)]
@@ -186,6 +197,82 @@ pub fn default_max_connections(nofile: u64, open: u64) -> usize {
 /// Files this process has open now (`/proc/self/fd`); 64 when that cannot be read.
 pub fn open_files() -> u64 {
     std::fs::read_dir("/proc/self/fd").map_or(64, |d| d.count() as u64)
+}
+
+// === periodic background services ===
+
+/// A background service running `f` every `period` until shutdown: a tick at once and then
+/// every period (a late tick is delayed, not bunched up), each tick run to its end before
+/// shutdown is looked at again, then the last action (`Every::at_shutdown`) if any, which
+/// the process waits for when the service holds the lifecycle (`Every::finishing`).
+pub fn every<F, Fut>(period: Duration, f: F) -> Every
+where
+    F: Fn() -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    Every {
+        period,
+        tick: boxed(f),
+        last: None,
+        lifecycle: None,
+    }
+}
+
+type Task = Box<dyn Fn() -> BoxFuture<'static, ()> + Send + Sync>;
+
+fn boxed<F, Fut>(f: F) -> Task
+where
+    F: Fn() -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    Box::new(move || Box::pin(f()))
+}
+
+/// A periodic background service (see `every`).
+pub struct Every {
+    period: Duration,
+    tick: Task,
+    last: Option<Task>,
+    lifecycle: Option<Arc<Lifecycle>>,
+}
+
+// === impl Every ===
+
+impl Every {
+    /// Runs `f` once when shutdown is seen, after the last tick.
+    pub fn at_shutdown<F, Fut>(mut self, f: F) -> Self
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        self.last = Some(boxed(f));
+        self
+    }
+
+    /// Holds `lifecycle`'s shutdown work open while the service runs, so the process does
+    /// not exit early before the last action is done.
+    pub fn finishing(mut self, lifecycle: Arc<Lifecycle>) -> Self {
+        self.lifecycle = Some(lifecycle);
+        self
+    }
+}
+
+#[async_trait]
+impl BackgroundService for Every {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        let _finishing = self.lifecycle.as_ref().map(Lifecycle::finishing);
+        let mut tick = tokio::time::interval(self.period);
+        tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = shutdown.changed() => break,
+                _ = tick.tick() => (self.tick)().await,
+            }
+        }
+        if let Some(last) = &self.last {
+            last().await;
+        }
+    }
 }
 
 #[cfg(test)]

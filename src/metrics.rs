@@ -3,6 +3,7 @@
 //! No label ever carries an IP, key or tenant id: labels are route names, status codes,
 //! scopes, decisions and store names, all bounded by the config.
 
+use prometheus::core::Collector;
 use prometheus::{
     Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry, TextEncoder,
@@ -120,196 +121,53 @@ impl Metrics {
     /// # Errors
     /// When a metric cannot be registered (a programming error: duplicate names).
     pub fn new() -> Result<Self, prometheus::Error> {
-        let registry = Registry::new();
-        let requests_total = IntCounterVec::new(
-            Opts::new(
-                "throttle_requests_total",
-                "Requests served, by route and status.",
-            ),
-            &["route", "status"],
-        )?;
-        let decisions_total = IntCounterVec::new(
-            Opts::new(
-                "throttle_decisions_total",
-                "Limiter decisions, by scope and outcome.",
-            ),
-            &["scope", "decision"],
-        )?;
-        let store_call_seconds = HistogramVec::new(
-            HistogramOpts::new(
-                "throttle_store_call_seconds",
-                "Latency of limit store calls.",
-            )
-            .buckets(vec![
-                0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1,
-            ]),
-            &["store"],
-        )?;
-        let store_errors_total = IntCounterVec::new(
-            Opts::new("throttle_store_errors_total", "Failed limit store calls."),
-            &["store"],
-        )?;
-        let fallback_active = IntGauge::new(
-            "throttle_fallback_active",
-            "1 while decisions come from the local fallback.",
-        )?;
-        let events_dropped_total = IntCounterVec::new(
-            Opts::new(
-                "throttle_events_dropped_total",
-                "Violation events dropped, by reason (queue_full, rejected).",
-            ),
-            &["reason"],
-        )?;
-        let invalid_limits_total = IntCounterVec::new(
-            Opts::new(
-                "throttle_invalid_limits_total",
-                "Database limits refused (a key's custom_override, a policy row), by source.",
-            ),
-            &["source"],
-        )?;
-        let upstream_seconds = HistogramVec::new(
-            HistogramOpts::new(
-                "throttle_upstream_seconds",
-                "Time from upstream connect to the end of the response, by route.",
-            ),
-            &["route"],
-        )?;
-        registry.register(Box::new(requests_total.clone()))?;
-        registry.register(Box::new(decisions_total.clone()))?;
-        registry.register(Box::new(store_call_seconds.clone()))?;
-        registry.register(Box::new(store_errors_total.clone()))?;
-        registry.register(Box::new(fallback_active.clone()))?;
-        registry.register(Box::new(events_dropped_total.clone()))?;
-        registry.register(Box::new(invalid_limits_total.clone()))?;
-        for reason in ["queue_full", "rejected"] {
-            events_dropped_total.with_label_values(&[reason]);
-        }
-        for source in ["override", "policy"] {
-            invalid_limits_total.with_label_values(&[source]);
-        }
-        registry.register(Box::new(upstream_seconds.clone()))?;
-        let store_calls_total = IntCounterVec::new(
-            Opts::new(
-                "throttle_store_calls_total",
-                "Round trips to the limit store (script calls), by store.",
-            ),
-            &["store"],
-        )?;
-        let local_decisions_total = IntCounterVec::new(
-            Opts::new(
-                "throttle_local_decisions_total",
-                "Requests decided by the gateway without a round trip, by reason.",
-            ),
-            &["reason"],
-        )?;
-        let lease_tokens_returned_total = IntCounter::new(
-            "throttle_lease_tokens_returned_total",
-            "Unused leased tokens given back to Redis.",
-        )?;
-        registry.register(Box::new(store_calls_total.clone()))?;
-        registry.register(Box::new(local_decisions_total.clone()))?;
-        registry.register(Box::new(lease_tokens_returned_total.clone()))?;
-        let lease_table_evictions_total = IntCounter::new(
-            "throttle_lease_table_evictions_total",
-            "Identities the table of leases and cached rejections evicted to stay within its bound (524,288).",
-        )?;
-        registry.register(Box::new(lease_table_evictions_total.clone()))?;
-        let store_late_charges_total = IntCounter::new(
-            "throttle_store_late_charges_total",
-            "Redis calls that missed their deadline but charged; refunded when the reply came in.",
-        )?;
-        registry.register(Box::new(store_late_charges_total.clone()))?;
-        let store_calls = store_calls_total.with_label_values(&["redis"]);
-        let cost_settled_total = IntCounterVec::new(
-            Opts::new(
-                "throttle_cost_settled_total",
-                "Tokens settled against a route's cost_header after the response, by direction (charge, refund).",
-            ),
-            &["direction"],
-        )?;
-        registry.register(Box::new(cost_settled_total.clone()))?;
-        let cost_settled = ["charge", "refund"].map(|d| cost_settled_total.with_label_values(&[d]));
-        let cost_clamped = IntCounter::new(
-            "throttle_cost_clamped_total",
-            "Settlements whose reported usage was above the route's max_cost, settled as max_cost.",
-        )?;
-        registry.register(Box::new(cost_clamped.clone()))?;
-        let near_limit_total = IntCounterVec::new(
-            Opts::new(
-                "throttle_near_limit_total",
-                "Admitted requests that left their tightest window at most 10% of its limit, by scope.",
-            ),
-            &["scope"],
-        )?;
-        registry.register(Box::new(near_limit_total.clone()))?;
-        let adaptive_factor = GaugeVec::new(
-            Opts::new(
-                "throttle_adaptive_factor",
-                "The factor an adaptive route's limits are multiplied by (1: full limits), by route.",
-            ),
-            &["route"],
-        )?;
-        registry.register(Box::new(adaptive_factor.clone()))?;
-        let near_limit = Scope::ALL.map(|s| near_limit_total.with_label_values(&[s.as_str()]));
-        let bans_total = IntCounterVec::new(
-            Opts::new(
-                "throttle_bans_total",
-                "Automatic temporary bans this gateway imposed, by scope.",
-            ),
-            &["scope"],
-        )?;
-        registry.register(Box::new(bans_total.clone()))?;
-        let bans = Scope::ALL.map(|s| bans_total.with_label_values(&[s.as_str()]));
-        let bans_dropped_total = IntCounter::new(
-            "throttle_bans_dropped_total",
-            "Automatic bans refused because the table of bans was full of bans in force.",
-        )?;
-        registry.register(Box::new(bans_dropped_total.clone()))?;
-        let ban_syncs_total = IntCounterVec::new(
-            Opts::new(
-                "throttle_ban_syncs_total",
-                "Ban syncs from Redis, by what they read (full: the whole table; changes: what changed since the last).",
-            ),
-            &["read"],
-        )?;
-        registry.register(Box::new(ban_syncs_total.clone()))?;
-        let ban_syncs = ["full", "changes"].map(|r| ban_syncs_total.with_label_values(&[r]));
-        let local_decisions =
-            ["lease", "over_limit_cache"].map(|r| local_decisions_total.with_label_values(&[r]));
-        let upstream_healthy = IntGaugeVec::new(
-            Opts::new(
-                "throttle_upstream_healthy",
-                "1 while an upstream passes its route's health check, 0 while it fails.",
-            ),
-            &["route", "upstream"],
-        )?;
-        registry.register(Box::new(upstream_healthy.clone()))?;
+        let r = Reg(Registry::new());
+        let decisions_total = r.counter_vec(&DECISIONS_TOTAL, &["scope", "decision"])?;
         let decisions = Scope::ALL.map(|s| {
             Outcome::ALL.map(|o| decisions_total.with_label_values(&[s.as_str(), o.as_str()]))
         });
+        let events_dropped_total = r.counter_vec(&EVENTS_DROPPED_TOTAL, &["reason"])?;
+        for reason in ["queue_full", "rejected"] {
+            events_dropped_total.with_label_values(&[reason]);
+        }
+        let invalid_limits_total = r.counter_vec(&INVALID_LIMITS_TOTAL, &["source"])?;
+        for source in ["override", "policy"] {
+            invalid_limits_total.with_label_values(&[source]);
+        }
+        let scoped = |def: &Def| -> Result<[IntCounter; 5], prometheus::Error> {
+            let v = r.counter_vec(def, &["scope"])?;
+            Ok(Scope::ALL.map(|s| v.with_label_values(&[s.as_str()])))
+        };
         Ok(Self {
-            registry,
-            requests_total,
+            requests_total: r.counter_vec(&REQUESTS_TOTAL, &["route", "status"])?,
             decisions,
-            store_call_seconds,
-            store_errors_total,
-            fallback_active,
+            store_call_seconds: r.histogram_vec(&STORE_CALL_SECONDS, &["store"], STORE_BUCKETS)?,
+            store_errors_total: r.counter_vec(&STORE_ERRORS_TOTAL, &["store"])?,
+            fallback_active: r.add(IntGauge::new(FALLBACK_ACTIVE.name, FALLBACK_ACTIVE.help)?)?,
             events_dropped_total,
             invalid_limits_total,
-            store_calls,
-            local_decisions,
-            lease_tokens_returned_total,
-            lease_table_evictions_total,
-            store_late_charges_total,
-            upstream_seconds,
-            cost_settled,
-            cost_clamped,
-            near_limit,
-            bans,
-            bans_dropped_total,
-            ban_syncs,
-            adaptive_factor,
-            upstream_healthy,
+            store_calls: r.labelled(&STORE_CALLS_TOTAL, "store", ["redis"])?[0].clone(),
+            local_decisions: r.labelled(
+                &LOCAL_DECISIONS_TOTAL,
+                "reason",
+                ["lease", "over_limit_cache"],
+            )?,
+            lease_tokens_returned_total: r.counter(&LEASE_TOKENS_RETURNED_TOTAL)?,
+            lease_table_evictions_total: r.counter(&LEASE_TABLE_EVICTIONS_TOTAL)?,
+            store_late_charges_total: r.counter(&STORE_LATE_CHARGES_TOTAL)?,
+            upstream_seconds: r.histogram_vec(&UPSTREAM_SECONDS, &["route"], None)?,
+            cost_settled: r.labelled(&COST_SETTLED_TOTAL, "direction", ["charge", "refund"])?,
+            cost_clamped: r.counter(&COST_CLAMPED)?,
+            near_limit: scoped(&NEAR_LIMIT_TOTAL)?,
+            bans: scoped(&BANS_TOTAL)?,
+            bans_dropped_total: r.counter(&BANS_DROPPED_TOTAL)?,
+            ban_syncs: r.labelled(&BAN_SYNCS_TOTAL, "read", ["full", "changes"])?,
+            adaptive_factor: r.add(GaugeVec::new(ADAPTIVE_FACTOR.opts(), &["route"])?)?,
+            upstream_healthy: r.add(IntGaugeVec::new(
+                UPSTREAM_HEALTHY.opts(),
+                &["route", "upstream"],
+            )?)?,
+            registry: r.0,
         })
     }
 
@@ -417,5 +275,169 @@ pub fn status_label(code: u16) -> &'static str {
         400..=499 => "4xx",
         500..=599 => "5xx",
         _ => "other",
+    }
+}
+
+/// A metric's name and help text.
+struct Def {
+    name: &'static str,
+    help: &'static str,
+}
+
+impl Def {
+    fn opts(&self) -> Opts {
+        Opts::new(self.name, self.help)
+    }
+}
+
+/// `throttle_store_call_seconds`'s buckets: 50 µs to 100 ms.
+const STORE_BUCKETS: Option<&[f64]> = Some(&[
+    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1,
+]);
+
+const REQUESTS_TOTAL: Def = Def {
+    name: "throttle_requests_total",
+    help: "Requests served, by route and status.",
+};
+
+const DECISIONS_TOTAL: Def = Def {
+    name: "throttle_decisions_total",
+    help: "Limiter decisions, by scope and outcome.",
+};
+
+const STORE_CALL_SECONDS: Def = Def {
+    name: "throttle_store_call_seconds",
+    help: "Latency of limit store calls.",
+};
+
+const STORE_ERRORS_TOTAL: Def = Def {
+    name: "throttle_store_errors_total",
+    help: "Failed limit store calls.",
+};
+
+const FALLBACK_ACTIVE: Def = Def {
+    name: "throttle_fallback_active",
+    help: "1 while decisions come from the local fallback.",
+};
+
+const EVENTS_DROPPED_TOTAL: Def = Def {
+    name: "throttle_events_dropped_total",
+    help: "Violation events dropped, by reason (queue_full, rejected).",
+};
+
+const INVALID_LIMITS_TOTAL: Def = Def {
+    name: "throttle_invalid_limits_total",
+    help: "Database limits refused (a key's custom_override, a policy row), by source.",
+};
+
+const UPSTREAM_SECONDS: Def = Def {
+    name: "throttle_upstream_seconds",
+    help: "Time from upstream connect to the end of the response, by route.",
+};
+
+const STORE_CALLS_TOTAL: Def = Def {
+    name: "throttle_store_calls_total",
+    help: "Round trips to the limit store (script calls), by store.",
+};
+
+const LOCAL_DECISIONS_TOTAL: Def = Def {
+    name: "throttle_local_decisions_total",
+    help: "Requests decided by the gateway without a round trip, by reason.",
+};
+
+const LEASE_TOKENS_RETURNED_TOTAL: Def = Def {
+    name: "throttle_lease_tokens_returned_total",
+    help: "Unused leased tokens given back to Redis.",
+};
+
+const LEASE_TABLE_EVICTIONS_TOTAL: Def = Def {
+    name: "throttle_lease_table_evictions_total",
+    help: "Identities the table of leases and cached rejections evicted to stay within its bound (524,288).",
+};
+
+const STORE_LATE_CHARGES_TOTAL: Def = Def {
+    name: "throttle_store_late_charges_total",
+    help: "Redis calls that missed their deadline but charged; refunded when the reply came in.",
+};
+
+const COST_SETTLED_TOTAL: Def = Def {
+    name: "throttle_cost_settled_total",
+    help: "Tokens settled against a route's cost_header after the response, by direction (charge, refund).",
+};
+
+const COST_CLAMPED: Def = Def {
+    name: "throttle_cost_clamped_total",
+    help: "Settlements whose reported usage was above the route's max_cost, settled as max_cost.",
+};
+
+const NEAR_LIMIT_TOTAL: Def = Def {
+    name: "throttle_near_limit_total",
+    help: "Admitted requests that left their tightest window at most 10% of its limit, by scope.",
+};
+
+const ADAPTIVE_FACTOR: Def = Def {
+    name: "throttle_adaptive_factor",
+    help: "The factor an adaptive route's limits are multiplied by (1: full limits), by route.",
+};
+
+const BANS_TOTAL: Def = Def {
+    name: "throttle_bans_total",
+    help: "Automatic temporary bans this gateway imposed, by scope.",
+};
+
+const BANS_DROPPED_TOTAL: Def = Def {
+    name: "throttle_bans_dropped_total",
+    help: "Automatic bans refused because the table of bans was full of bans in force.",
+};
+
+const BAN_SYNCS_TOTAL: Def = Def {
+    name: "throttle_ban_syncs_total",
+    help: "Ban syncs from Redis, by what they read (full: the whole table; changes: what changed since the last).",
+};
+
+const UPSTREAM_HEALTHY: Def = Def {
+    name: "throttle_upstream_healthy",
+    help: "1 while an upstream passes its route's health check, 0 while it fails.",
+};
+
+/// The registry being filled by `Metrics::new`: each metric is registered as it is made.
+struct Reg(Registry);
+
+impl Reg {
+    fn add<M: Collector + Clone + 'static>(&self, m: M) -> Result<M, prometheus::Error> {
+        self.0.register(Box::new(m.clone()))?;
+        Ok(m)
+    }
+
+    fn counter(&self, def: &Def) -> Result<IntCounter, prometheus::Error> {
+        self.add(IntCounter::new(def.name, def.help)?)
+    }
+
+    fn counter_vec(&self, def: &Def, labels: &[&str]) -> Result<IntCounterVec, prometheus::Error> {
+        self.add(IntCounterVec::new(def.opts(), labels)?)
+    }
+
+    /// The counters of `def` with `label` set to each of `values`.
+    fn labelled<const N: usize>(
+        &self,
+        def: &Def,
+        label: &str,
+        values: [&str; N],
+    ) -> Result<[IntCounter; N], prometheus::Error> {
+        let v = self.counter_vec(def, &[label])?;
+        Ok(values.map(|x| v.with_label_values(&[x])))
+    }
+
+    fn histogram_vec(
+        &self,
+        def: &Def,
+        labels: &[&str],
+        buckets: Option<&[f64]>,
+    ) -> Result<HistogramVec, prometheus::Error> {
+        let mut opts = HistogramOpts::new(def.name, def.help);
+        if let Some(b) = buckets {
+            opts = opts.buckets(b.to_vec());
+        }
+        self.add(HistogramVec::new(opts, labels)?)
     }
 }

@@ -5,8 +5,11 @@
 //! requests in flight finish on the runtime they started with, and no connection is
 //! touched. An adaptive route that keeps its name and stays adaptive keeps its window and
 //! factor (a reload never lifts the protection from a struggling upstream; new settings
-//! apply from the next controller tick). Listeners, the store backend, the database URL and thread counts are fixed at
-//! start: a change to them is reported and needs a restart (or a zero-downtime upgrade).
+//! apply from the next controller tick). The listeners, the instance id, thread count,
+//! grace period, upgrade socket and connection cap, the store's connection settings
+//! (backend, URL, Cluster, Sentinel, timeout, key prefix, instances) and the database URL
+//! are fixed at start (`fixed_at_start`): a change to them is reported and needs a
+//! restart (or a zero-downtime upgrade).
 
 use std::path::PathBuf;
 

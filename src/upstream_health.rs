@@ -9,63 +9,67 @@
 //! carried across a reload: the new balancers start with every upstream healthy (as
 //! Pingora's do) until that first pass, at most one check timeout later.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use async_trait::async_trait;
-use pingora::server::ShutdownWatch;
-use pingora::services::background::BackgroundService;
 use tokio::task::JoinSet;
 
 use crate::admission::{Core, Runtime};
+use crate::lifecycle::{every, Every};
 use crate::metrics::Metrics;
 use crate::routing::RouteEntry;
 
 /// How often the service looks for a reloaded config.
 const RELOAD_POLL: Duration = Duration::from_millis(100);
 
-/// The background service running the health checks of the current config's routes.
-pub struct HealthChecks {
-    core: Arc<Core>,
+/// The background service running the health checks of the current config's routes:
+/// every `RELOAD_POLL` it looks for a reloaded config, and when there is one it stops the
+/// old routes' checks and starts the new ones'. At shutdown every check is stopped.
+pub fn health_checks(core: Arc<Core>) -> Every {
+    let checks: Arc<Mutex<Checks>> = Arc::default();
+    let last = checks.clone();
+    every(RELOAD_POLL, move || {
+        let mut checks = checks.lock().unwrap_or_else(PoisonError::into_inner);
+        checks.follow(&core);
+        std::future::ready(())
+    })
+    .at_shutdown(move || {
+        last.lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .tasks
+            .abort_all();
+        std::future::ready(())
+    })
 }
 
-// === impl HealthChecks ===
-
-impl HealthChecks {
-    /// The checks of `core`'s routes, following reloads.
-    pub fn new(core: Arc<Core>) -> Self {
-        Self { core }
-    }
+/// The checks running, and the runtime they belong to.
+#[derive(Default)]
+struct Checks {
+    current: Option<Arc<Runtime>>,
+    /// Dropping or aborting the set (shutdown, or a new config) stops its checks.
+    tasks: JoinSet<()>,
 }
 
-#[async_trait]
-impl BackgroundService for HealthChecks {
-    async fn start(&self, mut shutdown: ShutdownWatch) {
-        let mut current: Option<Arc<Runtime>> = None;
-        // Dropping the set (shutdown, or a new config) aborts its checks.
-        let mut tasks = JoinSet::new();
-        let mut poll = tokio::time::interval(RELOAD_POLL);
-        poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = shutdown.changed() => return,
-                _ = poll.tick() => {
-                    let rt = self.core.runtime();
-                    if current.as_ref().is_some_and(|c| Arc::ptr_eq(c, &rt)) {
-                        continue;
-                    }
-                    tasks.abort_all();
-                    self.core.metrics.upstream_healthy.reset();
-                    for entry in rt.router.entries() {
-                        if entry.route.health_check.is_some() {
-                            tasks.spawn(check_route(entry.clone(), self.core.metrics.clone()));
-                        }
-                    }
-                    current = Some(rt);
-                }
-                Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+// === impl Checks ===
+
+impl Checks {
+    /// Restarts the checks when `core`'s runtime is not the one they belong to.
+    fn follow(&mut self, core: &Core) {
+        let rt = core.runtime();
+        if self.current.as_ref().is_some_and(|c| Arc::ptr_eq(c, &rt)) {
+            return;
+        }
+        self.tasks.abort_all();
+        // Reap what ended (aborted or panicked) so the set does not grow across reloads.
+        while self.tasks.try_join_next().is_some() {}
+        core.metrics.upstream_healthy.reset();
+        for entry in rt.router.entries() {
+            if entry.route.health_check.is_some() {
+                self.tasks
+                    .spawn(check_route(entry.clone(), core.metrics.clone()));
             }
         }
+        self.current = Some(rt);
     }
 }
 

@@ -8,7 +8,7 @@
 //! sample is ever stored: memory is `BUCKETS x (BINS x 4 + 24 + HITTERS x 32)` bytes
 //! (about 9 KiB).
 //!
-//! Each bucket also tracks, per client (the `ip` scope's identity), the responses of up
+//! Each bucket also tracks, per client (`adaptive::client_id`), the responses of up
 //! to `HITTERS` clients: how many, how many were bad (5xx, or slower than the route's
 //! `target_p99_ms`), how many 5xx and how many slow. A new client takes a free entry, or,
 //! with a bad response, the entry of a client with no bad response; otherwise it is not
@@ -30,8 +30,9 @@ const FIRST_EDGE_US: f64 = 250.0;
 /// Clients tracked per bucket.
 const HITTERS: usize = 8;
 
-/// A client as the window tells them apart: the `ip` scope's identity (an IPv4 address,
-/// or an IPv6 client's `/ipv6_prefix` network), as a 128-bit number.
+/// A client as the window tells them apart: an IPv4 address, or an IPv6 client's /48 (its
+/// `/ipv6_prefix` network when that is shorter; see `adaptive::client_id`), as a 128-bit
+/// number.
 pub type Client = u128;
 
 /// One client's responses within a bucket (`samples` 0: a free entry).

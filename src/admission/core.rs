@@ -5,8 +5,8 @@
 //! request keeps the `Arc` it started with, so one request never mixes two configs.
 //! `Dynamic` is what changes without a deploy (database keys and blocks, or blocks posted
 //! to the admin API), swapped whole too. `Core` is what outlives both: the store, the
-//! metrics, the clock, the failed-lookup memory, the violation log queue and the
-//! heavy-hitter sketch.
+//! metrics, the clock, the failed-lookup memory, the violation log queue, the automatic
+//! bans and the heavy-hitter sketch. It is built once, complete (`Core::builder`).
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -81,6 +81,19 @@ pub struct Core {
     pub top: TopTable,
 }
 
+/// Builds a `Core` in one go (see `Core::builder`).
+#[must_use = "a builder does nothing until `build`"]
+pub struct CoreBuilder {
+    runtime: Runtime,
+    store: Arc<dyn LimitStore>,
+    metrics: Arc<Metrics>,
+    clock: Arc<dyn Clock>,
+    events: Option<Arc<EventQueue>>,
+    bans: Arc<Bans>,
+    shared_bans: Option<Arc<RedisStore>>,
+    upstream_override: Option<SocketAddr>,
+}
+
 /// Addresses that recently presented a bad key, so only they pay the extra
 /// `[limits.auth]` look before a key is checked. Bounded.
 #[derive(Default)]
@@ -131,7 +144,7 @@ impl Dynamic {
 impl Core {
     /// State over `runtime` and `store`, on the system clock.
     pub fn new(runtime: Runtime, store: Arc<dyn LimitStore>, metrics: Arc<Metrics>) -> Self {
-        Self::with_clock(runtime, store, metrics, Arc::new(SystemClock))
+        Self::builder(runtime, store, metrics).build()
     }
 
     /// State with an explicit clock.
@@ -141,21 +154,26 @@ impl Core {
         metrics: Arc<Metrics>,
         clock: Arc<dyn Clock>,
     ) -> Self {
-        Self {
-            runtime: ArcSwap::from_pointee(runtime),
-            dynamic: ArcSwap::from_pointee(Dynamic::default()),
-            suspects: Suspects::default(),
+        Self::builder(runtime, store, metrics).clock(clock).build()
+    }
+
+    /// A builder of state over `runtime` and `store`: the optional parts (clock, violation
+    /// log queue, shared bans, upstream override) are given before `build`, so the state
+    /// is complete when it is made.
+    pub fn builder(
+        runtime: Runtime,
+        store: Arc<dyn LimitStore>,
+        metrics: Arc<Metrics>,
+    ) -> CoreBuilder {
+        CoreBuilder {
+            runtime,
+            store,
+            metrics,
+            clock: Arc::new(SystemClock),
             events: None,
             bans: Arc::default(),
             shared_bans: None,
             upstream_override: None,
-            store_call: metrics
-                .store_call_seconds
-                .with_label_values(&[store.name()]),
-            store,
-            metrics,
-            clock,
-            top: TopTable::new(),
         }
     }
 
@@ -203,6 +221,61 @@ impl Core {
         }
         let m = s.map.lock().unwrap_or_else(PoisonError::into_inner);
         m.get(&ip).is_some_and(|t| *t > now_ms)
+    }
+}
+
+// === impl CoreBuilder ===
+
+impl CoreBuilder {
+    /// Limiter time (default: the system clock).
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// The violation log queue (default: none).
+    pub fn events(mut self, events: Option<Arc<EventQueue>>) -> Self {
+        self.events = events;
+        self
+    }
+
+    /// The table of automatic bans (default: an empty one with the default caps).
+    pub fn bans(mut self, bans: Arc<Bans>) -> Self {
+        self.bans = bans;
+        self
+    }
+
+    /// Redis, when bans are shared by a fleet (default: none).
+    pub fn shared_bans(mut self, redis: Option<Arc<RedisStore>>) -> Self {
+        self.shared_bans = redis;
+        self
+    }
+
+    /// Every route's upstream, whatever the config says (default: none).
+    pub fn upstream_override(mut self, addr: Option<SocketAddr>) -> Self {
+        self.upstream_override = addr;
+        self
+    }
+
+    /// The state.
+    pub fn build(self) -> Core {
+        Core {
+            runtime: ArcSwap::from_pointee(self.runtime),
+            dynamic: ArcSwap::from_pointee(Dynamic::default()),
+            suspects: Suspects::default(),
+            events: self.events,
+            bans: self.bans,
+            shared_bans: self.shared_bans,
+            upstream_override: self.upstream_override,
+            store_call: self
+                .metrics
+                .store_call_seconds
+                .with_label_values(&[self.store.name()]),
+            store: self.store,
+            metrics: self.metrics,
+            clock: self.clock,
+            top: TopTable::new(),
+        }
     }
 }
 

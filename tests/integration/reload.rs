@@ -18,6 +18,26 @@ fn body(per_minute: u32, extra_route: bool) -> String {
     b
 }
 
+/// Waits until the gateway has admitted `n` requests of the key (the `key` scope's
+/// allowed decisions): a slow request is then in flight.
+async fn until_admitted(gw: &Gateway, n: u64) {
+    let series = "throttle_decisions_total{decision=\"allowed\",scope=\"key\"} ";
+    eventually(
+        Duration::from_secs(5),
+        "the slow request admitted",
+        || async {
+            let m = gw.metrics().await;
+            let count = m
+                .lines()
+                .find_map(|l| l.strip_prefix(series))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .unwrap_or(0);
+            (count >= n).then_some(())
+        },
+    )
+    .await;
+}
+
 /// A valid file applies to new requests; keep-alive connections and in-flight requests
 /// survive; an invalid file is refused with the `throttle check` error and the old config
 /// keeps serving.
@@ -47,7 +67,8 @@ async fn reload_applies_valid_and_refuses_invalid_config() {
                 .as_u16()
         }
     });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // In flight once admitted (the raw request before it was the first).
+    until_admitted(&gw, 2).await;
     gw.rewrite(&body(50, true).replace("{upstream}", &up.addr.to_string()));
     let unauthorized = c.post(gw.admin_url("/v1/reload")).send().await.unwrap();
     assert_eq!(unauthorized.status(), 401);
@@ -153,7 +174,7 @@ async fn sigterm_drains_in_flight_requests_and_exits() {
                 .map(|r| r.status().as_u16())
         }
     });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    until_admitted(&gw, 1).await;
     let sent = Instant::now();
     gw.signal("TERM");
     assert_eq!(

@@ -48,7 +48,12 @@ async fn info_has(server: &RedisServer, needle: &str) -> bool {
 }
 
 /// Sends requests with `key` to `gw` until `stop`, recording every status.
-fn load(gw: &Gateway, key: &'static str, stop: Arc<AtomicBool>, seen: Arc<Mutex<Vec<u16>>>) {
+fn load(
+    gw: &Gateway,
+    key: &'static str,
+    stop: Arc<AtomicBool>,
+    seen: Arc<Mutex<Vec<u16>>>,
+) -> tokio::task::JoinHandle<()> {
     let url = gw.url("/x");
     tokio::spawn(async move {
         let c = client();
@@ -60,7 +65,7 @@ fn load(gw: &Gateway, key: &'static str, stop: Arc<AtomicBool>, seen: Arc<Mutex<
             seen.lock().unwrap().push(status);
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-    });
+    })
 }
 
 /// See the module docs.
@@ -93,8 +98,10 @@ async fn failover_under_load_shares_decisions_again_without_5xx() {
     ];
     let stop = Arc::new(AtomicBool::new(false));
     let seen = Arc::new(Mutex::new(Vec::new()));
-    load(&gws[0], "a", stop.clone(), seen.clone());
-    load(&gws[1], "b", stop.clone(), seen.clone());
+    let traffic = [
+        load(&gws[0], "a", stop.clone(), seen.clone()),
+        load(&gws[1], "b", stop.clone(), seen.clone()),
+    ];
     let keys = ["fo:{key:k_a}:1h", "fo:{key:k_b}:1h"];
     for k in keys {
         eventually(
@@ -163,7 +170,10 @@ async fn failover_under_load_shares_decisions_again_without_5xx() {
     }
     let shared_after = named.elapsed();
     stop.store(true, Ordering::SeqCst);
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    // Every status is recorded once both senders have seen the stop.
+    for t in traffic {
+        t.await.unwrap();
+    }
     let seen = seen.lock().unwrap().clone();
     let bad: Vec<u16> = seen.iter().copied().filter(|s| *s != 200).collect();
     assert!(

@@ -1,0 +1,149 @@
+//! From the serde mirror (`file`) to the validated model: one file per section (`server`,
+//! `client_ip`, `store`, `tiers` for `[limits]` and `[tiers]`, `routes`, `keys` for keys and
+//! blocks); `validate` calls them in the order their errors are reported.
+
+use std::collections::{HashMap, HashSet};
+use std::fmt::Display;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
+use std::ops::{Range, RangeInclusive};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ipnet::IpNet;
+use sha2::{Digest, Sha256};
+use toml::Spanned;
+
+use crate::config::error::ConfigError;
+use crate::config::file::*;
+use crate::config::limits::{burst_multiplier, WindowSettings};
+use crate::config::model::*;
+use crate::limiter::{Admission, Algorithm, BanRule, OnFailure, ScopeLimits, Window};
+
+mod client_ip;
+mod keys;
+mod routes;
+mod server;
+mod store;
+mod tiers;
+
+use self::client_ip::*;
+use self::keys::*;
+pub use self::keys::{format_rfc3339, rfc3339_ms};
+use self::routes::*;
+use self::server::*;
+use self::store::*;
+use self::tiers::*;
+
+/// Bounds that keep a typo (an extra zero, ms for s) from taking the gateway down.
+const MAX_THREADS: usize = 256;
+const MAX_CONNECTIONS: u32 = 10_000_000;
+/// An hour: a longer upstream timeout or drain is a typo, not a plan.
+const MAX_UPSTREAM_TIMEOUT_MS: u64 = 3_600_000;
+/// The shortest upstream health-check interval: faster probes are load, not safety.
+const MIN_HEALTH_INTERVAL_MS: u64 = 100;
+const MAX_STORE_TIMEOUT_MS: u64 = 60_000;
+/// The longest `[store] lease_ms` accepted.
+const MAX_LEASE_MS: u64 = 60_000;
+const DEFAULT_LISTEN: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 8080);
+const DEFAULT_ADMIN_LISTEN: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 9090);
+const NO_ROUTES: &str =
+    "no [[routes]]: every proxied request would get 404 (is the file truncated?)";
+
+/// Reads an environment variable (`std::env::var`, or a table in tests).
+pub(super) type EnvLookup<'a> = &'a dyn Fn(&str) -> Result<String, std::env::VarError>;
+
+struct Ctx<'a> {
+    name: &'a str,
+    source: &'a str,
+    env: EnvLookup<'a>,
+}
+
+impl Ctx<'_> {
+    fn err(&self, span: Range<usize>, msg: impl Into<String>) -> ConfigError {
+        ConfigError::at(self.name, self.source, Some(span), msg)
+    }
+}
+
+pub(super) fn validate(
+    name: &str,
+    source: &str,
+    raw: File,
+    env: EnvLookup<'_>,
+) -> Result<Config, ConfigError> {
+    let cx = Ctx { name, source, env };
+    let server = server(&cx, &raw.server)?;
+    let store = store(&cx, &raw.store)?;
+    let Limits {
+        ip_limits,
+        global_limits,
+        auth_limits,
+        tiers,
+    } = limits(&cx, &raw, store.on_failure)?;
+    let keys = keys(&cx, &raw.keys, &tiers)?;
+    let mut tenants = HashMap::new();
+    for t in &raw.tenants {
+        known_tier(&cx, &t.tier, &tiers)?;
+        tenants.insert(t.id.clone(), t.tier.get_ref().clone());
+    }
+    let routes = routes(&cx, &raw.routes)?;
+    let retention = raw
+        .database
+        .as_ref()
+        .and_then(|d| d.events_retention_months.as_ref());
+    let events_retention_months =
+        bounded(&cx, "events_retention_months", retention, 0..=1200)?.unwrap_or(12);
+    check_costs(
+        &cx,
+        &raw.routes,
+        &routes,
+        [&ip_limits, &global_limits],
+        &tiers,
+    )?;
+    let (trusted_proxies, ipv6_prefix, client_ip_header) = client_ip(&cx, &raw.client_ip)?;
+    let blocks = blocks(&cx, &raw.blocks)?;
+    // Last, so that a more specific error in a half-written file is reported first.
+    if routes.is_empty() {
+        return Err(cx.err(0..0, NO_ROUTES));
+    }
+    Ok(Config {
+        source: name.to_string(),
+        server,
+        trusted_proxies,
+        ipv6_prefix,
+        client_ip_header,
+        store,
+        events_retention_months,
+        database_url: raw.database.map(|d| d.url),
+        ip_limits,
+        global_limits,
+        auth_limits,
+        tiers,
+        routes,
+        keys,
+        tenants,
+        blocks,
+    })
+}
+
+/// `v` when within `range`, else an error at its value naming `key`.
+fn bounded<T>(
+    cx: &Ctx<'_>,
+    key: &str,
+    v: Option<&Spanned<T>>,
+    range: RangeInclusive<T>,
+) -> Result<Option<T>, ConfigError>
+where
+    T: Copy + PartialOrd + Display,
+{
+    let Some(v) = v else { return Ok(None) };
+    let n = *v.get_ref();
+    if n < *range.start() {
+        let msg = format!("{key} must be at least {}", range.start());
+        return Err(cx.err(v.span(), msg));
+    }
+    if n > *range.end() {
+        let msg = format!("{key} = {n} is above the maximum of {}", range.end());
+        return Err(cx.err(v.span(), msg));
+    }
+    Ok(Some(n))
+}

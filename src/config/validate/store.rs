@@ -1,0 +1,59 @@
+//! `[store]`: the backend, its timeouts, leases and failure policy.
+
+use super::*;
+
+pub(super) fn store(cx: &Ctx<'_>, s: &StoreFile) -> Result<Store, ConfigError> {
+    let backend = match s.backend.as_ref().map(|b| *b.get_ref()) {
+        Some(BackendFile::Redis) => Backend::Redis,
+        _ => Backend::Memory,
+    };
+    if let (Some(b), Backend::Redis) = (&s.backend, backend) {
+        if s.url.is_none() && s.cluster.is_none() && s.sentinel.is_none() {
+            return Err(cx.err(
+                b.span(),
+                "backend = \"redis\" needs `url`, `cluster` or `sentinel`",
+            ));
+        }
+    }
+    let timeout_ms = bounded(
+        cx,
+        "timeout_ms",
+        s.timeout_ms.as_ref(),
+        1..=MAX_STORE_TIMEOUT_MS,
+    )?;
+    if let Some(n) = &s.instances {
+        if *n.get_ref() == 0 {
+            return Err(cx.err(n.span(), "instances must be at least 1"));
+        }
+    }
+    let lease_ms = bounded(cx, "lease_ms", s.lease_ms.as_ref(), 1..=MAX_LEASE_MS)?;
+    let conc_secs = bounded(
+        cx,
+        "concurrency_lease_secs",
+        s.concurrency_lease_secs.as_ref(),
+        1..=3_600,
+    )?;
+    Ok(Store {
+        backend,
+        url: s.url.clone(),
+        cluster: s.cluster.clone().unwrap_or_default(),
+        sentinel: s
+            .sentinel
+            .as_ref()
+            .map(|s| (s.urls.clone(), s.master.clone())),
+        timeout: Duration::from_millis(timeout_ms.unwrap_or(25)),
+        on_failure: s.on_failure.map_or(OnFailure::Local, on_failure),
+        instances: s.instances.as_ref().map(|n| *n.get_ref()),
+        key_prefix: s.key_prefix.clone().unwrap_or_else(|| "thr".to_string()),
+        lease: Duration::from_millis(lease_ms.unwrap_or(1_000)),
+        concurrency_lease: Duration::from_secs(conc_secs.unwrap_or(30)),
+    })
+}
+
+pub(super) fn on_failure(f: OnFailureFile) -> OnFailure {
+    match f {
+        OnFailureFile::Open => OnFailure::Open,
+        OnFailureFile::Closed => OnFailure::Closed,
+        OnFailureFile::Local => OnFailure::Local,
+    }
+}

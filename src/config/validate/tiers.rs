@@ -1,0 +1,213 @@
+//! `[limits.*]` and `[tiers.*]`: scope tables, their windows, bans and concurrency.
+
+use super::*;
+
+/// The scope tables of `[limits]` and the tiers.
+pub(super) struct Limits {
+    pub(super) ip_limits: Option<Arc<ScopeLimits>>,
+    pub(super) global_limits: Option<Arc<ScopeLimits>>,
+    pub(super) auth_limits: Option<Arc<ScopeLimits>>,
+    pub(super) tiers: HashMap<String, Arc<Tier>>,
+}
+
+/// `[limits.ip]`, `[limits.global]` (which takes no ban), `[limits.auth]` and `[tiers.*]`,
+/// in that order.
+pub(super) fn limits(
+    cx: &Ctx<'_>,
+    raw: &File,
+    on_failure: OnFailure,
+) -> Result<Limits, ConfigError> {
+    let ip_limits = match &raw.limits.ip {
+        Some(s) => Some(Arc::new(scope(cx, s, None, None, on_failure)?)),
+        None => None,
+    };
+    if let Some(b) = raw.limits.global.as_ref().and_then(|g| g.ban.as_ref()) {
+        let msg = "ban applies to [limits.ip], [limits.auth] and tier key / tenant tables, not [limits.global] (it would block everyone)";
+        return Err(cx.err(b.span(), msg));
+    }
+    let global_limits = match &raw.limits.global {
+        Some(s) => Some(Arc::new(rate_only(cx, s, "[limits.global]", on_failure)?)),
+        None => None,
+    };
+    let auth_limits = match &raw.limits.auth {
+        Some(s) => Some(Arc::new(rate_only(cx, s, "[limits.auth]", on_failure)?)),
+        None => None,
+    };
+    let mut tiers = HashMap::new();
+    for (tier_name, t) in &raw.tiers {
+        tiers.insert(
+            tier_name.clone(),
+            Arc::new(tier(cx, tier_name, t.get_ref(), on_failure)?),
+        );
+    }
+    Ok(Limits {
+        ip_limits,
+        global_limits,
+        auth_limits,
+        tiers,
+    })
+}
+
+pub(super) fn algorithm(a: AlgorithmFile) -> Algorithm {
+    match a {
+        AlgorithmFile::TokenBucket => Algorithm::TokenBucket,
+        AlgorithmFile::SlidingWindow => Algorithm::SlidingWindow,
+        AlgorithmFile::FixedWindow => Algorithm::FixedWindow,
+        AlgorithmFile::SlidingLog => Algorithm::SlidingLog,
+        AlgorithmFile::LeakyBucket => Algorithm::LeakyBucket,
+    }
+}
+
+pub(super) fn burst(cx: &Ctx<'_>, b: &Spanned<f64>) -> Result<f64, ConfigError> {
+    burst_multiplier(*b.get_ref()).map_err(|e| cx.err(b.span(), e.to_string()))
+}
+
+/// How the windows of scope table `s` are built; `tier_burst` is the enclosing tier's.
+pub(super) fn settings(
+    cx: &Ctx<'_>,
+    s: &ScopeFile,
+    tier_burst: Option<f64>,
+) -> Result<WindowSettings, ConfigError> {
+    Ok(WindowSettings {
+        burst_multiplier: match &s.burst_multiplier {
+            Some(b) => burst(cx, b)?,
+            None => tier_burst.unwrap_or(1.0),
+        },
+        algorithm: s.algorithm.map(algorithm),
+        jitter_ms: s.reset_jitter_secs.unwrap_or(0).saturating_mul(1000),
+        admission: match s.admission {
+            Some(AdmissionFile::Exact) => Admission::Exact,
+            Some(AdmissionFile::Auto) | None => Admission::Auto,
+        },
+    })
+}
+
+/// A scope table; `tier_burst` / `tier_message` are the enclosing tier's defaults. Each
+/// window goes through `config::window_limit`, its error placed at the window's value.
+pub(super) fn scope(
+    cx: &Ctx<'_>,
+    s: &ScopeFile,
+    tier_burst: Option<f64>,
+    tier_message: Option<&String>,
+    default_failure: OnFailure,
+) -> Result<ScopeLimits, ConfigError> {
+    let settings = settings(cx, s, tier_burst)?;
+    let fields = [
+        &s.per_second,
+        &s.per_minute,
+        &s.per_hour,
+        &s.per_day,
+        &s.per_month,
+    ];
+    let mut windows = Vec::new();
+    for (window, field) in Window::ALL.into_iter().zip(fields) {
+        let Some(v) = field else { continue };
+        let wl = settings
+            .window(window, *v.get_ref())
+            .map_err(|e| cx.err(v.span(), e.to_string()))?;
+        windows.push(wl);
+    }
+    let concurrent = match &s.concurrent {
+        None => None,
+        Some(c) => match u32::try_from(*c.get_ref()) {
+            Ok(n) if (1..=MAX_CONCURRENT).contains(&n) => Some(n),
+            _ => {
+                return Err(cx.err(
+                    c.span(),
+                    format!("concurrent must be between 1 and {MAX_CONCURRENT}"),
+                ))
+            }
+        },
+    };
+    let ban = match &s.ban {
+        None => None,
+        Some(b) => Some(ban_rule(cx, b.get_ref())?),
+    };
+    Ok(ScopeLimits {
+        concurrent,
+        ban,
+        windows,
+        on_failure: s.on_failure.map_or(default_failure, on_failure),
+        message: s.message.clone().or_else(|| tier_message.cloned()),
+    })
+}
+
+/// `ban = {...}`, each value bounded: a ban needs at least one rejection, and spans
+/// within a day (counting) and 30 days (the ban).
+pub(super) fn ban_rule(cx: &Ctx<'_>, b: &BanFile) -> Result<BanRule, ConfigError> {
+    let after = bounded(cx, "ban.after", Some(&b.after), 1..=1_000_000)?.unwrap_or(1);
+    let within = bounded(cx, "ban.within_secs", Some(&b.within_secs), 1..=86_400)?.unwrap_or(1);
+    let for_secs = bounded(cx, "ban.for_secs", Some(&b.for_secs), 1..=30 * 86_400)?.unwrap_or(1);
+    Ok(BanRule {
+        after: u32::try_from(after).unwrap_or(u32::MAX),
+        within_ms: within * 1000,
+        for_ms: for_secs * 1000,
+        from_check: b.from_check.unwrap_or(false),
+    })
+}
+
+/// The largest `concurrent`: requests in flight of one identity.
+pub(super) const MAX_CONCURRENT: u32 = 1_000_000;
+
+/// A scope table that takes rate windows only (`[limits.global]`, `[limits.auth]`): the
+/// contract puts `concurrent` on ip, key and tenant.
+pub(super) fn rate_only(
+    cx: &Ctx<'_>,
+    s: &ScopeFile,
+    table: &str,
+    default_failure: OnFailure,
+) -> Result<ScopeLimits, ConfigError> {
+    if let Some(c) = &s.concurrent {
+        return Err(cx.err(
+            c.span(),
+            format!("concurrent applies to [limits.ip] and tier key / tenant tables, not {table}"),
+        ));
+    }
+    scope(cx, s, None, None, default_failure)
+}
+
+pub(super) fn tier(
+    cx: &Ctx<'_>,
+    name: &str,
+    t: &TierFile,
+    default_failure: OnFailure,
+) -> Result<Tier, ConfigError> {
+    let b = match &t.burst_multiplier {
+        Some(b) => Some(burst(cx, b)?),
+        None => None,
+    };
+    let empty = ScopeFile::default();
+    let key = t.key.as_ref().unwrap_or(&empty);
+    Ok(Tier {
+        name: name.to_string(),
+        key: Arc::new(scope(cx, key, b, t.message.as_ref(), default_failure)?),
+        key_settings: settings(cx, key, b)?,
+        tenant: Arc::new(scope(
+            cx,
+            t.tenant.as_ref().unwrap_or(&empty),
+            b,
+            t.message.as_ref(),
+            default_failure,
+        )?),
+    })
+}
+
+pub(super) fn known_tier(
+    cx: &Ctx<'_>,
+    tier: &Spanned<String>,
+    tiers: &HashMap<String, Arc<Tier>>,
+) -> Result<(), ConfigError> {
+    if tiers.contains_key(tier.get_ref()) {
+        return Ok(());
+    }
+    let mut known: Vec<&str> = tiers.keys().map(String::as_str).collect();
+    known.sort_unstable();
+    Err(cx.err(
+        tier.span(),
+        format!(
+            "unknown tier {:?} (known tiers: {})",
+            tier.get_ref(),
+            known.join(", ")
+        ),
+    ))
+}
