@@ -27,7 +27,6 @@ use sqlx::postgres::PgPool;
 use sqlx::QueryBuilder;
 use tokio::sync::Notify;
 
-use super::DbError;
 use crate::limiter::Window;
 
 /// Most rows per INSERT.
@@ -432,20 +431,6 @@ async fn ensure_month(pool: &PgPool, month: i64) -> Result<(), sqlx::Error> {
     )
     .bind(first)
     .bind(last)
-    .execute(pool)
-    .await?;
-    Ok(())
-}
-
-/// Creates this month's and next month's partitions (idempotent).
-///
-/// # Errors
-/// When the database fails.
-pub async fn ensure_partitions(pool: &PgPool) -> Result<(), DbError> {
-    sqlx::query(
-        "SELECT throttle_ensure_event_partition(date_trunc('month', now())::date),
-                throttle_ensure_event_partition((date_trunc('month', now()) + interval '1 month')::date)",
-    )
     .execute(pool)
     .await?;
     Ok(())

@@ -455,8 +455,8 @@ impl RedisStore {
             if let Some(local) = local.filter(|_| !returns.is_empty()) {
                 local.queue_returns(returns);
             }
-            let calls = refund_calls(&prefix, cost, &charged);
-            run_refunds(conn, script, timeout, calls).await;
+            let calls = refund_calls(script.get_hash(), &prefix, cost, &charged);
+            run_refunds(conn, timeout, calls).await;
         });
     }
 
@@ -644,16 +644,17 @@ impl RedisStore {
         };
         let now = self.now_arg();
         for group in groups {
-            let mut inv = self.script.prepare_invoke();
-            wire::push_header(&mut inv, &now, 1, Mode::Return, 0);
-            for r in group {
-                inv.key(self.key(r.scope, &r.ident, r.limit.window));
-                for v in wire::window_args(&r.limit, &r.ident, 0, &r.lease) {
-                    inv.arg(v);
-                }
-            }
+            let windows = group.iter().map(|r| wire::Win {
+                scope: r.scope,
+                ident: &r.ident,
+                limit: &r.limit,
+                current: 0,
+                lease: r.lease,
+            });
+            let header = (now.as_str(), 1, Mode::Return);
+            let cmd = wire::evalsha(self.script.get_hash(), &self.prefix, header, 0, windows);
             self.count_call();
-            match tokio::time::timeout(self.timeout, eval(&mut conn, &inv)).await {
+            match tokio::time::timeout(self.timeout, run_script(&mut conn, &cmd)).await {
                 Ok(Ok(_)) => self.count_returned(group.iter().map(|r| &r.lease)),
                 _ => tracing::debug!("giving leased tokens back did not complete"),
             }
@@ -713,63 +714,32 @@ impl RedisStore {
     /// Gives back the charges of scopes whose request another scope rejected. Runs in the
     /// background, each call within the deadline: the 429 does not wait for it.
     fn refund(&self, conn: Conn, cost: u32, charged: Vec<(ScopeCheck<'_>, u64, Vec<u64>)>) {
-        let calls = refund_calls(&self.prefix, cost, &charged);
-        let (script, timeout) = (self.script.clone(), self.timeout);
-        tokio::spawn(run_refunds(conn, script, timeout, calls));
+        let calls = refund_calls(self.script.get_hash(), &self.prefix, cost, &charged);
+        tokio::spawn(run_refunds(conn, self.timeout, calls));
     }
 }
 
 /// How long a call that missed its deadline is waited for (see `RedisStore::undo_late`).
 const LATE_PATIENCE: Duration = Duration::from_secs(10);
 
-/// The 'refund' calls (keys, arguments) giving back `cost` on each of `charged`'s scopes:
-/// the scope, the script's `now` of the charge, and each window's `current` then.
+/// The 'refund' calls giving back `cost` on each of `charged`'s scopes: the scope, the
+/// script's `now` of the charge, and each window's `current` then.
 fn refund_calls(
+    sha: &str,
     prefix: &str,
     cost: u32,
     charged: &[(ScopeCheck<'_>, u64, Vec<u64>)],
-) -> Vec<(Vec<String>, Vec<String>)> {
+) -> Vec<redis::Cmd> {
     charged
         .iter()
-        .map(|(s, now, currents)| {
-            let keys = s
-                .limits
-                .windows
-                .iter()
-                .map(|w| wire::key(prefix, s.scope, &s.ident, w.window))
-                .collect();
-            let mut args = vec![
-                now.to_string(),
-                cost.to_string(),
-                Mode::Refund.as_str().to_string(),
-                "0".to_string(),
-            ];
-            for (i, w) in s.limits.windows.iter().enumerate() {
-                let current = currents.get(i).copied().unwrap_or(0);
-                let none = wire::LeaseArgs::default();
-                args.extend(wire::window_args(w, &s.ident, current, &none).map(|v| v.to_string()));
-            }
-            (keys, args)
-        })
+        .map(|(s, now, currents)| wire::refund_command(sha, prefix, cost, s, *now, currents))
         .collect()
 }
 
 /// Runs `calls` one after another, each within `timeout`.
-async fn run_refunds(
-    mut conn: Conn,
-    script: Script,
-    timeout: Duration,
-    calls: Vec<(Vec<String>, Vec<String>)>,
-) {
-    for (keys, args) in calls {
-        let mut inv = script.prepare_invoke();
-        for k in &keys {
-            inv.key(k);
-        }
-        for a in &args {
-            inv.arg(a);
-        }
-        let result = tokio::time::timeout(timeout, eval(&mut conn, &inv)).await;
+async fn run_refunds(mut conn: Conn, timeout: Duration, calls: Vec<redis::Cmd>) {
+    for cmd in calls {
+        let result = tokio::time::timeout(timeout, run_script(&mut conn, &cmd)).await;
         if !matches!(result, Ok(Ok(_))) {
             tracing::debug!("refund of a request's charge did not complete");
         }
