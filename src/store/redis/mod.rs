@@ -268,54 +268,18 @@ impl RedisStore {
             }
             decisions.extend(reply.decisions);
         } else {
-            // Cluster: one call per scope (one slot each), concurrently.
-            let calls = scopes.iter().enumerate().map(|(i, s)| {
-                let mut c = conn.clone();
-                let now = now.clone();
-                let l = remote.leases.get(i).cloned().map(|l| [l]);
-                async move {
-                    self.call(
-                        &mut c,
-                        std::slice::from_ref(s),
-                        l.as_ref().map(|l| &l[..]),
-                        check.cost,
-                        check.peek,
-                        &now,
-                    )
-                    .await
-                }
-            });
-            let replies = futures_util::future::join_all(calls).await;
-            let mut charged = Vec::new();
-            let mut failed = None;
-            for (s, r) in scopes.iter().zip(replies) {
-                // Every reply is looked at, even after a failed one: a scope charged by
-                // its call must be refunded when another call failed.
-                let r = match r {
-                    Ok(r) => r,
-                    Err(e) => {
-                        failed.get_or_insert(e);
-                        continue;
-                    }
-                };
-                record(std::slice::from_ref(s), &r);
-                if r.all_allowed && !check.peek {
-                    charged.push((
-                        s.clone(),
-                        r.now,
-                        r.decisions
-                            .iter()
-                            .map(|d| d.decision.current)
-                            .collect::<Vec<_>>(),
-                    ));
-                }
-                decided_at.add(s.scope, r.now);
-                decisions.extend(r.decisions);
-            }
-            let allowed = failed.is_none() && decisions.iter().all(|d| d.decision.allowed);
-            if !allowed && !charged.is_empty() {
-                self.refund(conn, check.cost, charged);
-            }
+            let failed = self
+                .call_each_scope(
+                    conn,
+                    check,
+                    &scopes,
+                    &remote.leases,
+                    &now,
+                    &record,
+                    &mut decisions,
+                    &mut decided_at,
+                )
+                .await;
             if let Some(e) = failed {
                 if !remote.covered.is_empty() {
                     if let Some(l) = &self.local {
@@ -335,6 +299,70 @@ impl RedisStore {
             }
         }
         Ok(verdict)
+    }
+
+    /// Cluster: one call per scope (one slot each), concurrently. Adds the decisions and
+    /// the scripts' times to `decisions` and `decided_at`, refunds the charged scopes
+    /// when the request is not admitted, and answers the first failure.
+    #[allow(clippy::too_many_arguments)]
+    async fn call_each_scope(
+        &self,
+        conn: Conn,
+        check: &Check<'_>,
+        scopes: &[ScopeCheck<'_>],
+        leases: &[smallvec::SmallVec<[LeaseArgs; 2]>],
+        now: &str,
+        record: &(dyn Fn(&[ScopeCheck<'_>], &Reply) + Sync),
+        decisions: &mut Vec<crate::limiter::WindowDecision>,
+        decided_at: &mut DecidedAt,
+    ) -> Option<StoreError> {
+        let calls = scopes.iter().enumerate().map(|(i, s)| {
+            let mut c = conn.clone();
+            let l = leases.get(i).cloned().map(|l| [l]);
+            async move {
+                self.call(
+                    &mut c,
+                    std::slice::from_ref(s),
+                    l.as_ref().map(|l| &l[..]),
+                    check.cost,
+                    check.peek,
+                    now,
+                )
+                .await
+            }
+        });
+        let replies = futures_util::future::join_all(calls).await;
+        let mut charged = Vec::new();
+        let mut failed = None;
+        for (s, r) in scopes.iter().zip(replies) {
+            // Every reply is looked at, even after a failed one: a scope charged by
+            // its call must be refunded when another call failed.
+            let r = match r {
+                Ok(r) => r,
+                Err(e) => {
+                    failed.get_or_insert(e);
+                    continue;
+                }
+            };
+            record(std::slice::from_ref(s), &r);
+            if r.all_allowed && !check.peek {
+                charged.push((
+                    s.clone(),
+                    r.now,
+                    r.decisions
+                        .iter()
+                        .map(|d| d.decision.current)
+                        .collect::<Vec<_>>(),
+                ));
+            }
+            decided_at.add(s.scope, r.now);
+            decisions.extend(r.decisions);
+        }
+        let allowed = failed.is_none() && decisions.iter().all(|d| d.decision.allowed);
+        if !allowed && !charged.is_empty() {
+            self.refund(conn, check.cost, charged);
+        }
+        failed
     }
 
     fn count_returned<'a>(&self, leases: impl Iterator<Item = &'a LeaseArgs>) {
