@@ -62,14 +62,6 @@ impl RemoteSlots {
     pub(super) fn renew_every_ms(&self) -> u64 {
         (self.lease_ms / 3).max(1)
     }
-
-    /// Requests this gateway holds slots for.
-    pub(super) fn in_flight(&self) -> usize {
-        self.held
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .len()
-    }
 }
 
 /// The set of one identity.
@@ -272,11 +264,6 @@ impl RedisStore {
     /// How often `renew_slots` must run.
     pub fn renew_every(&self) -> std::time::Duration {
         std::time::Duration::from_millis(self.slots.renew_every_ms())
-    }
-
-    /// Requests holding slots on Redis through this gateway.
-    pub fn slots_in_flight(&self) -> usize {
-        self.slots.in_flight()
     }
 }
 

@@ -29,60 +29,28 @@ use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
 use async_trait::async_trait;
-use redis::aio::{ConnectionManager, MultiplexedConnection};
-use redis::cluster::ClusterClient;
-use redis::cluster_async::ClusterConnection;
-use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
-use redis::{RedisResult, Script, ScriptInvocation};
+use redis::Script;
 
 pub mod bans;
 pub mod concurrency;
+mod conn;
+mod late;
 pub mod local;
+mod remote;
 pub mod wire;
 
+pub use self::conn::{Target, CHECK_LUA};
+
 use self::concurrency::RemoteSlots;
-use self::local::{Local, Outcome, Plan, Return, WindowPlan};
+use self::conn::{eval, run_script, unavailable, Conn, LATE_PATIENCE};
+use self::local::{Local, Outcome, Plan, Return};
+use self::remote::Remote;
 use self::wire::{LeaseArgs, Mode, Reply};
 use super::{LimitStore, StoreError};
 use crate::clock::{Clock, SystemClock};
 use crate::config::Store as StoreConfig;
 use crate::limiter::{Check, DecidedAt, Ident, Scope, ScopeCheck, Verdict, Window};
 use crate::metrics::Metrics;
-
-macro_rules! lua {
-    ($f:literal) => {
-        include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/lua/", $f))
-    };
-}
-
-/// The one script: prelude, the five algorithms, then the entry point.
-pub const CHECK_LUA: &str = concat!(
-    lua!("prelude.lua"),
-    lua!("token_bucket.lua"),
-    lua!("sliding_window.lua"),
-    lua!("fixed_window.lua"),
-    lua!("sliding_log.lua"),
-    lua!("leaky_bucket.lua"),
-    lua!("check.lua"),
-);
-
-/// Where the store connects.
-#[derive(Debug, Clone)]
-pub enum Target {
-    /// One node (`url`).
-    Single(String),
-    /// Redis Cluster seed nodes (`cluster`).
-    Cluster(Vec<String>),
-    /// Sentinel URLs and the master name (`sentinel`).
-    Sentinel(Vec<String>, String),
-}
-
-#[derive(Clone)]
-enum Conn {
-    Single(ConnectionManager),
-    Cluster(ClusterConnection),
-    Sentinel(MultiplexedConnection),
-}
 
 /// The Redis limit store.
 pub struct RedisStore {
@@ -124,43 +92,6 @@ impl RedisStore {
             metrics: None,
             slots: RemoteSlots::new(concurrency::DEFAULT_LEASE_MS),
             master_seen: std::sync::Mutex::new(None),
-        }
-    }
-
-    /// Behind Sentinel: asks the sentinels which node is the master now (within the store
-    /// deadline) and, when it changed since the last ask, drops the connection so the next
-    /// call connects to the new master. A promoted replica is followed this way even while
-    /// the old master still accepts writes (a manual `SENTINEL FAILOVER` demotes it only
-    /// later), which no call error would reveal. Called every second by the heartbeat;
-    /// does nothing for a single node or Cluster.
-    pub async fn follow_master(&self) {
-        let Target::Sentinel(urls, master) = &self.target else {
-            return;
-        };
-        let ask = async {
-            let mut sentinel = redis::sentinel::Sentinel::build(urls.clone())?;
-            let info = master_tls(urls);
-            let client = sentinel.async_master_for(master, info.as_ref()).await?;
-            Ok::<_, redis::RedisError>(client.get_connection_info().addr().to_string())
-        };
-        let addr = match tokio::time::timeout(self.timeout.max(Duration::from_millis(500)), ask)
-            .await
-        {
-            Ok(Ok(addr)) => addr,
-            Ok(Err(e)) => return tracing::debug!(error = %e, "sentinels not asked for the master"),
-            Err(_) => return tracing::debug!("sentinels did not name the master in time"),
-        };
-        let changed = match self.master_seen.lock() {
-            Ok(mut seen) => {
-                let changed = seen.as_ref().is_some_and(|s| *s != addr);
-                *seen = Some(addr.clone());
-                changed
-            }
-            Err(_) => false,
-        };
-        if changed {
-            tracing::info!(master = %addr, "sentinels name a new master; reconnecting");
-            self.conn.store(None);
         }
     }
 
@@ -216,109 +147,6 @@ impl RedisStore {
     /// The Redis key of one window of one identity: `<prefix>:{<scope>:<id>}:<window>`.
     pub fn key(&self, scope: Scope, ident: &Ident, window: Window) -> String {
         wire::key(&self.prefix, scope, ident, window)
-    }
-
-    /// Records this instance as alive for `ttl_ms` and returns how many instances are alive
-    /// (a sorted set `<prefix>:{instances}` scored by last heartbeat).
-    ///
-    /// # Errors
-    /// When Redis fails or misses the deadline.
-    pub async fn heartbeat(
-        &self,
-        instance_id: &str,
-        now_ms: u64,
-        ttl_ms: u64,
-    ) -> Result<u32, StoreError> {
-        // The heartbeat doubles as a health probe: /readyz turns degraded when it fails,
-        // before any request meets the outage.
-        let r = self.beat(instance_id, now_ms, ttl_ms).await;
-        self.healthy.store(r.is_ok(), Ordering::Relaxed);
-        r
-    }
-
-    async fn beat(&self, instance_id: &str, now_ms: u64, ttl_ms: u64) -> Result<u32, StoreError> {
-        let script = redis::Script::new(
-            "redis.call('ZADD', KEYS[1], ARGV[1], ARGV[2])
-             redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', tonumber(ARGV[1]) - tonumber(ARGV[3]))
-             redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[3]) * 2)
-             return redis.call('ZCARD', KEYS[1])",
-        );
-        let key = format!("{}:{{instances}}", self.prefix);
-        let mut conn = tokio::time::timeout(self.timeout, self.conn())
-            .await
-            .map_err(|_| StoreError::Timeout(self.timeout.as_millis() as u64))??;
-        let mut inv = script.key(key);
-        inv.arg(now_ms).arg(instance_id).arg(ttl_ms);
-        let n: Vec<i64> = match tokio::time::timeout(self.timeout, async {
-            let n: RedisResult<i64> = match &mut conn {
-                Conn::Single(c) => inv.invoke_async(c).await,
-                Conn::Cluster(c) => inv.invoke_async(c).await,
-                Conn::Sentinel(c) => inv.invoke_async(c).await,
-            };
-            n.map(|v| vec![v])
-        })
-        .await
-        {
-            Ok(Ok(n)) => n,
-            Ok(Err(e)) => return Err(unavailable(e)),
-            Err(_) => return Err(StoreError::Timeout(self.timeout.as_millis() as u64)),
-        };
-        Ok(n.first()
-            .and_then(|v| u32::try_from(*v).ok())
-            .unwrap_or(1)
-            .max(1))
-    }
-
-    /// Whether the last call succeeded.
-    pub fn is_healthy(&self) -> bool {
-        self.healthy.load(Ordering::Relaxed)
-    }
-
-    async fn conn(&self) -> Result<Conn, StoreError> {
-        if let Some(c) = self.conn.load_full() {
-            return Ok((*c).clone());
-        }
-        let _guard = self.connecting.lock().await;
-        if let Some(c) = self.conn.load_full() {
-            return Ok((*c).clone());
-        }
-        let c = self.connect().await.map_err(unavailable)?;
-        self.conn.store(Some(Arc::new(c.clone())));
-        Ok(c)
-    }
-
-    async fn connect(&self) -> RedisResult<Conn> {
-        Ok(match &self.target {
-            // The store's own deadline bounds every call (`timeout_ms`); the client's
-            // response timeout (redis-rs defaults to 500 ms) is set past it, so that a
-            // call that missed the deadline still gets its reply (`undo_late`).
-            Target::Single(url) => Conn::Single(
-                ConnectionManager::new_with_config(
-                    redis::Client::open(url.as_str())?,
-                    redis::aio::ConnectionManagerConfig::new()
-                        .set_response_timeout(Some(LATE_PATIENCE)),
-                )
-                .await?,
-            ),
-            Target::Cluster(nodes) => Conn::Cluster(
-                ClusterClient::builder(nodes.clone())
-                    .response_timeout(LATE_PATIENCE)
-                    .build()?
-                    .get_async_connection()
-                    .await?,
-            ),
-            Target::Sentinel(urls, master) => {
-                let mut client = SentinelClient::build(
-                    urls.clone(),
-                    master.clone(),
-                    master_tls(urls),
-                    SentinelServerType::Master,
-                )?;
-                let config =
-                    redis::AsyncConnectionConfig::new().set_response_timeout(Some(LATE_PATIENCE));
-                Conn::Sentinel(client.get_async_connection_with_config(&config).await?)
-            }
-        })
     }
 
     fn now_arg(&self) -> String {
@@ -382,84 +210,6 @@ impl RedisStore {
         wire::parse_reply(&wire::ints(&raw)?, scopes)
     }
 
-    /// Waits (in the background, up to `LATE_PATIENCE`) for the reply of a call that
-    /// missed its deadline. If it charged, the request was decided without it: the charge
-    /// of every scope not failing open is refunded (an open scope admitted the request
-    /// uncounted, so its late charge is the true count), and tokens it leased go back.
-    fn undo_late(
-        &self,
-        run: std::pin::Pin<Box<dyn std::future::Future<Output = RedisResult<Vec<u8>>> + Send>>,
-        scopes: &[ScopeCheck<'_>],
-        cost: u32,
-        conn: Conn,
-    ) {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let owned: Vec<(Scope, Ident, crate::limiter::ScopeLimits)> = scopes
-            .iter()
-            .map(|s| (s.scope, s.ident.clone(), s.limits.clone()))
-            .collect();
-        let (prefix, script, timeout) = (self.prefix.clone(), self.script.clone(), self.timeout);
-        let local = self.local.clone();
-        let metrics = self.metrics.clone();
-        runtime.spawn(async move {
-            let Ok(Ok(raw)) = tokio::time::timeout(LATE_PATIENCE, run).await else {
-                return; // no reply at all: the charge (if any) expires with its window
-            };
-            let scopes: Vec<ScopeCheck<'_>> = owned
-                .iter()
-                .map(|(scope, ident, limits)| ScopeCheck {
-                    scope: *scope,
-                    ident: ident.clone(),
-                    limits,
-                })
-                .collect();
-            let Ok(reply) = wire::ints(&raw).and_then(|v| wire::parse_reply(&v, &scopes)) else {
-                return;
-            };
-            if !reply.all_allowed {
-                return; // nothing was charged
-            }
-            let mut at = 0;
-            let mut charged = Vec::new();
-            let mut returns = Vec::new();
-            for s in &scopes {
-                let n = s.limits.windows.len();
-                let decisions = reply.decisions.get(at..at + n).unwrap_or_default();
-                let grants = reply.grants.get(at..at + n).unwrap_or_default();
-                at += n;
-                for (w, g) in s.limits.windows.iter().zip(grants) {
-                    if g.granted > 0 {
-                        returns.push(local::Return {
-                            scope: s.scope,
-                            ident: s.ident.clone(),
-                            limit: *w,
-                            lease: LeaseArgs {
-                                want: 0,
-                                ret: g.granted,
-                                from: *g,
-                            },
-                        });
-                    }
-                }
-                if s.limits.on_failure != crate::limiter::OnFailure::Open {
-                    let currents = decisions.iter().map(|d| d.decision.current).collect();
-                    charged.push((s.clone(), reply.now, currents));
-                }
-            }
-            tracing::debug!("a call that missed its deadline charged in Redis: undoing it");
-            if let Some(m) = &metrics {
-                m.store_late_charges_total.inc();
-            }
-            if let Some(local) = local.filter(|_| !returns.is_empty()) {
-                local.queue_returns(returns);
-            }
-            let calls = refund_calls(&prefix, cost, &charged);
-            run_refunds(conn, script, timeout, calls).await;
-        });
-    }
-
     async fn check_inner(&self, check: &Check<'_>) -> Result<Verdict, StoreError> {
         let mut conn = tokio::time::timeout(self.timeout, self.conn())
             .await
@@ -518,54 +268,18 @@ impl RedisStore {
             }
             decisions.extend(reply.decisions);
         } else {
-            // Cluster: one call per scope (one slot each), concurrently.
-            let calls = scopes.iter().enumerate().map(|(i, s)| {
-                let mut c = conn.clone();
-                let now = now.clone();
-                let l = remote.leases.get(i).cloned().map(|l| [l]);
-                async move {
-                    self.call(
-                        &mut c,
-                        std::slice::from_ref(s),
-                        l.as_ref().map(|l| &l[..]),
-                        check.cost,
-                        check.peek,
-                        &now,
-                    )
-                    .await
-                }
-            });
-            let replies = futures_util::future::join_all(calls).await;
-            let mut charged = Vec::new();
-            let mut failed = None;
-            for (s, r) in scopes.iter().zip(replies) {
-                // Every reply is looked at, even after a failed one: a scope charged by
-                // its call must be refunded when another call failed.
-                let r = match r {
-                    Ok(r) => r,
-                    Err(e) => {
-                        failed.get_or_insert(e);
-                        continue;
-                    }
-                };
-                record(std::slice::from_ref(s), &r);
-                if r.all_allowed && !check.peek {
-                    charged.push((
-                        s.clone(),
-                        r.now,
-                        r.decisions
-                            .iter()
-                            .map(|d| d.decision.current)
-                            .collect::<Vec<_>>(),
-                    ));
-                }
-                decided_at.add(s.scope, r.now);
-                decisions.extend(r.decisions);
-            }
-            let allowed = failed.is_none() && decisions.iter().all(|d| d.decision.allowed);
-            if !allowed && !charged.is_empty() {
-                self.refund(conn, check.cost, charged);
-            }
+            let failed = self
+                .call_each_scope(
+                    conn,
+                    check,
+                    &scopes,
+                    &remote.leases,
+                    &now,
+                    &record,
+                    &mut decisions,
+                    &mut decided_at,
+                )
+                .await;
             if let Some(e) = failed {
                 if !remote.covered.is_empty() {
                     if let Some(l) = &self.local {
@@ -585,6 +299,70 @@ impl RedisStore {
             }
         }
         Ok(verdict)
+    }
+
+    /// Cluster: one call per scope (one slot each), concurrently. Adds the decisions and
+    /// the scripts' times to `decisions` and `decided_at`, refunds the charged scopes
+    /// when the request is not admitted, and answers the first failure.
+    #[allow(clippy::too_many_arguments)]
+    async fn call_each_scope(
+        &self,
+        conn: Conn,
+        check: &Check<'_>,
+        scopes: &[ScopeCheck<'_>],
+        leases: &[smallvec::SmallVec<[LeaseArgs; 2]>],
+        now: &str,
+        record: &(dyn Fn(&[ScopeCheck<'_>], &Reply) + Sync),
+        decisions: &mut Vec<crate::limiter::WindowDecision>,
+        decided_at: &mut DecidedAt,
+    ) -> Option<StoreError> {
+        let calls = scopes.iter().enumerate().map(|(i, s)| {
+            let mut c = conn.clone();
+            let l = leases.get(i).cloned().map(|l| [l]);
+            async move {
+                self.call(
+                    &mut c,
+                    std::slice::from_ref(s),
+                    l.as_ref().map(|l| &l[..]),
+                    check.cost,
+                    check.peek,
+                    now,
+                )
+                .await
+            }
+        });
+        let replies = futures_util::future::join_all(calls).await;
+        let mut charged = Vec::new();
+        let mut failed = None;
+        for (s, r) in scopes.iter().zip(replies) {
+            // Every reply is looked at, even after a failed one: a scope charged by
+            // its call must be refunded when another call failed.
+            let r = match r {
+                Ok(r) => r,
+                Err(e) => {
+                    failed.get_or_insert(e);
+                    continue;
+                }
+            };
+            record(std::slice::from_ref(s), &r);
+            if r.all_allowed && !check.peek {
+                charged.push((
+                    s.clone(),
+                    r.now,
+                    r.decisions
+                        .iter()
+                        .map(|d| d.decision.current)
+                        .collect::<Vec<_>>(),
+                ));
+            }
+            decided_at.add(s.scope, r.now);
+            decisions.extend(r.decisions);
+        }
+        let allowed = failed.is_none() && decisions.iter().all(|d| d.decision.allowed);
+        if !allowed && !charged.is_empty() {
+            self.refund(conn, check.cost, charged);
+        }
+        failed
     }
 
     fn count_returned<'a>(&self, leases: impl Iterator<Item = &'a LeaseArgs>) {
@@ -644,16 +422,17 @@ impl RedisStore {
         };
         let now = self.now_arg();
         for group in groups {
-            let mut inv = self.script.prepare_invoke();
-            wire::push_header(&mut inv, &now, 1, Mode::Return, 0);
-            for r in group {
-                inv.key(self.key(r.scope, &r.ident, r.limit.window));
-                for v in wire::window_args(&r.limit, &r.ident, 0, &r.lease) {
-                    inv.arg(v);
-                }
-            }
+            let windows = group.iter().map(|r| wire::Win {
+                scope: r.scope,
+                ident: &r.ident,
+                limit: &r.limit,
+                current: 0,
+                lease: r.lease,
+            });
+            let header = (now.as_str(), 1, Mode::Return);
+            let cmd = wire::evalsha(self.script.get_hash(), &self.prefix, header, 0, windows);
             self.count_call();
-            match tokio::time::timeout(self.timeout, eval(&mut conn, &inv)).await {
+            match tokio::time::timeout(self.timeout, run_script(&mut conn, &cmd)).await {
                 Ok(Ok(_)) => self.count_returned(group.iter().map(|r| &r.lease)),
                 _ => tracing::debug!("giving leased tokens back did not complete"),
             }
@@ -708,105 +487,6 @@ impl RedisStore {
                 }
             }
         });
-    }
-
-    /// Gives back the charges of scopes whose request another scope rejected. Runs in the
-    /// background, each call within the deadline: the 429 does not wait for it.
-    fn refund(&self, conn: Conn, cost: u32, charged: Vec<(ScopeCheck<'_>, u64, Vec<u64>)>) {
-        let calls = refund_calls(&self.prefix, cost, &charged);
-        let (script, timeout) = (self.script.clone(), self.timeout);
-        tokio::spawn(run_refunds(conn, script, timeout, calls));
-    }
-}
-
-/// How long a call that missed its deadline is waited for (see `RedisStore::undo_late`).
-const LATE_PATIENCE: Duration = Duration::from_secs(10);
-
-/// The 'refund' calls (keys, arguments) giving back `cost` on each of `charged`'s scopes:
-/// the scope, the script's `now` of the charge, and each window's `current` then.
-fn refund_calls(
-    prefix: &str,
-    cost: u32,
-    charged: &[(ScopeCheck<'_>, u64, Vec<u64>)],
-) -> Vec<(Vec<String>, Vec<String>)> {
-    charged
-        .iter()
-        .map(|(s, now, currents)| {
-            let keys = s
-                .limits
-                .windows
-                .iter()
-                .map(|w| wire::key(prefix, s.scope, &s.ident, w.window))
-                .collect();
-            let mut args = vec![
-                now.to_string(),
-                cost.to_string(),
-                Mode::Refund.as_str().to_string(),
-                "0".to_string(),
-            ];
-            for (i, w) in s.limits.windows.iter().enumerate() {
-                let current = currents.get(i).copied().unwrap_or(0);
-                let none = wire::LeaseArgs::default();
-                args.extend(wire::window_args(w, &s.ident, current, &none).map(|v| v.to_string()));
-            }
-            (keys, args)
-        })
-        .collect()
-}
-
-/// Runs `calls` one after another, each within `timeout`.
-async fn run_refunds(
-    mut conn: Conn,
-    script: Script,
-    timeout: Duration,
-    calls: Vec<(Vec<String>, Vec<String>)>,
-) {
-    for (keys, args) in calls {
-        let mut inv = script.prepare_invoke();
-        for k in &keys {
-            inv.key(k);
-        }
-        for a in &args {
-            inv.arg(a);
-        }
-        let result = tokio::time::timeout(timeout, eval(&mut conn, &inv)).await;
-        if !matches!(result, Ok(Ok(_))) {
-            tracing::debug!("refund of a request's charge did not complete");
-        }
-    }
-}
-
-/// Runs an `EVALSHA` of the script, loading it first when Redis does not have it
-/// (`NOSCRIPT`: a restart, a failover, `SCRIPT FLUSH`).
-async fn run_script(conn: &mut Conn, cmd: &redis::Cmd) -> RedisResult<Vec<u8>> {
-    match query(conn, cmd).await {
-        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-            let mut load = redis::cmd("SCRIPT");
-            load.arg("LOAD").arg(CHECK_LUA);
-            let _: String = match conn {
-                Conn::Single(c) => load.query_async(c).await?,
-                Conn::Cluster(c) => load.query_async(c).await?,
-                Conn::Sentinel(c) => load.query_async(c).await?,
-            };
-            query(conn, cmd).await
-        }
-        other => other,
-    }
-}
-
-async fn eval(conn: &mut Conn, inv: &ScriptInvocation<'_>) -> RedisResult<Vec<u8>> {
-    match conn {
-        Conn::Single(c) => inv.invoke_async(c).await,
-        Conn::Cluster(c) => inv.invoke_async(c).await,
-        Conn::Sentinel(c) => inv.invoke_async(c).await,
-    }
-}
-
-async fn query(conn: &mut Conn, cmd: &redis::Cmd) -> RedisResult<Vec<u8>> {
-    match conn {
-        Conn::Single(c) => cmd.query_async(c).await,
-        Conn::Cluster(c) => cmd.query_async(c).await,
-        Conn::Sentinel(c) => cmd.query_async(c).await,
     }
 }
 
@@ -871,88 +551,4 @@ impl LimitStore for RedisStore {
         }
         self.local_decision(check)
     }
-}
-
-/// The part of a check Redis decides: the windows not paid from leases.
-struct Remote<'a> {
-    /// Scopes with at least one remote window: the scope, and its limits reduced to the
-    /// remote windows when some were covered.
-    parts: Vec<(ScopeCheck<'a>, Option<crate::limiter::ScopeLimits>)>,
-    /// Lease arguments of each part's windows.
-    leases: Vec<smallvec::SmallVec<[LeaseArgs; 2]>>,
-    /// Decisions of the covered windows.
-    covered: Vec<crate::limiter::WindowDecision>,
-    /// When the leases paying the covered windows were granted, per scope.
-    granted_at: DecidedAt,
-}
-
-impl<'a> Remote<'a> {
-    fn of(check: &Check<'a>, plan: &Plan) -> Self {
-        let mut out = Remote {
-            parts: Vec::with_capacity(check.scopes.len()),
-            leases: Vec::with_capacity(check.scopes.len()),
-            covered: Vec::new(),
-            granted_at: DecidedAt::default(),
-        };
-        for (i, s) in check.scopes.iter().enumerate() {
-            let Some(plans) = plan.scopes.get(i) else {
-                out.parts.push((s.clone(), None));
-                out.leases.push(smallvec::SmallVec::new());
-                continue;
-            };
-            let mut windows = Vec::new();
-            let mut args = smallvec::SmallVec::new();
-            for (w, p) in s.limits.windows.iter().zip(plans) {
-                match p {
-                    WindowPlan::Covered {
-                        decision,
-                        granted_at,
-                        ..
-                    } => {
-                        out.covered.push(*decision);
-                        out.granted_at.add(s.scope, *granted_at);
-                    }
-                    WindowPlan::Remote(a) => {
-                        windows.push(*w);
-                        args.push(*a);
-                    }
-                }
-            }
-            if windows.is_empty() {
-                continue;
-            }
-            let reduced =
-                (windows.len() < s.limits.windows.len()).then(|| crate::limiter::ScopeLimits {
-                    windows,
-                    ..s.limits.clone()
-                });
-            out.parts.push((s.clone(), reduced));
-            out.leases.push(args);
-        }
-        out
-    }
-
-    /// The scopes to send, each with its remote windows.
-    fn scopes(&self) -> Vec<ScopeCheck<'_>> {
-        self.parts
-            .iter()
-            .map(|(s, reduced)| ScopeCheck {
-                scope: s.scope,
-                ident: s.ident.clone(),
-                limits: reduced.as_ref().unwrap_or(s.limits),
-            })
-            .collect()
-    }
-}
-
-/// TLS to the master when the sentinels are reached over TLS (`rediss://`): one
-/// deployment, one transport.
-fn master_tls(urls: &[String]) -> Option<SentinelNodeConnectionInfo> {
-    urls.iter()
-        .any(|u| u.starts_with("rediss://"))
-        .then(|| SentinelNodeConnectionInfo::default().set_tls_mode(redis::TlsMode::Secure))
-}
-
-fn unavailable(e: redis::RedisError) -> StoreError {
-    StoreError::Unavailable(e.to_string())
 }

@@ -187,8 +187,70 @@ pub fn ints(reply: &[u8]) -> Result<Vec<i64>, StoreError> {
     Ok(out)
 }
 
-/// An `EVALSHA` of the script with every key and value in one command buffer (a
-/// `ScriptInvocation` allocates per value); `sha` is the script's hash.
+/// One window of a script call: whose key, its limit, and its `current` and lease values.
+#[derive(Clone, Copy)]
+pub struct Win<'a> {
+    /// The scope of the window's identity.
+    pub scope: Scope,
+    /// The identity.
+    pub ident: &'a Ident,
+    /// The window's limit.
+    pub limit: &'a WindowLimit,
+    /// `current` (refunds: the charge to give back; settles: the admission time).
+    pub current: u64,
+    /// The lease arguments.
+    pub lease: LeaseArgs,
+}
+
+/// The one encoder of the script's calls: an `EVALSHA` with every key and value in one
+/// command buffer (a `ScriptInvocation` allocates per value). `sha` is the script's
+/// hash, `fourth` is `ARGV[4]` (lease_ms; settle: delta), `windows` the windows in order.
+pub fn evalsha<'a>(
+    sha: &str,
+    prefix: &str,
+    (now, cost, mode): (&str, u32, Mode),
+    fourth: i64,
+    windows: impl Iterator<Item = Win<'a>> + Clone,
+) -> redis::Cmd {
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(sha).arg(windows.clone().count());
+    for w in windows.clone() {
+        cmd.arg(key(prefix, w.scope, w.ident, w.limit.window));
+    }
+    cmd.arg(now).arg(cost).arg(mode.as_str()).arg(fourth);
+    for w in windows {
+        for v in window_args(w.limit, w.ident, w.current, &w.lease) {
+            cmd.arg(v);
+        }
+    }
+    cmd
+}
+
+/// The windows of `scopes` in order, each with `current` and lease values from `values`
+/// (given the scope's index and the window's index in it).
+fn scope_windows<'a, F>(
+    scopes: &'a [ScopeCheck<'_>],
+    values: F,
+) -> impl Iterator<Item = Win<'a>> + Clone
+where
+    F: Fn(usize, usize) -> (u64, LeaseArgs) + Clone + 'a,
+{
+    scopes.iter().enumerate().flat_map(move |(i, s)| {
+        let values = values.clone();
+        s.limits.windows.iter().enumerate().map(move |(j, w)| {
+            let (current, lease) = values(i, j);
+            Win {
+                scope: s.scope,
+                ident: &s.ident,
+                limit: w,
+                current,
+                lease,
+            }
+        })
+    })
+}
+
+/// A 'check' or 'peek' call of `scopes` with `leases` (per scope, per window; else none).
 #[allow(clippy::too_many_arguments)]
 pub fn command(
     sha: &str,
@@ -200,28 +262,18 @@ pub fn command(
     scopes: &[ScopeCheck<'_>],
     leases: Option<&[smallvec::SmallVec<[LeaseArgs; 2]>]>,
 ) -> redis::Cmd {
-    let windows: usize = scopes.iter().map(|s| s.limits.windows.len()).sum();
-    let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(sha).arg(windows);
-    for s in scopes {
-        for w in &s.limits.windows {
-            cmd.arg(key(prefix, s.scope, &s.ident, w.window));
-        }
-    }
-    cmd.arg(now).arg(cost).arg(mode.as_str()).arg(lease_ms);
-    for (i, s) in scopes.iter().enumerate() {
-        for (j, w) in s.limits.windows.iter().enumerate() {
-            let lease = leases
-                .and_then(|l| l.get(i))
-                .and_then(|l| l.get(j))
-                .copied()
-                .unwrap_or_default();
-            for v in window_args(w, &s.ident, 0, &lease) {
-                cmd.arg(v);
-            }
-        }
-    }
-    cmd
+    let lease = move |i: usize, j: usize| {
+        let l = leases.and_then(|l| l.get(i)).and_then(|l| l.get(j));
+        (0, l.copied().unwrap_or_default())
+    };
+    let fourth = i64::try_from(lease_ms).unwrap_or(i64::MAX);
+    evalsha(
+        sha,
+        prefix,
+        (now, cost, mode),
+        fourth,
+        scope_windows(scopes, lease),
+    )
 }
 
 /// An `EVALSHA` settling a request whose scopes were decided at `decided_at` (the store
@@ -238,24 +290,34 @@ pub fn settle_command(
     prefix: &str,
     scopes: &[ScopeCheck<'_>],
 ) -> redis::Cmd {
-    let windows: usize = scopes.iter().map(|s| s.limits.windows.len()).sum();
-    let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(sha).arg(windows);
-    for s in scopes {
-        for w in &s.limits.windows {
-            cmd.arg(key(prefix, s.scope, &s.ident, w.window));
-        }
-    }
-    cmd.arg(now).arg(cost).arg(Mode::Settle.as_str()).arg(delta);
-    let none = LeaseArgs::default();
-    for s in scopes {
-        for w in &s.limits.windows {
-            for v in window_args(w, &s.ident, decided_at.of(s.scope), &none) {
-                cmd.arg(v);
-            }
-        }
-    }
-    cmd
+    let at = move |i: usize, _| {
+        let scope = scopes.get(i).map_or(Scope::Global, |s| s.scope);
+        (decided_at.of(scope), LeaseArgs::default())
+    };
+    let header = (now, cost, Mode::Settle);
+    evalsha(sha, prefix, header, delta, scope_windows(scopes, at))
+}
+
+/// A 'refund' call giving back `cost` on every window of `s`, charged by a call whose
+/// script `now` was `now`, each window's `current` then in `currents`.
+pub fn refund_command(
+    sha: &str,
+    prefix: &str,
+    cost: u32,
+    s: &ScopeCheck<'_>,
+    now: u64,
+    currents: &[u64],
+) -> redis::Cmd {
+    let current = move |_, j: usize| (currents.get(j).copied().unwrap_or(0), LeaseArgs::default());
+    let now = now.to_string();
+    let header = (now.as_str(), cost, Mode::Refund);
+    evalsha(
+        sha,
+        prefix,
+        header,
+        0,
+        scope_windows(std::slice::from_ref(s), current),
+    )
 }
 
 /// Decodes a reply for `scopes`' windows.

@@ -1,0 +1,245 @@
+//! The Redis connection: where the store connects (`Target`: one node, Cluster, or a
+//! master behind Sentinel, followed by `follow_master`), TLS to it, the one script and
+//! its loading (`NOSCRIPT`), the heartbeat, and the raw calls every part of the store
+//! sends through (`run_script`, `eval`).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, MultiplexedConnection};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
+use redis::{RedisResult, ScriptInvocation};
+
+use super::RedisStore;
+use crate::store::StoreError;
+
+macro_rules! lua {
+    ($f:literal) => {
+        include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/lua/", $f))
+    };
+}
+
+/// The one script: prelude, the five algorithms, then the entry point.
+pub const CHECK_LUA: &str = concat!(
+    lua!("prelude.lua"),
+    lua!("token_bucket.lua"),
+    lua!("sliding_window.lua"),
+    lua!("fixed_window.lua"),
+    lua!("sliding_log.lua"),
+    lua!("leaky_bucket.lua"),
+    lua!("check.lua"),
+);
+
+/// Where the store connects.
+#[derive(Debug, Clone)]
+pub enum Target {
+    /// One node (`url`).
+    Single(String),
+    /// Redis Cluster seed nodes (`cluster`).
+    Cluster(Vec<String>),
+    /// Sentinel URLs and the master name (`sentinel`).
+    Sentinel(Vec<String>, String),
+}
+
+#[derive(Clone)]
+pub(super) enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+    Sentinel(MultiplexedConnection),
+}
+
+// === impl RedisStore ===
+
+impl RedisStore {
+    /// Behind Sentinel: asks the sentinels which node is the master now (within the store
+    /// deadline) and, when it changed since the last ask, drops the connection so the next
+    /// call connects to the new master. A promoted replica is followed this way even while
+    /// the old master still accepts writes (a manual `SENTINEL FAILOVER` demotes it only
+    /// later), which no call error would reveal. Called every second by the heartbeat;
+    /// does nothing for a single node or Cluster.
+    pub async fn follow_master(&self) {
+        let Target::Sentinel(urls, master) = &self.target else {
+            return;
+        };
+        let ask = async {
+            let mut sentinel = redis::sentinel::Sentinel::build(urls.clone())?;
+            let info = master_tls(urls);
+            let client = sentinel.async_master_for(master, info.as_ref()).await?;
+            Ok::<_, redis::RedisError>(client.get_connection_info().addr().to_string())
+        };
+        let addr = match tokio::time::timeout(self.timeout.max(Duration::from_millis(500)), ask)
+            .await
+        {
+            Ok(Ok(addr)) => addr,
+            Ok(Err(e)) => return tracing::debug!(error = %e, "sentinels not asked for the master"),
+            Err(_) => return tracing::debug!("sentinels did not name the master in time"),
+        };
+        let changed = match self.master_seen.lock() {
+            Ok(mut seen) => {
+                let changed = seen.as_ref().is_some_and(|s| *s != addr);
+                *seen = Some(addr.clone());
+                changed
+            }
+            Err(_) => false,
+        };
+        if changed {
+            tracing::info!(master = %addr, "sentinels name a new master; reconnecting");
+            self.conn.store(None);
+        }
+    }
+
+    /// Records this instance as alive for `ttl_ms` and returns how many instances are alive
+    /// (a sorted set `<prefix>:{instances}` scored by last heartbeat).
+    ///
+    /// # Errors
+    /// When Redis fails or misses the deadline.
+    pub async fn heartbeat(
+        &self,
+        instance_id: &str,
+        now_ms: u64,
+        ttl_ms: u64,
+    ) -> Result<u32, StoreError> {
+        // The heartbeat doubles as a health probe: /readyz turns degraded when it fails,
+        // before any request meets the outage.
+        let r = self.beat(instance_id, now_ms, ttl_ms).await;
+        self.healthy.store(r.is_ok(), Ordering::Relaxed);
+        r
+    }
+
+    async fn beat(&self, instance_id: &str, now_ms: u64, ttl_ms: u64) -> Result<u32, StoreError> {
+        let script = redis::Script::new(
+            "redis.call('ZADD', KEYS[1], ARGV[1], ARGV[2])
+             redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', tonumber(ARGV[1]) - tonumber(ARGV[3]))
+             redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[3]) * 2)
+             return redis.call('ZCARD', KEYS[1])",
+        );
+        let key = format!("{}:{{instances}}", self.prefix);
+        let mut conn = tokio::time::timeout(self.timeout, self.conn())
+            .await
+            .map_err(|_| StoreError::Timeout(self.timeout.as_millis() as u64))??;
+        let mut inv = script.key(key);
+        inv.arg(now_ms).arg(instance_id).arg(ttl_ms);
+        let n: Vec<i64> = match tokio::time::timeout(self.timeout, async {
+            let n: RedisResult<i64> = match &mut conn {
+                Conn::Single(c) => inv.invoke_async(c).await,
+                Conn::Cluster(c) => inv.invoke_async(c).await,
+                Conn::Sentinel(c) => inv.invoke_async(c).await,
+            };
+            n.map(|v| vec![v])
+        })
+        .await
+        {
+            Ok(Ok(n)) => n,
+            Ok(Err(e)) => return Err(unavailable(e)),
+            Err(_) => return Err(StoreError::Timeout(self.timeout.as_millis() as u64)),
+        };
+        Ok(n.first()
+            .and_then(|v| u32::try_from(*v).ok())
+            .unwrap_or(1)
+            .max(1))
+    }
+
+    /// Whether the last call succeeded.
+    pub fn is_healthy(&self) -> bool {
+        self.healthy.load(Ordering::Relaxed)
+    }
+
+    pub(super) async fn conn(&self) -> Result<Conn, StoreError> {
+        if let Some(c) = self.conn.load_full() {
+            return Ok((*c).clone());
+        }
+        let _guard = self.connecting.lock().await;
+        if let Some(c) = self.conn.load_full() {
+            return Ok((*c).clone());
+        }
+        let c = self.connect().await.map_err(unavailable)?;
+        self.conn.store(Some(Arc::new(c.clone())));
+        Ok(c)
+    }
+
+    async fn connect(&self) -> RedisResult<Conn> {
+        Ok(match &self.target {
+            // The store's own deadline bounds every call (`timeout_ms`); the client's
+            // response timeout (redis-rs defaults to 500 ms) is set past it, so that a
+            // call that missed the deadline still gets its reply (`undo_late`).
+            Target::Single(url) => Conn::Single(
+                ConnectionManager::new_with_config(
+                    redis::Client::open(url.as_str())?,
+                    redis::aio::ConnectionManagerConfig::new()
+                        .set_response_timeout(Some(LATE_PATIENCE)),
+                )
+                .await?,
+            ),
+            Target::Cluster(nodes) => Conn::Cluster(
+                ClusterClient::builder(nodes.clone())
+                    .response_timeout(LATE_PATIENCE)
+                    .build()?
+                    .get_async_connection()
+                    .await?,
+            ),
+            Target::Sentinel(urls, master) => {
+                let mut client = SentinelClient::build(
+                    urls.clone(),
+                    master.clone(),
+                    master_tls(urls),
+                    SentinelServerType::Master,
+                )?;
+                let config =
+                    redis::AsyncConnectionConfig::new().set_response_timeout(Some(LATE_PATIENCE));
+                Conn::Sentinel(client.get_async_connection_with_config(&config).await?)
+            }
+        })
+    }
+}
+
+/// How long a call that missed its deadline is waited for (see `RedisStore::undo_late`).
+pub(super) const LATE_PATIENCE: Duration = Duration::from_secs(10);
+
+/// Runs an `EVALSHA` of the script, loading it first when Redis does not have it
+/// (`NOSCRIPT`: a restart, a failover, `SCRIPT FLUSH`).
+pub(super) async fn run_script(conn: &mut Conn, cmd: &redis::Cmd) -> RedisResult<Vec<u8>> {
+    match query(conn, cmd).await {
+        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+            let mut load = redis::cmd("SCRIPT");
+            load.arg("LOAD").arg(CHECK_LUA);
+            let _: String = match conn {
+                Conn::Single(c) => load.query_async(c).await?,
+                Conn::Cluster(c) => load.query_async(c).await?,
+                Conn::Sentinel(c) => load.query_async(c).await?,
+            };
+            query(conn, cmd).await
+        }
+        other => other,
+    }
+}
+
+pub(super) async fn eval(conn: &mut Conn, inv: &ScriptInvocation<'_>) -> RedisResult<Vec<u8>> {
+    match conn {
+        Conn::Single(c) => inv.invoke_async(c).await,
+        Conn::Cluster(c) => inv.invoke_async(c).await,
+        Conn::Sentinel(c) => inv.invoke_async(c).await,
+    }
+}
+
+async fn query(conn: &mut Conn, cmd: &redis::Cmd) -> RedisResult<Vec<u8>> {
+    match conn {
+        Conn::Single(c) => cmd.query_async(c).await,
+        Conn::Cluster(c) => cmd.query_async(c).await,
+        Conn::Sentinel(c) => cmd.query_async(c).await,
+    }
+}
+
+/// TLS to the master when the sentinels are reached over TLS (`rediss://`): one
+/// deployment, one transport.
+fn master_tls(urls: &[String]) -> Option<SentinelNodeConnectionInfo> {
+    urls.iter()
+        .any(|u| u.starts_with("rediss://"))
+        .then(|| SentinelNodeConnectionInfo::default().set_tls_mode(redis::TlsMode::Secure))
+}
+
+pub(super) fn unavailable(e: redis::RedisError) -> StoreError {
+    StoreError::Unavailable(e.to_string())
+}

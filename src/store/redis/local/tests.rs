@@ -1,0 +1,407 @@
+//! Tests of the lease table and the over-limit cache.
+
+use super::*;
+use crate::limiter::{Decision, Window};
+use crate::limiter::{OnFailure, ScopeLimits};
+
+fn limits(limit: u32, admission: Admission) -> ScopeLimits {
+    ScopeLimits {
+        concurrent: None,
+        ban: None,
+        windows: vec![WindowLimit::new(Window::Minute, limit).with_admission(admission)],
+        on_failure: OnFailure::Local,
+        message: None,
+    }
+}
+
+fn check<'a>(l: &'a ScopeLimits, cost: u32) -> Check<'a> {
+    let mut c = Check::new(cost);
+    c.push(Scope::Key, Ident::Name("k".into()), l);
+    c
+}
+
+fn decision(allowed: bool, remaining: u32, retry: u64) -> WindowDecision {
+    WindowDecision {
+        scope: Scope::Key,
+        window: Window::Minute,
+        decision: Decision {
+            allowed,
+            limit: 100,
+            remaining,
+            current: u64::from(100 - remaining),
+            reset_after_ms: 60_000,
+            retry_after_ms: retry,
+        },
+    }
+}
+
+fn grant(n: u64, until: u64) -> Grant {
+    Grant {
+        granted: n,
+        until,
+        tag1: 7,
+        tag2: 0,
+    }
+}
+
+/// A rejection is repeated for requests of at least the same cost until its retry
+/// ends, with a shrinking retry_after; a cheaper request goes to Redis.
+#[test]
+fn over_limit_cache_repeats_a_rejection_until_retry() {
+    let local = Local::new(1_000);
+    let l = limits(100, Admission::Auto);
+    let c = check(&l, 2);
+    local.record(
+        &c.scopes,
+        2,
+        &[decision(false, 0, 5_000)],
+        &[Grant::default()],
+        1_000,
+        900,
+    );
+    let Outcome::OverLimit(v) = local.decide(&c, 3_000) else {
+        panic!("not cached")
+    };
+    let g = v.governing.unwrap();
+    assert_eq!((g.decision.retry_after_ms, g.decision.limit), (3_000, 100));
+    assert!(!v.allowed);
+    assert_eq!(
+        local.decide(&check(&l, 1), 3_000),
+        Outcome::Remote,
+        "cheaper"
+    );
+    assert_eq!(local.decide(&c, 6_000), Outcome::Remote, "retry has passed");
+}
+
+/// A lease admits locally while it holds tokens and has not ended; the lease end is
+/// converted from the script's clock.
+#[test]
+fn a_lease_admits_until_spent_or_ended() {
+    let local = Local::new(1_000);
+    let l = limits(100, Admission::Auto);
+    let c = check(&l, 1);
+    // Redis at 500 granted 3 tokens until 1_500 (its clock); our clock read 10_000.
+    local.record(
+        &c.scopes,
+        1,
+        &[decision(true, 50, 0)],
+        &[grant(3, 1_500)],
+        10_000,
+        500,
+    );
+    for remaining in [49, 48, 47] {
+        let Outcome::Leased(v) = local.decide(&c, 10_100) else {
+            panic!("not leased")
+        };
+        assert_eq!(v.governing.unwrap().decision.remaining, remaining);
+    }
+    assert_eq!(local.decide(&c, 10_100), Outcome::Remote, "spent");
+    local.record(
+        &c.scopes,
+        1,
+        &[decision(true, 50, 0)],
+        &[grant(3, 1_500)],
+        10_000,
+        500,
+    );
+    assert_eq!(local.decide(&c, 11_000), Outcome::Remote, "ended at 11_000");
+}
+
+/// Exact windows never use leases; a lease being replaced goes back with the call.
+#[test]
+fn exact_windows_and_replaced_leases() {
+    let local = Local::new(1_000);
+    let exact = limits(100, Admission::Exact);
+    let c = check(&exact, 1);
+    local.record(
+        &c.scopes,
+        1,
+        &[decision(true, 50, 0)],
+        &[grant(4, 2_000)],
+        0,
+        0,
+    );
+    assert_eq!(local.decide(&c, 10), Outcome::Remote);
+    let a = remote(&local.prepare(&c, 10));
+    assert_eq!((a.want, a.ret), (0, 4), "exact: returned, none wanted");
+
+    let auto = limits(100, Admission::Auto);
+    let c = check(&auto, 5);
+    local.record(
+        &c.scopes,
+        5,
+        &[decision(true, 50, 0)],
+        &[grant(3, 2_000)],
+        0,
+        0,
+    );
+    let a = remote(&local.prepare(&c, 10));
+    assert_eq!(a.ret, 3, "too few tokens for cost 5: given back");
+    assert_eq!(a.from.tag1, 7);
+}
+
+/// The rate meter sizes what is wanted: nothing for a first request, the rate over the
+/// lease length once there is traffic.
+#[test]
+fn want_follows_the_local_rate() {
+    let local = Local::new(1_000);
+    let l = limits(10_000, Admission::Auto);
+    let c = check(&l, 1);
+    assert_eq!(local.decide(&c, 0), Outcome::Remote);
+    assert_eq!(
+        remote(&local.prepare(&c, 0)).want,
+        0,
+        "one request: no lease"
+    );
+    for t in 1..50 {
+        let _ = local.decide(&c, t * 10);
+    }
+    let want = remote(&local.prepare(&c, 500)).want;
+    assert_eq!(want, 50, "50 requests in the last second, 1 s leases");
+}
+
+fn remote(plan: &Plan) -> LeaseArgs {
+    match plan.scopes[0][0] {
+        WindowPlan::Remote(a) => a,
+        WindowPlan::Covered { .. } => panic!("covered"),
+    }
+}
+
+/// A window with a lease is covered (its tokens spent) while another goes to Redis;
+/// `undo` gives the tokens back when the request is rejected.
+#[test]
+fn covered_windows_spend_and_undo() {
+    let local = Local::new(1_000);
+    let l = ScopeLimits {
+        concurrent: None,
+        ban: None,
+        windows: vec![
+            WindowLimit::new(Window::Second, 10),
+            WindowLimit::new(Window::Minute, 100),
+        ],
+        on_failure: OnFailure::Local,
+        message: None,
+    };
+    let c = check(&l, 1);
+    let minute = WindowDecision {
+        window: Window::Second,
+        ..decision(true, 5, 0)
+    };
+    local.record(
+        &c.scopes,
+        1,
+        &[minute, decision(true, 50, 0)],
+        &[Grant::default(), grant(3, 2_000)],
+        0,
+        0,
+    );
+    let plan = local.prepare(&c, 10);
+    assert!(matches!(plan.scopes[0][0], WindowPlan::Remote(_)));
+    let WindowPlan::Covered { decision: d, .. } = plan.scopes[0][1] else {
+        panic!("minute not covered")
+    };
+    assert_eq!(d.decision.remaining, 49);
+    local.undo(&c, &plan, 1);
+    let again = local.prepare(&c, 20);
+    let WindowPlan::Covered { decision: d, .. } = again.scopes[0][1] else {
+        panic!("minute not covered")
+    };
+    assert_eq!(d.decision.remaining, 49, "the undone token was spent again");
+}
+
+/// A call that goes to Redis anyway renews a lease past half its life: the lease ends
+/// (leftovers back) instead of paying.
+#[test]
+fn aging_leases_renew_with_a_call() {
+    let local = Local::new(1_000);
+    let l = limits(100, Admission::Auto);
+    let c = check(&l, 1);
+    local.record(
+        &c.scopes,
+        1,
+        &[decision(true, 50, 0)],
+        &[grant(5, 1_000)],
+        0,
+        0,
+    );
+    assert!(matches!(
+        local.prepare(&c, 400).scopes[0][0],
+        WindowPlan::Covered { .. }
+    ));
+    let a = remote(&local.prepare(&c, 600));
+    assert_eq!(a.ret, 4, "the 4 left go back; Redis decides this request");
+}
+
+/// Ended leases are collected once; idle identities are forgotten; drain takes all.
+#[test]
+fn expiry_and_drain_collect_leftovers() {
+    let local = Local::new(1_000);
+    let l = limits(100, Admission::Auto);
+    let c = check(&l, 1);
+    local.record(
+        &c.scopes,
+        1,
+        &[decision(true, 50, 0)],
+        &[grant(5, 1_000)],
+        0,
+        0,
+    );
+    // A 1 s lease ending at 1_000 is collected half a lease later (a request of the
+    // identity may end it with its own call first).
+    assert!(local.expired(1_499).is_empty());
+    let r = local.expired(1_500);
+    assert_eq!((r.len(), r[0].lease.ret), (1, 5));
+    assert!(local.expired(1_501).is_empty(), "collected once");
+    assert_eq!(local.len(), 1);
+    let _ = local.expired(10_000);
+    assert!(local.is_empty(), "idle identity forgotten");
+    local.record(
+        &c.scopes,
+        1,
+        &[decision(true, 50, 0)],
+        &[grant(5, 99_000)],
+        20_000,
+        0,
+    );
+    assert_eq!(local.drain()[0].lease.ret, 5);
+}
+
+/// A cached rejection and a lease serve only requests of the limit they were decided
+/// at: the same identity under another limit (an adaptive factor, a reload) goes to
+/// Redis, and the lease of the old limit goes back with that call.
+#[test]
+fn rejections_and_leases_are_keyed_to_their_limit() {
+    let local = Local::new(1_000);
+    let full = limits(20, Admission::Auto);
+    let reduced = limits(4, Admission::Auto);
+    let at_full = check(&full, 1);
+    let at_reduced = check(&reduced, 1);
+    local.record(
+        &at_reduced.scopes,
+        1,
+        &[decision(false, 0, 5_000)],
+        &[Grant::default()],
+        1_000,
+        1_000,
+    );
+    assert!(matches!(
+        local.decide(&at_reduced, 2_000),
+        Outcome::OverLimit(_)
+    ));
+    assert_eq!(
+        local.decide(&at_full, 2_000),
+        Outcome::Remote,
+        "a rejection at limit 4 is not one at limit 20"
+    );
+
+    let local = Local::new(1_000);
+    local.record(
+        &at_full.scopes,
+        1,
+        &[decision(true, 15, 0)],
+        &[grant(5, 2_000)],
+        1_000,
+        1_000,
+    );
+    assert!(matches!(local.decide(&at_full, 1_100), Outcome::Leased(_)));
+    assert_eq!(
+        local.decide(&at_reduced, 1_100),
+        Outcome::Remote,
+        "a lease of limit 20 does not pay under limit 4"
+    );
+    let a = remote(&local.prepare(&at_reduced, 1_100));
+    assert_eq!(a.ret, 4, "the old limit's lease ends with the call");
+    assert_eq!(local.decide(&at_full, 1_100), Outcome::Remote, "it is gone");
+}
+
+/// A request admitted on a lease was charged when the lease was granted: its verdict
+/// names the script's time of the grant, not the gateway's clock.
+#[test]
+fn leased_verdicts_name_the_grant_time() {
+    let local = Local::new(1_000);
+    let l = limits(100, Admission::Auto);
+    let c = check(&l, 1);
+    local.record(
+        &c.scopes,
+        1,
+        &[decision(true, 50, 0)],
+        &[grant(3, 1_500)],
+        10_000,
+        500,
+    );
+    let Outcome::Leased(v) = local.decide(&c, 10_100) else {
+        panic!("not leased")
+    };
+    assert_eq!(v.decided_at.of(Scope::Key), 500);
+    let plan = local.prepare(&c, 10_200);
+    let WindowPlan::Covered { granted_at, .. } = plan.scopes[0][0] else {
+        panic!("not covered")
+    };
+    assert_eq!(granted_at, 500);
+}
+
+/// The table holds a bounded number of identities: a spray of identities evicts
+/// (idle ones first, then ones without leases, then leased ones, whose tokens go
+/// back with the next expiry pass), and every eviction is counted.
+#[test]
+fn the_table_is_bounded_and_evicted_leases_go_back() {
+    let local = Local::with_capacity(1_000, SHARDS); // one identity per shard
+    let l = limits(100, Admission::Auto);
+    let leased = check(&l, 1);
+    local.record(
+        &leased.scopes,
+        1,
+        &[decision(true, 50, 0)],
+        &[grant(5, 60_000)],
+        0,
+        0,
+    );
+    for i in 0..2_000u32 {
+        let mut c = Check::new(1);
+        c.push(
+            Scope::Ip,
+            Ident::Ip(std::net::IpAddr::from(i.to_be_bytes())),
+            &l,
+        );
+        let _ = local.decide(&c, 10);
+    }
+    assert!(local.len() <= SHARDS, "{} identities held", local.len());
+    let evictions = local.take_evictions();
+    assert!(evictions >= 2_000 - SHARDS as u64, "{evictions} evictions");
+    // The leased identity's shard filled up too: its tokens come back, not lost.
+    let back: u64 = local.expired(20).iter().map(|r| r.lease.ret).sum();
+    assert_eq!(back, 5, "the evicted lease's 5 tokens are given back");
+}
+
+/// The expiry pass skips shards with nothing due, and still collects each lease once
+/// it is due.
+#[test]
+fn the_expiry_pass_collects_what_is_due_only() {
+    let local = Local::new(1_000);
+    let l = limits(100, Admission::Auto);
+    let c = check(&l, 1);
+    local.record(
+        &c.scopes,
+        1,
+        &[decision(true, 50, 0)],
+        &[grant(5, 1_000)],
+        0,
+        0,
+    );
+    let mut other = Check::new(1);
+    other.push(Scope::Tenant, Ident::Name("t".into()), &l);
+    local.record(
+        &other.scopes,
+        1,
+        &[decision(true, 50, 0)],
+        &[grant(7, 9_000)],
+        0,
+        0,
+    );
+    assert!(local.expired(100).is_empty());
+    let first: Vec<u64> = local.expired(1_500).iter().map(|r| r.lease.ret).collect();
+    assert_eq!(first, vec![5]);
+    assert!(local.expired(5_000).is_empty());
+    let second: Vec<u64> = local.expired(13_500).iter().map(|r| r.lease.ret).collect();
+    assert_eq!(second, vec![7]);
+}
