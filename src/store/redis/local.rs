@@ -58,6 +58,8 @@ pub const MAX_IDENTITIES: usize = 524_288;
 const ASKING_MS: u64 = 200;
 /// Idle entries (no lease, no rejection, no traffic for this long) are forgotten.
 const IDLE_MS: u64 = 2_000;
+/// How often a full shard may scan itself for idle entries to make room.
+const ROOM_SWEEP_MS: u64 = 100;
 
 /// One shard of the table: an identity's windows, and when the expiry pass must look.
 #[derive(Default)]
@@ -67,6 +69,8 @@ struct Shard {
     next_due: u64,
     /// When idle entries are next forgotten.
     next_prune: u64,
+    /// When a full shard last swept its idle entries to make room.
+    room_swept_at: u64,
 }
 
 /// Leases and cached rejections of one gateway.
@@ -182,10 +186,16 @@ impl Local {
 
     /// Frees one place in a full shard: idle entries first, then an entry without a
     /// lease, else one with leases (their leftovers queued for `expired`).
+    /// A full shard's idle sweep (a scan of the whole shard) runs at most once per
+    /// `ROOM_SWEEP_MS`, so a spray of new identities at the cap costs one eviction per
+    /// request, not a scan.
     fn make_room(&self, shard: &mut Shard, now: u64) {
-        shard.map.retain(|_, e| !e.idle(now));
-        if shard.map.len() < self.per_shard {
-            return;
+        if now >= shard.room_swept_at.saturating_add(ROOM_SWEEP_MS) {
+            shard.room_swept_at = now;
+            shard.map.retain(|_, e| !e.idle(now));
+            if shard.map.len() < self.per_shard {
+                return;
+            }
         }
         let victim = shard
             .map
