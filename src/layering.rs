@@ -23,6 +23,8 @@ const LAYERS: &[&[&str]] = &[
     &["store", "db", "routing"],
     &["admission"],
     &["reply", "reload", "upstream_health"],
+    // The transport-neutral HTTP edge every HTTP adapter calls.
+    &["edge"],
     &["proxy", "admin", "sync"],
     // The tower adapter reuses the proxy's request-target parsing; the RLS listener the
     // proxy's deadline stream (`proxy::listener::Guarded`).

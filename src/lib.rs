@@ -54,6 +54,7 @@ pub mod clock;
 pub mod config;
 pub mod db;
 pub mod demo;
+pub mod edge;
 pub mod identity;
 pub mod layer;
 pub mod lifecycle;
