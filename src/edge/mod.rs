@@ -16,10 +16,11 @@ pub mod path;
 pub mod target;
 
 use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
 
 use http::HeaderMap;
 
-use crate::admission::{self, Admission, AdmitRequest, Core, Origin, Refusal, Rejection};
+use crate::admission::{self, Admission, AdmitRequest, Core, Origin, Refusal, Rejection, Runtime};
 use crate::config::PathParameters;
 use crate::identity::{api_key_from, Presented};
 
@@ -66,21 +67,17 @@ pub async fn admit_http<T: Destination>(
     headers: &HeaderMap,
     parse: impl FnOnce(bool) -> Result<T, Rejection>,
 ) -> Result<(Admission, T), Refusal> {
-    let (client_ip, allow_params) = {
-        let rt = core.runtime();
-        let client_ip = rt.resolver.resolve_headers(peer, headers);
-        (
-            client_ip,
-            rt.config.server.path_parameters == PathParameters::Allow,
-        )
-    };
+    // The request's one config snapshot and one clock reading, for all that follows.
+    let (rt, now_ms) = (core.runtime(), core.clock.now_ms());
+    let client_ip = rt.resolver.resolve_headers(peer, headers);
+    let allow_params = rt.config.server.path_parameters == PathParameters::Allow;
     let parsed = parse(allow_params).and_then(|t| {
         let key = api_key_from(headers).map_err(|_| Rejection::AmbiguousCredentials)?;
         Ok((t, key))
     });
     let (target, key) = match parsed {
         Ok(parsed) => parsed,
-        Err(rejection) => return Err(refused_before(core, client_ip, rejection)),
+        Err(rejection) => return Err(refused_before(core, (rt, now_ms), client_ip, rejection)),
     };
     let ask = Ask {
         host: target.host(),
@@ -88,21 +85,26 @@ pub async fn admit_http<T: Destination>(
         key,
         cost: None,
     };
-    let a = admit_asked(core, client_ip, Ok(ask)).await?;
+    let a = admit_asked(core, (rt, now_ms), client_ip, Ok(ask)).await?;
     Ok((a, target))
 }
 
-/// Admits what `client_ip` asks, or answers the rejection met while reading the request
-/// (an IP block first). `throttle simulate` enters here with the rows it replays.
+/// Admits what `client_ip` asks on the request's runtime snapshot and clock reading
+/// (`at`), or answers the rejection met while reading the request (an IP block first).
+/// `throttle simulate` enters here with the rows it replays.
 ///
 /// # Errors
 /// The refusal to answer.
 pub async fn admit_asked(
     core: &Core,
+    at: (Arc<Runtime>, u64),
     client_ip: IpAddr,
     ask: Result<Ask<'_>, Rejection>,
 ) -> Result<Admission, Refusal> {
-    let ask = ask.map_err(|rejection| refused_before(core, client_ip, rejection))?;
+    let ask = match ask {
+        Ok(ask) => ask,
+        Err(rejection) => return Err(refused_before(core, at, client_ip, rejection)),
+    };
     let request = AdmitRequest {
         client_ip,
         target: admission::Target::Match {
@@ -114,12 +116,20 @@ pub async fn admit_asked(
         also_charge: None,
         origin: Origin::Proxy,
     };
-    admission::admit(core, &request).await
+    admission::admit_at(core, at.0, at.1, &request).await
 }
 
 /// A request refused before admission: an IP block still answers 403 first.
-fn refused_before(core: &Core, client_ip: IpAddr, rejection: Rejection) -> Refusal {
-    admission::ip_blocked(core, client_ip).unwrap_or_else(|| rejection.into())
+fn refused_before(
+    core: &Core,
+    (rt, now_ms): (Arc<Runtime>, u64),
+    client_ip: IpAddr,
+    rejection: Rejection,
+) -> Refusal {
+    match admission::ip_blocked_at(core, rt.clone(), now_ms, client_ip) {
+        Some(blocked) => blocked,
+        None => Refusal::from(rejection).on(rt, now_ms),
+    }
 }
 
 // === impl Routed ===
@@ -133,3 +143,6 @@ impl Destination for target::Routed<'_> {
         &self.path.route
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -6,7 +6,6 @@ use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 
 use crate::admission::Admission;
 use crate::edge::forward;
-use crate::reply::headers::rate_pairs;
 use crate::reply::Reply;
 
 /// The headers the inner service gets: scrubbed as the proxy scrubs them
@@ -22,18 +21,10 @@ pub(super) fn identity_headers(headers: &mut HeaderMap, a: &Admission, trusted: 
     }
 }
 
-/// Adds the admitted request's rate-limit headers (`[server] rate_limit_headers`) to the
+/// Adds the admitted request's rate-limit headers (`Admission::rate_headers`) to the
 /// inner service's response.
 pub(super) fn rate_headers(headers: &mut HeaderMap, a: &Admission) {
-    if let Some(wd) = &a.rate {
-        let style = a.runtime.config.server.rate_limit_headers;
-        // An admitted response was not rejected: no `Retry-After`.
-        let flags = (a.shadow_rejected, false);
-        insert_all(
-            headers,
-            rate_pairs(style, wd, a.now_ms, flags, a.rate_policy.as_deref()),
-        );
-    }
+    insert_all(headers, a.rate_headers());
 }
 
 /// The gateway's own answer as a response: the JSON body, `Content-Type`,

@@ -15,7 +15,7 @@ use super::{Caller, Shared};
 use crate::admission::{Admission, Refusal};
 use crate::edge;
 use crate::metrics::RouteCounters;
-use crate::reply::{self, error_reply};
+use crate::reply::error_reply;
 use crate::routing::RouteEntry;
 use crate::store::Ending;
 
@@ -93,10 +93,7 @@ where
         }
         Err(refusal) => {
             let reply = match &refusal {
-                Some(r) => {
-                    let style = shared.core.runtime().config.server.rate_limit_headers;
-                    reply::render(&r.rejection, shared.core.clock.now_ms(), style)
-                }
+                Some(r) => r.reply(),
                 None => error_reply(500, "client_address_unavailable"),
             };
             let route = refusal.as_ref().and_then(|r| r.route.as_ref());

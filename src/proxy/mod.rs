@@ -19,8 +19,7 @@ use pingora::{Error, ErrorSource, ErrorType};
 use crate::admission::{self, Admission, Core};
 use crate::edge::forward::{self, AddressValues};
 use crate::metrics::RouteCounters;
-use crate::reply::headers::rate_pairs;
-use crate::reply::{self, error_reply, Reply};
+use crate::reply::{error_reply, Reply};
 use crate::routing::RouteEntry;
 use crate::store::Ending;
 
@@ -134,11 +133,8 @@ impl ProxyHttp for Gateway {
                 Ok(false)
             }
             Err(refusal) => {
+                write(session, &refusal.reply()).await?;
                 ctx.route = refusal.route;
-                let now_ms = self.core.clock.now_ms();
-                let style = self.core.runtime().config.server.rate_limit_headers;
-                let reply = reply::render(&refusal.rejection, now_ms, style);
-                write(session, &reply).await?;
                 Ok(true)
             }
         }
@@ -298,13 +294,8 @@ impl ProxyHttp for Gateway {
             return Ok(());
         };
         a.settle_from(&resp.headers, &self.core.metrics);
-        if let Some(wd) = &a.rate {
-            let style = a.runtime.config.server.rate_limit_headers;
-            // A forwarded response was not rejected: no `Retry-After`.
-            let flags = (a.shadow_rejected, false);
-            for (name, value) in rate_pairs(style, wd, a.now_ms, flags, a.rate_policy.as_deref()) {
-                resp.insert_header(name, value)?;
-            }
+        for (name, value) in a.rate_headers() {
+            resp.insert_header(name, value)?;
         }
         Ok(())
     }

@@ -197,7 +197,8 @@ impl Replay {
             }),
             Err(rejection) => Err(rejection.clone()),
         };
-        let decided = edge::admit_asked(&self.core, row.ip, ask)
+        let at = (rt.clone(), self.core.clock.now_ms());
+        let decided = edge::admit_asked(&self.core, at, row.ip, ask)
             .now_or_never()
             .ok_or_else(|| SimError::Setup("the admission pipeline waited on its store".into()))?;
         match decided {
@@ -248,14 +249,7 @@ impl Replay {
             Rejection::Concurrent { .. } => "concurrent",
             Rejection::Blocked(scope) => blocked(scope),
             Rejection::Banned(ban) => blocked(ban.scope),
-            Rejection::MissingKey => "missing_api_key",
-            Rejection::InvalidKey => "invalid_api_key",
-            Rejection::InvalidPath => "invalid_path",
-            Rejection::InvalidHost => "invalid_host",
-            Rejection::AmbiguousCredentials => "ambiguous_credentials",
-            Rejection::MethodNotAllowed => "method_not_allowed",
-            Rejection::Unavailable => "rate_limiter_unavailable",
-            Rejection::UnknownRoute(_) => "no_route",
+            other => other.code(),
         };
         report.refused(reason, std::iter::empty());
     }
