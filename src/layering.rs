@@ -25,10 +25,8 @@ const LAYERS: &[&[&str]] = &[
     &["reply", "reload", "upstream_health"],
     // The transport-neutral HTTP edge every HTTP adapter calls.
     &["edge"],
-    &["proxy", "admin", "sync"],
-    // The tower adapter reuses the proxy's request-target parsing; the RLS listener the
-    // proxy's deadline stream (`proxy::listener::Guarded`).
-    &["layer", "rls"],
+    // The adapters: none imports another.
+    &["proxy", "admin", "sync", "rls", "layer"],
     &["server", "simulate"],
 ];
 

@@ -8,10 +8,12 @@
 //! - `forward`: the client headers scrubbed before forwarding, the identity headers and
 //!   the address chain;
 //! - `cost`: the usage an upstream reports (`cost_header`) and the settlement;
-//! - [`peer_ip`]: a socket peer as the canonical address the limits key on.
+//! - [`peer_ip`]: a socket peer as the canonical address the limits key on;
+//! - `guarded`: the connection guard (header and body deadlines) both listeners use.
 
 pub mod cost;
 pub mod forward;
+pub mod guarded;
 pub mod path;
 pub mod target;
 

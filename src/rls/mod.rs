@@ -57,9 +57,9 @@ use self::directory::Directory;
 use self::request::Caller;
 use crate::admission::{self, AdmitRequest, Core, Origin, Rejection, Target};
 use crate::config::Auth;
+use crate::edge::guarded::Guarded;
 use crate::identity::{validate_key, Presented};
 use crate::lifecycle::{Lifecycle, RLS_MAX_CONNECTIONS};
-use crate::proxy::listener::Guarded;
 use crate::store::Ending;
 
 /// Largest request accepted: a few descriptors are a few hundred bytes.
