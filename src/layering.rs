@@ -23,10 +23,10 @@ const LAYERS: &[&[&str]] = &[
     &["store", "db", "routing"],
     &["admission"],
     &["reply", "reload", "upstream_health"],
-    &["proxy", "admin", "sync"],
-    // The tower adapter reuses the proxy's request-target parsing; the RLS listener the
-    // proxy's deadline stream (`proxy::listener::Guarded`).
-    &["layer", "rls"],
+    // The transport-neutral HTTP edge every HTTP adapter calls.
+    &["edge"],
+    // The adapters: none imports another.
+    &["proxy", "admin", "sync", "rls", "layer"],
     &["server", "simulate"],
 ];
 

@@ -14,13 +14,14 @@
 //!    (PostgreSQL records: keys, tenants, policies, blocks, the violation log).
 //! 4. `admission`: the one transport-neutral pipeline every entry point runs, with the
 //!    request lifetime and the database snapshot.
-//! 5. `reply` (the gateway's own HTTP answers), `reload` (config hot reload) and
-//!    `upstream_health` (active health checks of route upstreams).
-//! 6. The entry points: `proxy` (Pingora), `admin` (the admin listener and `/v1/check`),
-//!    `rls` (Envoy's rate-limit gRPC service) and `sync` (the background link to
-//!    PostgreSQL); then `layer`, the `tower::Layer` for embedding (it reuses the proxy's
-//!    path and authority parsing).
-//! 7. `server`, which assembles them, and `simulate` (`throttle simulate`); `main.rs` is
+//! 5. `reply` (the gateway's own HTTP answers: `Refusal::reply`, `Admission::rate_headers`),
+//!    `reload` (config hot reload) and `upstream_health` (active health checks).
+//! 6. `edge`: transport-neutral HTTP (path normalization, the target and its one `Host`
+//!    rule, forwarding headers, the reported cost, `admit_http`, the connection guard).
+//! 7. The adapters, none importing another: `proxy` (Pingora), `admin` (the admin
+//!    listener and `/v1/check`), `rls` (Envoy's rate-limit gRPC service), `sync` (the
+//!    background link to PostgreSQL) and `layer` (the `tower::Layer` for embedding).
+//! 8. `server`, which assembles them, and `simulate` (`throttle simulate`); `main.rs` is
 //!    the CLI.
 //!
 //! ```
@@ -54,6 +55,7 @@ pub mod clock;
 pub mod config;
 pub mod db;
 pub mod demo;
+pub mod edge;
 pub mod identity;
 pub mod layer;
 pub mod lifecycle;

@@ -11,11 +11,10 @@ use serde::{Deserialize, Serialize};
 
 use super::{invalid, json_reply, read_body};
 use crate::admission::{self, AdmitRequest, Core, Origin, Rejection, Target};
-use crate::config::RateLimitHeaders;
 use crate::identity::{validate_key, Presented};
-use crate::limiter::{Quota, WindowDecision};
-use crate::reply::headers::{rate_pairs, RateHeaders};
-use crate::reply::{self, Reply};
+use crate::limiter::WindowDecision;
+use crate::reply::headers::RateHeaders;
+use crate::reply::Reply;
 use crate::store::Ending;
 
 #[derive(Deserialize)]
@@ -69,34 +68,22 @@ pub(super) async fn check(core: &Core, session: &mut ServerSession) -> Reply {
         also_charge: caller,
         origin: Origin::Check,
     };
-    let style = core.runtime().config.server.rate_limit_headers;
     match admission::admit(core, &request).await {
         Ok(a) => {
-            let d = Decided {
-                style,
-                wd: a.rate.as_ref(),
-                now_ms: a.now_ms,
-                allowed: true,
-                shadow: a.shadow_rejected,
-                policy: a.rate_policy.as_deref(),
-            };
-            let reply = d.reply();
+            let mut reply = decision(a.rate.as_ref(), a.now_ms, true, a.shadow_rejected);
+            // The proxy's headers of an admitted request (`[server] rate_limit_headers`).
+            reply.headers = a.rate_headers().collect();
             a.finish(Ending::Completed { status: 200 });
             reply
         }
         // A rate-limit answer (`[limits.auth]`'s too) is the documented decision body.
-        Err(refusal) => match refusal.rejection {
-            Rejection::RateLimited {
-                governing, policy, ..
-            } => Decided {
-                style,
-                wd: Some(&governing),
-                now_ms: core.clock.now_ms(),
-                allowed: false,
-                shadow: false,
-                policy: policy.as_deref(),
+        Err(refusal) => match &refusal.rejection {
+            Rejection::RateLimited { governing, .. } => {
+                let mut reply = decision(Some(governing), refusal.now_ms, false, false);
+                // The 429's headers, as the proxy answers it.
+                reply.headers = refusal.reply().headers;
+                reply
             }
-            .reply(),
             // A full concurrency scope: the decision body, with no rate-limit headers.
             Rejection::Concurrent { full, .. } => {
                 let body = CheckResponse {
@@ -112,34 +99,12 @@ pub(super) async fn check(core: &Core, session: &mut ServerSession) -> Reply {
                 reply.headers = vec![("retry-after", http::HeaderValue::from_static("1"))];
                 reply
             }
-            other => reply::render(&other, core.clock.now_ms(), style),
+            _ => refusal.reply(),
         },
     }
 }
 
-/// A decision as `/v1/check` answers it: the JSON body and the rate-limit headers of
-/// `[server] rate_limit_headers`, as the proxy sends them.
-struct Decided<'a> {
-    style: RateLimitHeaders,
-    wd: Option<&'a WindowDecision>,
-    now_ms: u64,
-    allowed: bool,
-    shadow: bool,
-    policy: Option<&'a [Quota]>,
-}
-
-impl Decided<'_> {
-    fn reply(&self) -> Reply {
-        let mut reply = decision(self.wd, self.now_ms, self.allowed, self.shadow);
-        if let Some(wd) = self.wd {
-            let rejected = !self.allowed || self.shadow;
-            let flags = (rejected, !self.allowed);
-            reply.headers = rate_pairs(self.style, wd, self.now_ms, flags, self.policy).collect();
-        }
-        reply
-    }
-}
-
+/// A decision as `/v1/check` answers it: the JSON body (the headers are the proxy's).
 fn decision(wd: Option<&WindowDecision>, now_ms: u64, allowed: bool, shadow: bool) -> Reply {
     let headers = wd.map(|wd| RateHeaders::new(wd, now_ms, !allowed || shadow));
     let body = CheckResponse {

@@ -102,6 +102,7 @@ async fn auth_limit(
     };
     let mut check = Check::new(1);
     check.peek = peek;
+    check.at_ms = Some(now_ms);
     check.push(
         Scope::Auth,
         Ident::client(ip, rt.config.ipv6_prefix),
@@ -123,12 +124,14 @@ async fn auth_limit(
     match verdict.governing {
         Some(g) if !verdict.allowed => {
             core.metrics.decision(Scope::Auth, Outcome::Rejected);
-            record(core, ip, None, &g, check.scopes.first().map(|s| &s.ident));
+            let ident = check.scopes.first().map(|s| &s.ident);
+            record(core, ip, None, &g, ident, now_ms);
             let rule = limits.ban.filter(|r| origin.strikes(r));
             if let (Some(rule), Some(s)) = (rule, check.scopes.first()) {
                 let who = super::bans::Offender {
                     client_ip: ip,
                     key: None,
+                    now_ms,
                 };
                 super::bans::strike(
                     core,

@@ -35,6 +35,8 @@ pub(super) fn check(
 pub(super) struct Offender<'a> {
     pub(super) client_ip: IpAddr,
     pub(super) key: Option<&'a KeyInfo>,
+    /// The request's clock reading (what the strike counts at).
+    pub(super) now_ms: u64,
 }
 
 /// Counts a rejection of `ident` by `scope` under `rule`, whose `retry_after` was
@@ -55,7 +57,7 @@ pub(super) fn strike(
     retry_after_ms: u64,
     who: &Offender<'_>,
 ) {
-    let now_ms = core.clock.now_ms();
+    let now_ms = who.now_ms;
     let Some(redis) = core.shared_bans.clone() else {
         if core.bans.strike(scope, ident, &rule, now_ms) == rule.after {
             Pending::new(core, scope, ident, rule, now_ms, who).impose();

@@ -58,7 +58,7 @@ pub(super) async fn limit(
     cost: u32,
     mode: Mode,
     factor: Factor,
-    origin: super::Origin,
+    (origin, now_ms): (super::Origin, u64),
 ) -> Result<LimitOutcome, Rejection> {
     let base = build_check(rt, client_ip, key, cost);
     let scaled = scaled_limits(&base, factor);
@@ -72,7 +72,7 @@ pub(super) async fn limit(
     }
     // The time the memory store decides at (the store reports the time it decided at
     // in `Verdict::decided_at`, which is what a settle names).
-    check.at_ms = Some(core.clock.now_ms());
+    check.at_ms = Some(now_ms);
     let policy = rt
         .config
         .server
@@ -114,10 +114,15 @@ pub(super) async fn limit(
         key,
         &governing,
         rejecting.map(|s| &s.ident),
+        now_ms,
     );
     if let Some(s) = rejecting {
         if let Some(rule) = s.limits.ban.filter(|r| origin.strikes(r)) {
-            let who = Offender { client_ip, key };
+            let who = Offender {
+                client_ip,
+                key,
+                now_ms,
+            };
             bans::strike(
                 core,
                 s.scope,
@@ -209,6 +214,7 @@ pub(super) fn record(
     key: Option<&KeyInfo>,
     g: &WindowDecision,
     ident: Option<&Ident>,
+    at_ms: u64,
 ) {
     let Some(queue) = &core.events else { return };
     let ident = match g.scope {
@@ -228,7 +234,7 @@ pub(super) fn record(
         count: g.decision.current,
         window: g.window,
         span_secs: None,
-        at_ms: core.clock.now_ms(),
+        at_ms,
     });
 }
 

@@ -152,12 +152,17 @@ pub enum Rejection {
 }
 
 /// A refused request: the answer, and the route it matched (for metrics).
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Refusal {
     /// What to answer.
     pub rejection: Rejection,
     /// The matched route, if any.
     pub route: Option<Arc<RouteEntry>>,
+    /// The runtime config the request was refused on (None only for a refusal made
+    /// outside the pipeline).
+    pub runtime: Option<Arc<Runtime>>,
+    /// The request's one limiter clock reading (what the answer's headers count from).
+    pub now_ms: u64,
 }
 
 /// An admitted request, alive until it is finished.
@@ -203,7 +208,30 @@ impl From<Rejection> for Refusal {
         Refusal {
             rejection,
             route: None,
+            runtime: None,
+            now_ms: 0,
         }
+    }
+}
+
+// === impl Refusal ===
+
+impl std::fmt::Debug for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Refusal")
+            .field("rejection", &self.rejection)
+            .field("route", &self.route)
+            .field("now_ms", &self.now_ms)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Refusal {
+    /// The refusal, stamped with the request's runtime snapshot and clock reading.
+    pub fn on(mut self, runtime: Arc<Runtime>, now_ms: u64) -> Self {
+        self.runtime = Some(runtime);
+        self.now_ms = now_ms;
+        self
     }
 }
 
@@ -298,14 +326,35 @@ impl std::fmt::Debug for Admission {
 /// # Errors
 /// The `Refusal` to answer with.
 pub async fn admit(core: &Core, req: &AdmitRequest<'_>) -> Result<Admission, Refusal> {
-    let mut seen = Seen::default();
-    let result = pipeline(core, req, &mut seen).await;
-    count_top(core, req.client_ip, &seen, &result);
-    result
+    admit_at(core, core.runtime(), core.clock.now_ms(), req).await
+}
+
+/// Decides `req` on the adapter's runtime snapshot `runtime` at its one clock reading
+/// `now_ms`: nothing in the pipeline loads the config or reads the limiter clock again,
+/// and both travel in the `Admission` or `Refusal`.
+///
+/// # Errors
+/// The `Refusal` to answer with.
+pub async fn admit_at(
+    core: &Core,
+    runtime: Arc<Runtime>,
+    now_ms: u64,
+    req: &AdmitRequest<'_>,
+) -> Result<Admission, Refusal> {
+    let mut seen = Seen { key: None, now_ms };
+    let result = pipeline(core, &runtime, req, &mut seen).await;
+    count_top(core, &runtime, req.client_ip, &seen, &result);
+    result.map_err(|r| r.on(runtime, now_ms))
 }
 
 /// Counts the request for `GET /v1/top` (see the module docs).
-fn count_top(core: &Core, ip: IpAddr, seen: &Seen, result: &Result<Admission, Refusal>) {
+fn count_top(
+    core: &Core,
+    rt: &Runtime,
+    ip: IpAddr,
+    seen: &Seen,
+    result: &Result<Admission, Refusal>,
+) {
     let rejected = matches!(
         result,
         Err(Refusal {
@@ -315,7 +364,7 @@ fn count_top(core: &Core, ip: IpAddr, seen: &Seen, result: &Result<Admission, Re
     );
     let (top, now_ms) = (&core.top, seen.now_ms);
     // The identity the ip scope counts: an IPv6 client's network.
-    let client = Ident::client(ip, core.runtime().config.ipv6_prefix);
+    let client = Ident::client(ip, rt.config.ipv6_prefix);
     top.record(Scope::Ip, &client, rejected, now_ms);
     if let Some(k) = &seen.key {
         top.record(Scope::Key, &k.key_ident, rejected, now_ms);
@@ -335,14 +384,13 @@ struct Seen {
 /// The pipeline behind `admit`; `seen` is filled as the request is identified.
 async fn pipeline(
     core: &Core,
+    runtime: &Arc<Runtime>,
     req: &AdmitRequest<'_>,
     seen: &mut Seen,
 ) -> Result<Admission, Refusal> {
-    let runtime = core.runtime();
-    let rt = &*runtime;
+    let rt = &**runtime;
     let dynamic = core.dynamic(); // one snapshot for the whole request
-    let now_ms = core.clock.now_ms();
-    seen.now_ms = now_ms;
+    let now_ms = seen.now_ms;
     let ip = req.client_ip;
     if blocked_ip(rt, &dynamic, ip, now_ms) {
         return Err(Rejection::Blocked(Scope::Ip).into());
@@ -362,7 +410,7 @@ async fn pipeline(
                     1,
                     Mode::Enforce,
                     Factor::ONE,
-                    req.origin,
+                    (req.origin, now_ms),
                 )
                 .await?;
                 return Err(Rejection::NoRoute(out.verdict.governing).into());
@@ -375,8 +423,8 @@ async fn pipeline(
         Target::Any => None,
     };
     let refused = |rejection| Refusal {
-        rejection,
         route: route.clone(),
+        ..Refusal::from(rejection)
     };
     let auth = route.as_ref().map_or(Auth::Optional, |r| r.route.auth);
     let presented = match auth {
@@ -413,7 +461,8 @@ async fn pipeline(
         slots: Some(slots),
         ending: Ending::Dropped,
     };
-    let limited = limits::limit(core, rt, ip, key.as_deref(), cost, mode, factor, req.origin);
+    let at = (req.origin, now_ms);
+    let limited = limits::limit(core, rt, ip, key.as_deref(), cost, mode, factor, at);
     let out = match limited.await {
         Ok(out) => out,
         Err(rejection) => {
@@ -443,7 +492,7 @@ async fn pipeline(
             store: core.store.clone(),
             held: Held { cost, slots },
         }),
-        runtime,
+        runtime: runtime.clone(),
     })
 }
 
@@ -466,9 +515,18 @@ impl Drop for SlotGuard<'_> {
 /// The 403 an IP block answers, if any: the first check of the pipeline, for adapters
 /// that refuse a request before `admit` (a malformed request target).
 pub fn ip_blocked(core: &Core, ip: IpAddr) -> Option<Refusal> {
-    let now_ms = core.clock.now_ms();
-    blocked_ip(&core.runtime(), &core.dynamic(), ip, now_ms)
-        .then(|| Rejection::Blocked(Scope::Ip).into())
+    ip_blocked_at(core, core.runtime(), core.clock.now_ms(), ip)
+}
+
+/// `ip_blocked` on the request's runtime snapshot and clock reading.
+pub fn ip_blocked_at(
+    core: &Core,
+    runtime: Arc<Runtime>,
+    now_ms: u64,
+    ip: IpAddr,
+) -> Option<Refusal> {
+    blocked_ip(&runtime, &core.dynamic(), ip, now_ms)
+        .then(|| Refusal::from(Rejection::Blocked(Scope::Ip)).on(runtime, now_ms))
 }
 
 /// Whether `ip` is blocked by the config or the database / admin API.

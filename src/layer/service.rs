@@ -10,13 +10,12 @@ use bytes::Bytes;
 use http::request::Parts;
 use http::{Request, Response};
 
-use super::request::{self, Routed};
+use super::request;
 use super::{Caller, Shared};
-use crate::admission::{self, Admission, AdmitRequest, Refusal, Target};
-use crate::config::PathParameters;
-use crate::identity::api_key_from;
+use crate::admission::{Admission, Refusal};
+use crate::edge;
 use crate::metrics::RouteCounters;
-use crate::reply::{self, error_reply};
+use crate::reply::error_reply;
 use crate::routing::RouteEntry;
 use crate::store::Ending;
 
@@ -94,10 +93,7 @@ where
         }
         Err(refusal) => {
             let reply = match &refusal {
-                Some(r) => {
-                    let style = shared.core.runtime().config.server.rate_limit_headers;
-                    reply::render(&r.rejection, shared.core.clock.now_ms(), style)
-                }
+                Some(r) => r.reply(),
                 None => error_reply(500, "client_address_unavailable"),
             };
             let route = refusal.as_ref().and_then(|r| r.route.as_ref());
@@ -120,7 +116,7 @@ where
     match result {
         Ok(mut resp) => {
             // Reserve, then settle, as the proxy does: the inner service reports the cost.
-            crate::proxy::settle_reported(&mut admission, resp.headers(), &shared.core.metrics);
+            admission.settle_from(resp.headers(), &shared.core.metrics);
             request::rate_headers(resp.headers_mut(), &admission);
             admission.finish(Ending::Completed { status });
             Ok(resp)
@@ -145,36 +141,9 @@ async fn admit(
         );
         return Err(None);
     };
-    let rt = core.runtime();
-    let client_ip = rt.resolver.resolve_headers(peer, &parts.headers);
-    let allow_params = rt.config.server.path_parameters == PathParameters::Allow;
-    drop(rt);
-    let checked = request::routed(parts, allow_params).and_then(|r| {
-        let key =
-            api_key_from(&parts.headers).map_err(|_| admission::Rejection::AmbiguousCredentials)?;
-        Ok((r, key))
-    });
-    let (Routed { host, path, uri }, key) = match checked {
-        Ok(r) => r,
-        // An IP block still answers 403 before a malformed target's 400.
-        Err(rejection) => {
-            let refusal = admission::ip_blocked(core, client_ip).unwrap_or(rejection.into());
-            return Err(Some(refusal));
-        }
-    };
-    let request = AdmitRequest {
-        client_ip,
-        target: Target::Match {
-            host: host.as_deref(),
-            path: &path.route,
-        },
-        key,
-        cost: None,
-        also_charge: None,
-        origin: admission::Origin::Proxy,
-    };
-    match admission::admit(core, &request).await {
-        Ok(a) => Ok((a, uri)),
+    let parse = |allow_params| edge::target::routed(parts, allow_params);
+    match edge::admit_http(core, peer, &parts.headers, parse).await {
+        Ok((a, routed)) => Ok((a, routed.uri)),
         Err(refusal) => Err(Some(refusal)),
     }
 }

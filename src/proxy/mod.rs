@@ -3,11 +3,10 @@
 //! `admission::admit` decides, `reply` renders the gateway's own answers.
 
 pub mod listener;
-pub mod path;
 pub mod target;
 pub mod tls;
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -17,12 +16,10 @@ use pingora::prelude::HttpPeer;
 use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use pingora::{Error, ErrorSource, ErrorType};
 
-use crate::admission::{self, Admission, AdmitRequest, Core};
-use crate::config::{ClientIpHeader, PathParameters};
-use crate::identity::api_key_from;
+use crate::admission::{self, Admission, Core};
+use crate::edge::forward::{self, AddressValues};
 use crate::metrics::RouteCounters;
-use crate::reply::headers::rate_pairs;
-use crate::reply::{self, error_reply, Reply};
+use crate::reply::{error_reply, Reply};
 use crate::routing::RouteEntry;
 use crate::store::Ending;
 
@@ -74,35 +71,8 @@ impl Gateway {
         peer: IpAddr,
         ctx: &mut RequestCtx,
     ) -> Result<Admission, admission::Refusal> {
-        let rt = self.core.runtime();
-        let client_ip = rt.resolver.resolve_headers(peer, &req.headers);
-        let allow_params = rt.config.server.path_parameters == PathParameters::Allow;
-        drop(rt);
-        let checked = target::target(req, allow_params).and_then(|t| {
-            let key = api_key_from(&req.headers)
-                .map_err(|_| admission::Rejection::AmbiguousCredentials)?;
-            Ok((t, key))
-        });
-        let (t, key) = match checked {
-            Ok(t) => t,
-            // An IP block still answers 403 before a malformed target's 400.
-            Err(rejection) => {
-                return Err(admission::ip_blocked(&self.core, client_ip)
-                    .unwrap_or_else(|| rejection.into()))
-            }
-        };
-        let request = AdmitRequest {
-            client_ip,
-            target: admission::Target::Match {
-                host: t.host.as_deref(),
-                path: &t.path.route,
-            },
-            key,
-            cost: None,
-            also_charge: None,
-            origin: admission::Origin::Proxy,
-        };
-        let a = admission::admit(&self.core, &request).await?;
+        let parse = |allow_params| target::target(req, allow_params);
+        let (a, t) = crate::edge::admit_http(&self.core, peer, &req.headers, parse).await?;
         ctx.host_header = t.host_header;
         ctx.uri = t.uri;
         Ok(a)
@@ -163,11 +133,8 @@ impl ProxyHttp for Gateway {
                 Ok(false)
             }
             Err(refusal) => {
+                write(session, &refusal.reply()).await?;
                 ctx.route = refusal.route;
-                let now_ms = self.core.clock.now_ms();
-                let style = self.core.runtime().config.server.rate_limit_headers;
-                let reply = reply::render(&refusal.rejection, now_ms, style);
-                write(session, &reply).await?;
                 Ok(true)
             }
         }
@@ -237,42 +204,38 @@ impl ProxyHttp for Gateway {
         let peer = peer_ip(session);
         let rt = &a.runtime; // the config the request was admitted on
         let trusted = rt.resolver.is_trusted(peer);
-        let reads_forwarded = rt.config.client_ip_header == ClientIpHeader::Forwarded;
-        let server = &rt.config.server;
-        scrub_headers(
-            upstream,
-            trusted,
-            server.underscores_in_headers,
-            reads_forwarded,
-        );
+        for name in forward::doomed(&upstream.headers, rt, trusted) {
+            upstream.remove_header(&name);
+        }
         if let Some(uri) = &ctx.uri {
             upstream.set_uri(uri.clone());
         }
         if let Some(host) = &ctx.host_header {
             upstream.insert_header(http::header::HOST, host.clone())?;
         }
+        let client = &session.req_header().headers;
+        let reads_forwarded = forward::reads_forwarded(rt);
         let ips = AddressValues::new(peer, a.client_ip);
         // Only the chain the gateway read is forwarded as received (from a trusted proxy,
         // plus this hop): the other was never checked, so an upstream reading it would
         // believe whatever the client wrote. `X-Forwarded-For` always carries this hop.
         let xff = if trusted && !reads_forwarded {
-            forwarded_for(session.req_header(), peer)
+            forward::forwarded_for(client, peer)
         } else {
             ips.peer.clone()
         };
         upstream.insert_header("x-forwarded-for", xff)?;
         if reads_forwarded {
             let fwd = if trusted {
-                forwarded(session.req_header(), &ips.forwarded)
+                forward::forwarded(client, &ips.forwarded)
             } else {
                 ips.forwarded
             };
             upstream.insert_header(http::header::FORWARDED, fwd)?;
         }
         upstream.insert_header("x-real-ip", ips.client)?;
-        if let Some((tenant, key_id)) = a.key.as_ref().and_then(|k| k.headers.clone()) {
-            upstream.insert_header("x-throttle-tenant", tenant)?;
-            upstream.insert_header("x-throttle-key-id", key_id)?;
+        for (name, value) in forward::identity_headers(a).into_iter().flatten() {
+            upstream.insert_header(name, value)?;
         }
         Ok(())
     }
@@ -330,14 +293,9 @@ impl ProxyHttp for Gateway {
         let Some(a) = &mut ctx.admission else {
             return Ok(());
         };
-        settle_reported(a, &resp.headers, &self.core.metrics);
-        if let Some(wd) = &a.rate {
-            let style = a.runtime.config.server.rate_limit_headers;
-            // A forwarded response was not rejected: no `Retry-After`.
-            let flags = (a.shadow_rejected, false);
-            for (name, value) in rate_pairs(style, wd, a.now_ms, flags, a.rate_policy.as_deref()) {
-                resp.insert_header(name, value)?;
-            }
+        a.settle_from(&resp.headers, &self.core.metrics);
+        for (name, value) in a.rate_headers() {
+            resp.insert_header(name, value)?;
         }
         Ok(())
     }
@@ -515,272 +473,10 @@ pub async fn write(session: &mut Session, reply: &Reply) -> pingora::Result<()> 
 }
 
 fn peer_ip(session: &Session) -> IpAddr {
-    session
-        .client_addr()
-        .and_then(|a| a.as_inet())
-        .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |a| {
-            crate::client_ip::canonical(a.ip())
-        })
-}
-
-/// Removes the request headers an upstream must not take from a client:
-/// - `X-Throttle-*`: only the gateway sets them;
-/// - names with `_` (unless `underscores_in_headers`): CGI/WSGI upstreams read
-///   `X_Throttle_Tenant` as `X-Throttle-Tenant`;
-/// - `X-Original-URL` / `X-Rewrite-URL`: some frameworks route on them instead of the
-///   path this gateway matched;
-/// - the client-IP chain the gateway does not read (`fwd`: it reads `Forwarded`);
-/// - from a peer that is not a trusted proxy, `Forwarded` and `X-Forwarded-Host`,
-///   `-Proto`, `-Port`, `-Prefix` (the gateway sets `Forwarded` and `X-Forwarded-For`
-///   itself).
-fn scrub_headers(req: &mut RequestHeader, trusted: bool, underscores: bool, fwd: bool) {
-    let doomed = |n: &str| scrubbed(n, trusted, underscores, fwd);
-    if !req.headers.keys().any(|n| doomed(n.as_str())) {
-        return; // the common case: nothing to remove, nothing allocated
-    }
-    let names: Vec<http::HeaderName> = req
-        .headers
-        .keys()
-        .filter(|n| doomed(n.as_str()))
-        .cloned()
-        .collect();
-    for name in names {
-        req.remove_header(&name);
-    }
-}
-
-/// The address header values of a request, written into one buffer: the peer (the
-/// `X-Forwarded-For` of an untrusted peer), `for=<peer>` (IPv6 as `for="[v6]"`) and the
-/// client (`X-Real-IP`), one allocation for the three.
-struct AddressValues {
-    peer: HeaderValue,
-    forwarded: HeaderValue,
-    client: HeaderValue,
-}
-
-impl AddressValues {
-    fn new(peer: IpAddr, client: IpAddr) -> Self {
-        let mut buf = Vec::with_capacity(128);
-        push_ip(&mut buf, peer);
-        let p = buf.len();
-        match peer {
-            IpAddr::V4(_) => {
-                buf.extend_from_slice(b"for=");
-                push_ip(&mut buf, peer);
-            }
-            IpAddr::V6(_) => {
-                buf.extend_from_slice(b"for=\"[");
-                push_ip(&mut buf, peer);
-                buf.extend_from_slice(b"]\"");
-            }
-        }
-        let f = buf.len();
-        let same = client == peer;
-        if !same {
-            push_ip(&mut buf, client);
-        }
-        let all = bytes::Bytes::from(buf);
-        let value = |r: std::ops::Range<usize>| {
-            HeaderValue::from_maybe_shared(all.slice(r))
-                .unwrap_or(HeaderValue::from_static("unknown"))
-        };
-        let peer_v = value(0..p);
-        Self {
-            forwarded: value(p..f),
-            client: if same {
-                peer_v.clone()
-            } else {
-                value(f..all.len())
-            },
-            peer: peer_v,
-        }
-    }
-}
-
-/// Appends `ip` as text: IPv4 octet by octet (no `core::fmt` on the request path), IPv6
-/// through `Display`.
-fn push_ip(buf: &mut Vec<u8>, ip: IpAddr) {
-    match ip {
-        IpAddr::V4(v4) => {
-            let mut b = itoa::Buffer::new();
-            for (i, o) in v4.octets().into_iter().enumerate() {
-                if i > 0 {
-                    buf.push(b'.');
-                }
-                buf.extend_from_slice(b.format(o).as_bytes());
-            }
-        }
-        IpAddr::V6(v6) => {
-            use std::io::Write;
-            let _ = write!(buf, "{v6}");
-        }
-    }
-}
-
-/// The upstream's `Forwarded` (RFC 7239) from a trusted peer: its elements plus
-/// `for=<peer>` (`element`).
-fn forwarded(req: &RequestHeader, element: &HeaderValue) -> HeaderValue {
-    let mut chain: Vec<&[u8]> = req
-        .headers
-        .get_all(http::header::FORWARDED)
-        .iter()
-        .map(|v| v.as_bytes())
-        .collect();
-    if chain.is_empty() {
-        return element.clone();
-    }
-    chain.push(element.as_bytes());
-    HeaderValue::from_bytes(&chain.join(&b", "[..])).unwrap_or_else(|_| element.clone())
-}
-
-/// The upstream's `X-Forwarded-For` from a trusted peer: the client's chain plus the
-/// peer.
-fn forwarded_for(req: &RequestHeader, peer: IpAddr) -> HeaderValue {
-    let peer_s = peer.to_string();
-    let mut chain: Vec<&[u8]> = req
-        .headers
-        .get_all("x-forwarded-for")
-        .iter()
-        .map(|v| v.as_bytes())
-        .collect();
-    chain.push(peer_s.as_bytes());
-    let joined = chain.join(&b", "[..]);
-    HeaderValue::from_bytes(&joined)
-        .or_else(|_| HeaderValue::from_str(&peer_s))
-        .unwrap_or(HeaderValue::from_static("0.0.0.0"))
-}
-
-/// Whether a client-sent request header (lower-case `name`) is removed before the request
-/// goes upstream: `X-Throttle-*` (only the gateway sets them), names with `_` (unless
-/// `underscores_in_headers`), URL-override headers, the client-IP chain the gateway does
-/// not read (`Forwarded`, or `X-Forwarded-For` with `reads_forwarded`), and, from an
-/// untrusted peer, the forwarding headers that would name another host, scheme or prefix.
-/// The tower layer applies the same rule.
-pub fn scrubbed(n: &str, trusted: bool, underscores: bool, reads_forwarded: bool) -> bool {
-    n.starts_with("x-throttle-")
-        // The client-IP chain the gateway does not read was never checked.
-        || (if reads_forwarded { n == "x-forwarded-for" } else { n == "forwarded" })
-        || (!underscores && n.contains('_'))
-        || matches!(n, "x-original-url" | "x-rewrite-url")
-        || (!trusted
-            && matches!(
-                n,
-                "forwarded"
-                    | "x-forwarded-host"
-                    | "x-forwarded-proto"
-                    | "x-forwarded-port"
-                    | "x-forwarded-prefix"
-            ))
-}
-
-/// The usage an upstream reported in its `cost_header` lines: every line and every
-/// comma-separated element of a line is one value (RFC 9110 5.3: repeated field lines are
-/// one list); the largest counts, so repeating the header can never lower the bill. No
-/// value, or any malformed or empty element among them: `None` (nothing settles).
-/// Reserve, then settle: the usage the upstream reports in the route's `cost_header`
-/// (every value; the largest counts), bounded by `max_cost`, settles the request. The
-/// proxy and the tower layer both settle here.
-pub fn settle_reported(
-    a: &mut Admission,
-    headers: &http::HeaderMap,
-    metrics: &crate::metrics::Metrics,
-) {
-    let route = a.route.as_ref().map(|r| &r.route);
-    let Some((name, max_cost)) = route.and_then(|r| Some((r.cost_header.as_ref()?, r.max_cost)))
-    else {
-        return;
-    };
-    let values = headers.get_all(name).iter().map(|v| v.as_bytes());
-    if let Some(reported) = reported_usage(values) {
-        let (actual, clamped) = clamp_usage(reported, max_cost);
-        if clamped {
-            metrics.cost_clamped.inc();
-        }
-        a.settle(actual, metrics);
-    }
-}
-
-pub fn reported_usage<'a>(values: impl IntoIterator<Item = &'a [u8]>) -> Option<u32> {
-    let mut largest: Option<u32> = None;
-    for line in values {
-        for element in line.split(|b| *b == b',') {
-            let v = true_cost(element)?;
-            largest = Some(largest.map_or(v, |l| l.max(v)));
-        }
-    }
-    largest
-}
-
-/// A reported usage bounded by the route's `max_cost`; `true` when it was clamped.
-pub fn clamp_usage(reported: u32, max_cost: Option<u32>) -> (u32, bool) {
-    match max_cost {
-        Some(max) if reported > max => (max, true),
-        _ => (reported, false),
-    }
-}
-
-/// A `cost_header` value: decimal digits only (at most 9, so it fits any window math), or
-/// nothing is settled.
-pub fn true_cost(v: &[u8]) -> Option<u32> {
-    let v = v.trim_ascii();
-    if v.is_empty() || v.len() > 9 || !v.iter().all(u8::is_ascii_digit) {
-        return None;
-    }
-    std::str::from_utf8(v).ok()?.parse().ok()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{clamp_usage, reported_usage, true_cost};
-
-    /// Repeated usage headers: the largest value counts; one malformed element voids
-    /// them all.
-    #[test]
-    fn repeated_usage_headers() {
-        let cases: &[(&[&[u8]], Option<u32>)] = &[
-            (&[], None),
-            (&[b"7"], Some(7)),
-            (&[b"900", b"3"], Some(900)),
-            (&[b"3", b"900"], Some(900)),
-            (&[b"12, 13"], Some(13)),
-            (&[b"5", b"12,13", b" 4 "], Some(13)),
-            (&[b"900", b"abc"], None),
-            (&[b"abc", b"900"], None),
-            (&[b"900", b""], None),
-            (&[b"1,"], None),
-            (&[b"900", b"-1"], None),
-        ];
-        for (values, want) in cases {
-            assert_eq!(reported_usage(values.iter().copied()), *want, "{values:?}");
-        }
-    }
-
-    #[test]
-    fn usage_is_clamped_to_max_cost() {
-        assert_eq!(clamp_usage(5_000, Some(900)), (900, true));
-        assert_eq!(clamp_usage(900, Some(900)), (900, false));
-        assert_eq!(clamp_usage(3, Some(900)), (3, false));
-        assert_eq!(clamp_usage(5_000, None), (5_000, false));
-    }
-
-    #[test]
-    fn cost_header_values() {
-        let cases: &[(&[u8], Option<u32>)] = &[
-            (b"42", Some(42)),
-            (b" 7 ", Some(7)),
-            (b"0", Some(0)),
-            (b"999999999", Some(999_999_999)),
-            (b"1000000000", None),
-            (b"", None),
-            (b"-3", None),
-            (b"+3", None),
-            (b"3.5", None),
-            (b"1e3", None),
-            (b"12, 13", None),
-            (b"\xff", None),
-        ];
-        for (v, want) in cases {
-            assert_eq!(true_cost(v), *want, "{v:?}");
-        }
-    }
+    crate::edge::peer_ip(
+        session
+            .client_addr()
+            .and_then(|a| a.as_inet())
+            .map(|a| a.ip()),
+    )
 }

@@ -6,7 +6,7 @@
 //!   exactly one `Host` is required for HTTP/1.1 (none or several: 400). Hosts compare case-insensitively, without port and without one
 //!   trailing dot; the upstream receives that host (with the port as sent) in `Host` and
 //!   the path in origin form.
-//! - The path is normalized by `path::normalize` (400 `invalid_path` when ambiguous).
+//! - The path is normalized by `edge::path::normalize` (400 `invalid_path` when ambiguous).
 
 use std::borrow::Cow;
 
@@ -15,11 +15,9 @@ use http::{HeaderValue, Uri};
 use pingora::http::RequestHeader;
 use pingora::protocols::http::authority::{raw_target_authority, RawTargetAuthority};
 
-use super::path::{self, Normalized};
 use crate::admission::Rejection;
-
-/// Longest accepted host (RFC 1035 names are at most 253 characters).
-const MAX_HOST: usize = 253;
+use crate::edge::path::Normalized;
+use crate::edge::target::{method_allowed, normalized, parse_authority, single_host};
 
 /// The routed and forwarded form of a request target.
 #[derive(Debug)]
@@ -35,6 +33,16 @@ pub struct Target<'a> {
     pub uri: Option<Uri>,
 }
 
+impl crate::edge::Destination for Target<'_> {
+    fn host(&self) -> Option<&str> {
+        self.host.as_deref()
+    }
+
+    fn route_path(&self) -> &str {
+        &self.path.route
+    }
+}
+
 /// Works out the target of `req`.
 ///
 /// # Errors
@@ -43,10 +51,7 @@ pub fn target(req: &RequestHeader, allow_params: bool) -> Result<Target<'_>, Rej
     if !method_allowed(&req.method) {
         return Err(Rejection::MethodNotAllowed);
     }
-    let path = path::normalize(req.uri.path(), allow_params).map_err(|e| {
-        tracing::debug!(error = %e, "invalid path");
-        Rejection::InvalidPath
-    })?;
+    let path = normalized(req.uri.path(), allow_params)?;
     // Pingora keeps an absolute-form authority out of `uri` (it is in `raw_path`) and has
     // already refused a `Host` that differs from it, several `Host`s and userinfo.
     let (authority, from_uri) = match req.uri.authority() {
@@ -54,7 +59,7 @@ pub fn target(req: &RequestHeader, allow_params: bool) -> Result<Target<'_>, Rej
         None => match raw_target_authority(req.raw_path()) {
             RawTargetAuthority::Absolute { authority, .. } => (Some(authority), true),
             RawTargetAuthority::AmbiguousAuthority => return Err(Rejection::InvalidHost),
-            RawTargetAuthority::None => (single_host(req)?, false),
+            RawTargetAuthority::None => (Some(single_host(&req.headers)?), false),
         },
     };
     let (host, port) = match authority {
@@ -85,88 +90,6 @@ pub fn target(req: &RequestHeader, allow_params: bool) -> Result<Target<'_>, Rej
         host_header,
         uri,
     })
-}
-
-/// The one `Host` of a request: none or several are refused, whatever the version (an
-/// HTTP/1.0 request without `Host` would reach the upstream's default virtual host, which
-/// need not be the one its route was chosen for).
-fn single_host(req: &RequestHeader) -> Result<Option<&[u8]>, Rejection> {
-    let mut hosts = req.headers.get_all(HOST).iter();
-    match (hosts.next(), hosts.next()) {
-        (Some(h), None) => Ok(Some(h.as_bytes())),
-        _ => Err(Rejection::InvalidHost),
-    }
-}
-
-/// Whether the gateway forwards a request with this method: any upper-case token but
-/// `TRACE` and `TRACK` (they echo the request, credentials included, back to whoever can
-/// read the response) and `CONNECT` (a tunnel is not an API request). Methods are
-/// case-sensitive (RFC 9110 §9.1): a lower-case `get` is not `GET` to the gateway, but an
-/// upstream that folds case would serve it as one, so it is refused (405).
-pub fn method_allowed(m: &http::Method) -> bool {
-    let s = m.as_str();
-    !matches!(s, "TRACE" | "TRACK" | "CONNECT") && !s.bytes().any(|b| b.is_ascii_lowercase())
-}
-
-/// `host[:port]` or `[v6][:port]` -> (lower-case host without one trailing dot, port).
-pub fn parse_authority(raw: &[u8]) -> Option<(Cow<'_, str>, Option<u16>)> {
-    let s = std::str::from_utf8(raw).ok()?;
-    if s.contains('@') {
-        return None; // userinfo has no place in a request target
-    }
-    let (host, port) = if let Some(rest) = s.strip_prefix('[') {
-        let (v6, after) = rest.split_once(']')?;
-        v6.parse::<std::net::Ipv6Addr>().ok()?;
-        let port = match after {
-            "" => None,
-            p => Some(p.strip_prefix(':')?),
-        };
-        (&s[..v6.len() + 2], port)
-    } else {
-        match s.rsplit_once(':') {
-            Some((h, p)) => (h, Some(p)),
-            None => (s, None),
-        }
-    };
-    let port = match port {
-        None => None,
-        Some(p) if !p.is_empty() && p.len() <= 5 && p.bytes().all(|b| b.is_ascii_digit()) => {
-            Some(p.parse::<u16>().ok()?)
-        }
-        Some(_) => return None,
-    };
-    let host = host.strip_suffix('.').unwrap_or(host);
-    if host.is_empty() || host.len() > MAX_HOST || !valid_host(host) {
-        return None;
-    }
-    let host = if host.bytes().any(|b| b.is_ascii_uppercase()) {
-        Cow::Owned(host.to_ascii_lowercase())
-    } else {
-        Cow::Borrowed(host)
-    };
-    Some((host, port))
-}
-
-/// A reg-name of letters, digits, `-`, `_` and non-empty dot-separated labels, or an
-/// IPv6 literal in brackets (already checked).
-fn valid_host(h: &str) -> bool {
-    if h.starts_with('[') {
-        return true;
-    }
-    // One pass: allowed bytes only, and no empty label (no leading, trailing or double dot).
-    let mut prev = b'.';
-    for &b in h.as_bytes() {
-        let ok = match b {
-            b'.' => prev != b'.',
-            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'-' | b'_' => true,
-            _ => false,
-        };
-        if !ok {
-            return false;
-        }
-        prev = b;
-    }
-    prev != b'.'
 }
 
 /// Whether the client's `Host` differs from the normalized host (case, trailing dot).

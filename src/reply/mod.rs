@@ -8,7 +8,7 @@ use bytes::Bytes;
 use http::HeaderValue;
 
 use self::headers::{rate_pairs, retry_after_secs};
-use crate::admission::Rejection;
+use crate::admission::{Admission, Refusal, Rejection};
 use crate::config::RateLimitHeaders;
 use crate::limiter::{Quota, Scope, WindowDecision};
 use crate::store::slots::Full;
@@ -63,6 +63,58 @@ fn concurrent(full: &Full, template: Option<&str>) -> Reply {
         body.to_string(),
         vec![("retry-after", HeaderValue::from_static("1"))],
     )
+}
+
+// === impl Refusal ===
+
+impl Refusal {
+    /// The one rendering of a refusal, in the style of the runtime it was refused on
+    /// (`[server] rate_limit_headers`) and at its clock reading.
+    pub fn reply(&self) -> Reply {
+        let style = self
+            .runtime
+            .as_ref()
+            .map_or_else(RateLimitHeaders::default, |rt| {
+                rt.config.server.rate_limit_headers
+            });
+        render(&self.rejection, self.now_ms, style)
+    }
+}
+
+// === impl Admission ===
+
+impl Admission {
+    /// The rate-limit headers of an admitted request (`[server] rate_limit_headers` of
+    /// the runtime it was admitted on): a forwarded response was not rejected, so no
+    /// `Retry-After`; a shadow-mode would-be rejection shows 0 remaining.
+    pub fn rate_headers(&self) -> impl Iterator<Item = (&'static str, HeaderValue)> + '_ {
+        let style = self.runtime.config.server.rate_limit_headers;
+        let flags = (self.shadow_rejected, false);
+        let quotas = self.rate_policy.as_deref();
+        self.rate
+            .iter()
+            .flat_map(move |wd| rate_pairs(style, wd, self.now_ms, flags, quotas))
+    }
+}
+
+// === impl Rejection ===
+
+impl Rejection {
+    /// The error code a refusal answers with (the JSON body's `error`).
+    pub fn code(&self) -> &'static str {
+        match self {
+            Rejection::RateLimited { .. } | Rejection::Concurrent { .. } => "rate_limit_exceeded",
+            Rejection::Banned(_) | Rejection::Blocked(_) => "blocked",
+            Rejection::MissingKey => "missing_api_key",
+            Rejection::InvalidKey => "invalid_api_key",
+            Rejection::NoRoute(_) | Rejection::UnknownRoute(_) => "no_route",
+            Rejection::InvalidPath => "invalid_path",
+            Rejection::InvalidHost => "invalid_host",
+            Rejection::MethodNotAllowed => "method_not_allowed",
+            Rejection::AmbiguousCredentials => "ambiguous_credentials",
+            Rejection::Unavailable => "rate_limiter_unavailable",
+        }
+    }
 }
 
 /// Renders the answer to `rejection` at `now_ms`, with the rate-limit headers of

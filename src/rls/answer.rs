@@ -17,43 +17,36 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use envoy_types::pb::google::protobuf::Duration;
 
-use crate::admission::{Admission, Rejection};
-use crate::config::RateLimitHeaders;
+use crate::admission::{Admission, Refusal, Rejection};
 use crate::limiter::{Window, WindowDecision};
-use crate::reply;
-use crate::reply::headers::{rate_pairs, RateHeaders};
+use crate::reply::headers::RateHeaders;
 
 /// The answer to an admitted request (`OK`; shadow-mode would-be rejections included).
 pub(super) fn admitted(a: &Admission, descriptors: usize) -> RateLimitResponse {
+    let response_headers_to_add = a
+        .rate_headers()
+        .map(|(name, value)| header(name, &value))
+        .collect();
     let wd = a.rate.as_ref();
     let headers = wd.map(|wd| RateHeaders {
         retry_after: None,
         ..RateHeaders::new(wd, a.now_ms, a.shadow_rejected)
     });
     let status = status(Code::Ok, wd.zip(headers.as_ref()));
-    let style = a.runtime.config.server.rate_limit_headers;
-    let flags = (a.shadow_rejected, false);
     RateLimitResponse {
         overall_code: Code::Ok.into(),
         statuses: vec![status; descriptors],
-        response_headers_to_add: wd
-            .into_iter()
-            .flat_map(|wd| rate_pairs(style, wd, a.now_ms, flags, a.rate_policy.as_deref()))
-            .map(|(name, value)| header(name, &value))
-            .collect(),
+        response_headers_to_add,
         ..RateLimitResponse::default()
     }
 }
 
-/// The answer to a refused request (`OVER_LIMIT`), decided at `now_ms`.
-pub(super) fn refused(
-    rejection: &Rejection,
-    now_ms: u64,
-    descriptors: usize,
-    style: RateLimitHeaders,
-) -> RateLimitResponse {
-    let reply = reply::render(rejection, now_ms, style);
-    let wd = match rejection {
+/// The answer to a refused request (`OVER_LIMIT`): the gRPC statuses, with the one
+/// rendering of the refusal (`Refusal::reply`) as its headers and body.
+pub(super) fn refused(refusal: &Refusal, descriptors: usize) -> RateLimitResponse {
+    let reply = refusal.reply();
+    let now_ms = refusal.now_ms;
+    let wd = match &refusal.rejection {
         Rejection::RateLimited { governing, .. } => Some(governing),
         _ => None,
     };
@@ -130,6 +123,14 @@ mod tests {
 
     const NOW_MS: u64 = 1_764_000_000_250;
 
+    /// `rejection` refused at `NOW_MS` (the default header style).
+    fn at_now(rejection: Rejection) -> Refusal {
+        Refusal {
+            now_ms: NOW_MS,
+            ..Refusal::from(rejection)
+        }
+    }
+
     fn governing(allowed: bool) -> WindowDecision {
         WindowDecision {
             scope: Scope::Key,
@@ -159,7 +160,7 @@ mod tests {
             message: None,
             policy: None,
         };
-        let r = refused(&rejection, NOW_MS, 2, RateLimitHeaders::XRateLimit);
+        let r = refused(&at_now(rejection), 2);
         assert_eq!(r.overall_code, i32::from(Code::OverLimit));
         assert_eq!(r.statuses.len(), 2);
         let s = &r.statuses[1];
@@ -192,12 +193,7 @@ mod tests {
     /// A block is OVER_LIMIT without a window, with the 403 body.
     #[test]
     fn blocked_is_over_limit_without_a_window() {
-        let r = refused(
-            &Rejection::Blocked(Scope::Ip),
-            NOW_MS,
-            1,
-            RateLimitHeaders::XRateLimit,
-        );
+        let r = refused(&at_now(Rejection::Blocked(Scope::Ip)), 1);
         assert_eq!(r.overall_code, i32::from(Code::OverLimit));
         assert_eq!(r.statuses[0].current_limit, None);
         assert_eq!(r.raw_body, br#"{"error":"blocked","scope":"ip"}"#);

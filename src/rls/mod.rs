@@ -57,9 +57,9 @@ use self::directory::Directory;
 use self::request::Caller;
 use crate::admission::{self, AdmitRequest, Core, Origin, Rejection, Target};
 use crate::config::Auth;
+use crate::edge::guarded::Guarded;
 use crate::identity::{validate_key, Presented};
 use crate::lifecycle::{Lifecycle, RLS_MAX_CONNECTIONS};
-use crate::proxy::listener::Guarded;
 use crate::store::Ending;
 
 /// Largest request accepted: a few descriptors are a few hundred bytes.
@@ -136,13 +136,9 @@ impl Rls {
                 a.finish(Ending::Completed { status: 200 });
                 Ok(response)
             }
-            Err(refusal) => match refusal.rejection {
+            Err(refusal) => match &refusal.rejection {
                 Rejection::UnknownRoute(name) => Err(invalid(format!("unknown route {name:?}"))),
-                other => {
-                    let now_ms = self.core.clock.now_ms();
-                    let style = self.core.runtime().config.server.rate_limit_headers;
-                    Ok(answer::refused(&other, now_ms, asked.descriptors, style))
-                }
+                _ => Ok(answer::refused(&refusal, asked.descriptors)),
             },
         }
     }

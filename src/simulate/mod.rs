@@ -31,14 +31,13 @@ use sha2::{Digest, Sha256};
 
 pub use self::report::{Counts, Report, ScopeCounts};
 use self::trace::{Key, Row};
-use crate::admission::{self, AdmitRequest, Core, Dynamic, Rejection, Runtime, Target};
+use crate::admission::{self, Core, Dynamic, Rejection, Runtime};
 use crate::clock::ManualClock;
 use crate::config::{Auth, Config, PathParameters};
+use crate::edge::{self, target};
 use crate::identity::{validate_key, KeyTable, Presented};
 use crate::limiter::Scope;
 use crate::metrics::Metrics;
-use crate::proxy::path;
-use crate::proxy::target::parse_authority;
 use crate::store::{Ending, MemoryStore};
 
 /// Rows between two sweeps of expired limiter state (bounds memory on long traces;
@@ -175,19 +174,6 @@ impl Replay {
         report.seen(row.time_ms);
         let rt = self.core.runtime();
         let allow_params = rt.config.server.path_parameters == PathParameters::Allow;
-        // The proxy's order: an IP block answers 403 before a malformed target's 400.
-        let Ok(path) = path::normalize(&row.path, allow_params) else {
-            self.malformed(row, "invalid_path", report);
-            return Ok(());
-        };
-        let host = match row.host.as_deref().map(|h| parse_authority(h.as_bytes())) {
-            None => None,
-            Some(Some((h, _port))) => Some(h),
-            Some(None) => {
-                self.malformed(row, "invalid_host", report);
-                return Ok(());
-            }
-        };
         let id_key;
         let key = match &row.key {
             Key::None => Presented::Missing,
@@ -197,18 +183,22 @@ impl Replay {
                 Presented::Key(&id_key)
             }
         };
-        let request = AdmitRequest {
-            client_ip: row.ip,
-            target: Target::Match {
+        // The proxy's order: an IP block answers 403 before a malformed target's 400.
+        let target = target::normalized(&row.path, allow_params).and_then(|path| {
+            let host = row.host.as_deref().map(|h| target::host(h.as_bytes()));
+            Ok((host.transpose()?, path))
+        });
+        let ask = match &target {
+            Ok((host, path)) => Ok(edge::Ask {
                 host: host.as_deref(),
                 path: &path.route,
-            },
-            key,
-            cost: row.cost,
-            also_charge: None,
-            origin: admission::Origin::Proxy,
+                key,
+                cost: row.cost,
+            }),
+            Err(rejection) => Err(rejection.clone()),
         };
-        let decided = admission::admit(&self.core, &request)
+        let at = (rt.clone(), self.core.clock.now_ms());
+        let decided = edge::admit_asked(&self.core, at, row.ip, ask)
             .now_or_never()
             .ok_or_else(|| SimError::Setup("the admission pipeline waited on its store".into()))?;
         match decided {
@@ -259,23 +249,7 @@ impl Replay {
             Rejection::Concurrent { .. } => "concurrent",
             Rejection::Blocked(scope) => blocked(scope),
             Rejection::Banned(ban) => blocked(ban.scope),
-            Rejection::MissingKey => "missing_api_key",
-            Rejection::InvalidKey => "invalid_api_key",
-            Rejection::InvalidPath => "invalid_path",
-            Rejection::InvalidHost => "invalid_host",
-            Rejection::AmbiguousCredentials => "ambiguous_credentials",
-            Rejection::MethodNotAllowed => "method_not_allowed",
-            Rejection::Unavailable => "rate_limiter_unavailable",
-            Rejection::UnknownRoute(_) => "no_route",
-        };
-        report.refused(reason, std::iter::empty());
-    }
-
-    /// A row the proxy would answer 400 (`reason`), or 403 when its address is blocked.
-    fn malformed(&self, row: &Row, reason: &'static str, report: &mut Report) {
-        let reason = match admission::ip_blocked(&self.core, row.ip) {
-            Some(_) => blocked(Scope::Ip),
-            None => reason,
+            other => other.code(),
         };
         report.refused(reason, std::iter::empty());
     }

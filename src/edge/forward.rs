@@ -1,0 +1,177 @@
+//! What a request forwarded upstream carries, for every transport: the client headers it
+//! must lose (`scrubbed`), the identity headers the gateway sets, and the address chain
+//! (`X-Forwarded-For`, `Forwarded`, `X-Real-IP`) built in one buffer.
+
+use std::net::IpAddr;
+
+use http::{HeaderMap, HeaderName, HeaderValue};
+
+use crate::admission::{Admission, Runtime};
+use crate::config::ClientIpHeader;
+
+/// Removes the request headers an upstream must not take from a client:
+/// - `X-Throttle-*`: only the gateway sets them;
+/// - names with `_` (unless `underscores_in_headers`): CGI/WSGI upstreams read
+///   `X_Throttle_Tenant` as `X-Throttle-Tenant`;
+/// - `X-Original-URL` / `X-Rewrite-URL`: some frameworks route on them instead of the
+///   path this gateway matched;
+/// - the client-IP chain the gateway does not read (`fwd`: it reads `Forwarded`);
+/// - from a peer that is not a trusted proxy, `Forwarded` and `X-Forwarded-Host`,
+///   `-Proto`, `-Port`, `-Prefix` (the gateway sets `Forwarded` and `X-Forwarded-For`
+///   itself).
+///
+/// The names to remove, by the rule of [`scrubbed`] and the request's runtime `rt`
+/// (empty, and nothing allocated, in the common case).
+pub fn doomed(headers: &HeaderMap, rt: &Runtime, trusted: bool) -> Vec<HeaderName> {
+    let underscores = rt.config.server.underscores_in_headers;
+    let fwd = reads_forwarded(rt);
+    let doomed = |n: &HeaderName| scrubbed(n.as_str(), trusted, underscores, fwd);
+    if !headers.keys().any(doomed) {
+        return Vec::new(); // the common case: nothing to remove, nothing allocated
+    }
+    headers.keys().filter(|n| doomed(n)).cloned().collect()
+}
+
+/// Whether the gateway reads the client-IP chain from `Forwarded` (else from
+/// `X-Forwarded-For`).
+pub fn reads_forwarded(rt: &Runtime) -> bool {
+    rt.config.client_ip_header == ClientIpHeader::Forwarded
+}
+
+/// `X-Throttle-Tenant` and `X-Throttle-Key-Id` of an admitted request whose caller is
+/// known (both transports add them after scrubbing the client's).
+pub fn identity_headers(a: &Admission) -> Option<[(HeaderName, HeaderValue); 2]> {
+    let (tenant, key_id) = a.key.as_ref().and_then(|k| k.headers.clone())?;
+    Some([
+        (HeaderName::from_static("x-throttle-tenant"), tenant),
+        (HeaderName::from_static("x-throttle-key-id"), key_id),
+    ])
+}
+
+/// Whether a client-sent request header (lower-case `name`) is removed before the request
+/// goes upstream: `X-Throttle-*` (only the gateway sets them), names with `_` (unless
+/// `underscores_in_headers`), URL-override headers, the client-IP chain the gateway does
+/// not read (`Forwarded`, or `X-Forwarded-For` with `reads_forwarded`), and, from an
+/// untrusted peer, the forwarding headers that would name another host, scheme or prefix.
+/// The tower layer applies the same rule.
+pub fn scrubbed(n: &str, trusted: bool, underscores: bool, reads_forwarded: bool) -> bool {
+    n.starts_with("x-throttle-")
+        // The client-IP chain the gateway does not read was never checked.
+        || (if reads_forwarded { n == "x-forwarded-for" } else { n == "forwarded" })
+        || (!underscores && n.contains('_'))
+        || matches!(n, "x-original-url" | "x-rewrite-url")
+        || (!trusted
+            && matches!(
+                n,
+                "forwarded"
+                    | "x-forwarded-host"
+                    | "x-forwarded-proto"
+                    | "x-forwarded-port"
+                    | "x-forwarded-prefix"
+            ))
+}
+
+/// The address header values of a request, written into one buffer: the peer (the
+/// `X-Forwarded-For` of an untrusted peer), `for=<peer>` (IPv6 as `for="[v6]"`) and the
+/// client (`X-Real-IP`), one allocation for the three.
+pub struct AddressValues {
+    /// The peer, as an untrusted peer's `X-Forwarded-For`.
+    pub peer: HeaderValue,
+    /// `for=<peer>`: this hop's `Forwarded` element.
+    pub forwarded: HeaderValue,
+    /// The client, as `X-Real-IP`.
+    pub client: HeaderValue,
+}
+
+// === impl AddressValues ===
+
+impl AddressValues {
+    /// The values for a request from `peer` whose client is `client`.
+    pub fn new(peer: IpAddr, client: IpAddr) -> Self {
+        let mut buf = Vec::with_capacity(128);
+        push_ip(&mut buf, peer);
+        let p = buf.len();
+        match peer {
+            IpAddr::V4(_) => {
+                buf.extend_from_slice(b"for=");
+                push_ip(&mut buf, peer);
+            }
+            IpAddr::V6(_) => {
+                buf.extend_from_slice(b"for=\"[");
+                push_ip(&mut buf, peer);
+                buf.extend_from_slice(b"]\"");
+            }
+        }
+        let f = buf.len();
+        let same = client == peer;
+        if !same {
+            push_ip(&mut buf, client);
+        }
+        let all = bytes::Bytes::from(buf);
+        let value = |r: std::ops::Range<usize>| {
+            HeaderValue::from_maybe_shared(all.slice(r))
+                .unwrap_or(HeaderValue::from_static("unknown"))
+        };
+        let peer_v = value(0..p);
+        Self {
+            forwarded: value(p..f),
+            client: if same {
+                peer_v.clone()
+            } else {
+                value(f..all.len())
+            },
+            peer: peer_v,
+        }
+    }
+}
+
+/// Appends `ip` as text: IPv4 octet by octet (no `core::fmt` on the request path), IPv6
+/// through `Display`.
+fn push_ip(buf: &mut Vec<u8>, ip: IpAddr) {
+    match ip {
+        IpAddr::V4(v4) => {
+            let mut b = itoa::Buffer::new();
+            for (i, o) in v4.octets().into_iter().enumerate() {
+                if i > 0 {
+                    buf.push(b'.');
+                }
+                buf.extend_from_slice(b.format(o).as_bytes());
+            }
+        }
+        IpAddr::V6(v6) => {
+            use std::io::Write;
+            let _ = write!(buf, "{v6}");
+        }
+    }
+}
+
+/// The upstream's `Forwarded` (RFC 7239) from a trusted peer: its elements plus
+/// `for=<peer>` (`element`).
+pub fn forwarded(headers: &HeaderMap, element: &HeaderValue) -> HeaderValue {
+    let mut chain: Vec<&[u8]> = headers
+        .get_all(http::header::FORWARDED)
+        .iter()
+        .map(|v| v.as_bytes())
+        .collect();
+    if chain.is_empty() {
+        return element.clone();
+    }
+    chain.push(element.as_bytes());
+    HeaderValue::from_bytes(&chain.join(&b", "[..])).unwrap_or_else(|_| element.clone())
+}
+
+/// The upstream's `X-Forwarded-For` from a trusted peer: the client's chain plus the
+/// peer.
+pub fn forwarded_for(headers: &HeaderMap, peer: IpAddr) -> HeaderValue {
+    let peer_s = peer.to_string();
+    let mut chain: Vec<&[u8]> = headers
+        .get_all("x-forwarded-for")
+        .iter()
+        .map(|v| v.as_bytes())
+        .collect();
+    chain.push(peer_s.as_bytes());
+    let joined = chain.join(&b", "[..]);
+    HeaderValue::from_bytes(&joined)
+        .or_else(|_| HeaderValue::from_str(&peer_s))
+        .unwrap_or(HeaderValue::from_static("0.0.0.0"))
+}

@@ -1,0 +1,150 @@
+//! The transport-neutral HTTP edge: what every HTTP entry point does around
+//! `admission::admit`, written once. An adapter (the Pingora proxy, the tower layer,
+//! `throttle simulate`) translates its wire format into these calls and the answers back.
+//!
+//! - `target`: the method rule, the normalized path (`path`) and the one `Host` rule;
+//! - [`admit_http`]: resolve the client IP, parse the target, answer an IP block before a
+//!   400, then admit;
+//! - `forward`: the client headers scrubbed before forwarding, the identity headers and
+//!   the address chain;
+//! - `cost`: the usage an upstream reports (`cost_header`) and the settlement;
+//! - [`peer_ip`]: a socket peer as the canonical address the limits key on;
+//! - `guarded`: the connection guard (header and body deadlines) both listeners use.
+
+pub mod cost;
+pub mod forward;
+pub mod guarded;
+pub mod path;
+pub mod target;
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
+
+use http::HeaderMap;
+
+use crate::admission::{self, Admission, AdmitRequest, Core, Origin, Refusal, Rejection, Runtime};
+use crate::config::PathParameters;
+use crate::identity::{api_key_from, Presented};
+
+/// Where a parsed request target goes, as the routes see it.
+pub trait Destination {
+    /// The lower-case host without port and trailing dot, if any.
+    fn host(&self) -> Option<&str>;
+    /// The normalized path the routes match on.
+    fn route_path(&self) -> &str;
+}
+
+/// What an HTTP request asks the pipeline, once its target is parsed.
+#[derive(Debug)]
+pub struct Ask<'a> {
+    /// The routed host, if any.
+    pub host: Option<&'a str>,
+    /// The normalized path.
+    pub path: &'a str,
+    /// The credentials the request presents.
+    pub key: Presented<'a>,
+    /// The cost the request spends (None: the route's).
+    pub cost: Option<u32>,
+}
+
+/// A socket peer as the address the limits key on (an IPv4-mapped IPv6 address as IPv4);
+/// without one, `0.0.0.0`.
+pub fn peer_ip(peer: Option<IpAddr>) -> IpAddr {
+    peer.map_or(
+        IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        crate::client_ip::canonical,
+    )
+}
+
+/// Runs the pipeline for an HTTP request from `peer` with `headers`: resolves the client
+/// IP, parses the target with `parse` (given whether `[server] path_parameters` allows
+/// them), reads the credentials, and admits. An IP block answers 403 before a malformed
+/// target's 400 (or 405). On admission, the parsed target comes back with it.
+///
+/// # Errors
+/// The refusal to answer.
+pub async fn admit_http<T: Destination>(
+    core: &Core,
+    peer: IpAddr,
+    headers: &HeaderMap,
+    parse: impl FnOnce(bool) -> Result<T, Rejection>,
+) -> Result<(Admission, T), Refusal> {
+    // The request's one config snapshot and one clock reading, for all that follows.
+    let (rt, now_ms) = (core.runtime(), core.clock.now_ms());
+    let client_ip = rt.resolver.resolve_headers(peer, headers);
+    let allow_params = rt.config.server.path_parameters == PathParameters::Allow;
+    let parsed = parse(allow_params).and_then(|t| {
+        let key = api_key_from(headers).map_err(|_| Rejection::AmbiguousCredentials)?;
+        Ok((t, key))
+    });
+    let (target, key) = match parsed {
+        Ok(parsed) => parsed,
+        Err(rejection) => return Err(refused_before(core, (rt, now_ms), client_ip, rejection)),
+    };
+    let ask = Ask {
+        host: target.host(),
+        path: target.route_path(),
+        key,
+        cost: None,
+    };
+    let a = admit_asked(core, (rt, now_ms), client_ip, Ok(ask)).await?;
+    Ok((a, target))
+}
+
+/// Admits what `client_ip` asks on the request's runtime snapshot and clock reading
+/// (`at`), or answers the rejection met while reading the request (an IP block first).
+/// `throttle simulate` enters here with the rows it replays.
+///
+/// # Errors
+/// The refusal to answer.
+pub async fn admit_asked(
+    core: &Core,
+    at: (Arc<Runtime>, u64),
+    client_ip: IpAddr,
+    ask: Result<Ask<'_>, Rejection>,
+) -> Result<Admission, Refusal> {
+    let ask = match ask {
+        Ok(ask) => ask,
+        Err(rejection) => return Err(refused_before(core, at, client_ip, rejection)),
+    };
+    let request = AdmitRequest {
+        client_ip,
+        target: admission::Target::Match {
+            host: ask.host,
+            path: ask.path,
+        },
+        key: ask.key,
+        cost: ask.cost,
+        also_charge: None,
+        origin: Origin::Proxy,
+    };
+    admission::admit_at(core, at.0, at.1, &request).await
+}
+
+/// A request refused before admission: an IP block still answers 403 first.
+fn refused_before(
+    core: &Core,
+    (rt, now_ms): (Arc<Runtime>, u64),
+    client_ip: IpAddr,
+    rejection: Rejection,
+) -> Refusal {
+    match admission::ip_blocked_at(core, rt.clone(), now_ms, client_ip) {
+        Some(blocked) => blocked,
+        None => Refusal::from(rejection).on(rt, now_ms),
+    }
+}
+
+// === impl Routed ===
+
+impl Destination for target::Routed<'_> {
+    fn host(&self) -> Option<&str> {
+        self.host.as_deref()
+    }
+
+    fn route_path(&self) -> &str {
+        &self.path.route
+    }
+}
+
+#[cfg(test)]
+mod tests;
