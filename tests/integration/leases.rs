@@ -47,7 +47,7 @@ fn single(redis: &RedisServer) -> String {
     format!("url = \"{}\"", redis.url())
 }
 
-fn cluster_line(cluster: &RedisCluster) -> String {
+pub(crate) fn cluster_line(cluster: &RedisCluster) -> String {
     let nodes = cluster
         .urls()
         .iter()

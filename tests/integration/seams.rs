@@ -345,16 +345,11 @@ async fn cluster_refunds_charged_scopes_when_another_call_fails() {
             break;
         }
     }
-    let nodes = cluster
-        .urls()
-        .iter()
-        .map(|u| format!("\"{u}\""))
-        .collect::<Vec<_>>()
-        .join(", ");
+    let store_line = crate::leases::cluster_line(&cluster);
     let body = format!(
         r#"[store]
 backend = "redis"
-cluster = [{nodes}]
+{store_line}
 timeout_ms = 300
 on_failure = "open"
 key_prefix = "cref"
@@ -429,16 +424,11 @@ tier = "t"
 async fn cluster_tenant_limit_is_exact_under_load() {
     use crate::support::redis::RedisCluster;
     let cluster = RedisCluster::start().await;
-    let nodes = cluster
-        .urls()
-        .iter()
-        .map(|u| format!("\"{u}\""))
-        .collect::<Vec<_>>()
-        .join(", ");
+    let store_line = crate::leases::cluster_line(&cluster);
     let mut body = format!(
         r#"[store]
 backend = "redis"
-cluster = [{nodes}]
+{store_line}
 timeout_ms = 2000
 on_failure = "closed"
 key_prefix = "ctl"
