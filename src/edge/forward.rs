@@ -39,13 +39,12 @@ pub fn reads_forwarded(rt: &Runtime) -> bool {
 }
 
 /// `X-Throttle-Tenant` and `X-Throttle-Key-Id` of an admitted request whose caller is
-/// known (both transports add them after scrubbing the client's).
-pub fn identity_headers(a: &Admission) -> Option<[(HeaderName, HeaderValue); 2]> {
+/// known (both transports add them after scrubbing the client's). Static names: Pingora
+/// keeps a `&'static str` name as it is, while a `HeaderName` is copied into a new
+/// buffer (two allocations a request, measured by callgrind).
+pub fn identity_headers(a: &Admission) -> Option<[(&'static str, HeaderValue); 2]> {
     let (tenant, key_id) = a.key.as_ref().and_then(|k| k.headers.clone())?;
-    Some([
-        (HeaderName::from_static("x-throttle-tenant"), tenant),
-        (HeaderName::from_static("x-throttle-key-id"), key_id),
-    ])
+    Some([("x-throttle-tenant", tenant), ("x-throttle-key-id", key_id)])
 }
 
 /// Whether a client-sent request header (lower-case `name`) is removed before the request
