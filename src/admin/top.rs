@@ -76,12 +76,10 @@ fn parse(query: &str) -> Result<Query, &'static str> {
     {
         match name {
             "scope" => {
-                scope = Some(match value {
-                    "ip" => Scope::Ip,
-                    "key" => Scope::Key,
-                    "tenant" => Scope::Tenant,
+                scope = match Scope::parse(value) {
+                    Some(s @ (Scope::Ip | Scope::Key | Scope::Tenant)) => Some(s),
                     _ => return Err("scope must be ip, key or tenant"),
-                })
+                }
             }
             "n" => {
                 n = match value.parse::<usize>() {

@@ -43,42 +43,52 @@ pub(super) struct LimitOutcome {
     pub(super) policy: Option<Box<[Quota]>>,
 }
 
-/// Enforces ip -> key -> tenant -> global for one request of `cost`, every limit
-/// multiplied by the route's adaptive `factor`.
+/// What the limits see of one request.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Charge<'a> {
+    /// The resolved client address.
+    pub(super) client_ip: IpAddr,
+    /// The caller's key, when identified.
+    pub(super) key: Option<&'a KeyInfo>,
+    /// Units to spend.
+    pub(super) cost: u32,
+    /// The route's mode (a shadow-mode rejection is admitted).
+    pub(super) mode: Mode,
+    /// The route's adaptive factor every limit is multiplied by.
+    pub(super) factor: Factor,
+    /// Who asks (only some origins strike bans).
+    pub(super) origin: super::Origin,
+    /// The request's one limiter clock reading.
+    pub(super) now_ms: u64,
+}
+
+/// Enforces ip -> key -> tenant -> global for one request of `c.cost`, every limit
+/// multiplied by the route's adaptive `c.factor`.
 ///
 /// # Errors
 /// 429 with the rejecting window (enforce mode), or 503 when a fail-closed scope's store
 /// is unreachable.
-#[allow(clippy::too_many_arguments)]
 pub(super) async fn limit(
     core: &Core,
     rt: &Runtime,
-    client_ip: IpAddr,
-    key: Option<&KeyInfo>,
-    cost: u32,
-    mode: Mode,
-    factor: Factor,
-    (origin, now_ms): (super::Origin, u64),
+    c: &Charge<'_>,
 ) -> Result<LimitOutcome, Rejection> {
-    let base = build_check(rt, client_ip, key, cost);
-    let scaled = scaled_limits(&base, factor);
+    let base = build_check(rt, c.client_ip, c.key, c.cost);
+    let scaled = scaled_limits(&base, c.factor);
     let mut check = rebind(base, &scaled);
+    let outcome = |verdict, shadow_rejected, policy| LimitOutcome {
+        verdict,
+        shadow_rejected,
+        policy,
+    };
     if check.is_empty() {
-        return Ok(LimitOutcome {
-            verdict: Verdict::UNLIMITED,
-            shadow_rejected: false,
-            policy: None,
-        });
+        return Ok(outcome(Verdict::UNLIMITED, false, None));
     }
     // The time the memory store decides at (the store reports the time it decided at
     // in `Verdict::decided_at`, which is what a settle names).
-    check.at_ms = Some(now_ms);
-    let policy = rt
-        .config
-        .server
-        .rate_limit_headers
-        .ietf()
-        .then(|| check.quotas());
+    check.at_ms = Some(c.now_ms);
+    let ietf = rt.config.server.rate_limit_headers.ietf();
+    let policy = ietf.then(|| check.quotas());
     let started = tokio::time::Instant::now();
     let result = decide(core, &check).await;
     core.store_call.observe(started.elapsed().as_secs_f64());
@@ -89,56 +99,48 @@ pub(super) async fn limit(
             return store_failed(core, &check);
         }
     };
-    count(core, &check, &verdict, mode);
-    let governing = match verdict.governing {
-        Some(g) if !verdict.allowed => g,
-        _ => {
-            return Ok(LimitOutcome {
-                verdict,
-                shadow_rejected: false,
-                policy,
-            })
+    count(core, &check, &verdict, c.mode);
+    match verdict.governing {
+        Some(governing) if !verdict.allowed => {
+            if c.mode == Mode::Shadow {
+                return Ok(outcome(verdict, true, policy));
+            }
+            Err(rejected(core, &check, c, governing, policy))
         }
-    };
-    if mode == Mode::Shadow {
-        return Ok(LimitOutcome {
-            verdict,
-            shadow_rejected: true,
-            policy,
-        });
+        _ => Ok(outcome(verdict, false, policy)),
     }
+}
+
+/// The 429 of a rejection by `governing`: recorded in the violation log, and a strike
+/// towards the rejecting scope's `ban`.
+fn rejected(
+    core: &Core,
+    check: &Check<'_>,
+    c: &Charge<'_>,
+    governing: WindowDecision,
+    policy: Option<Box<[Quota]>>,
+) -> Rejection {
+    let (client_ip, key, now_ms) = (c.client_ip, c.key, c.now_ms);
     let rejecting = check.scopes.iter().find(|s| s.scope == governing.scope);
-    record(
-        core,
-        client_ip,
-        key,
-        &governing,
-        rejecting.map(|s| &s.ident),
-        now_ms,
-    );
+    let ident = rejecting.map(|s| &s.ident);
+    record(core, client_ip, key, &governing, ident, now_ms);
     if let Some(s) = rejecting {
-        if let Some(rule) = s.limits.ban.filter(|r| origin.strikes(r)) {
+        if let Some(rule) = s.limits.ban.filter(|r| c.origin.strikes(r)) {
             let who = Offender {
                 client_ip,
                 key,
                 now_ms,
             };
-            bans::strike(
-                core,
-                s.scope,
-                &s.ident,
-                rule,
-                governing.decision.retry_after_ms,
-                &who,
-            );
+            let retry_after = governing.decision.retry_after_ms;
+            bans::strike(core, s.scope, &s.ident, rule, retry_after, &who);
         }
     }
     let message = rejecting.and_then(|s| s.limits.message.clone());
-    Err(Rejection::RateLimited {
+    Rejection::RateLimited {
         governing,
         message,
         policy,
-    })
+    }
 }
 
 /// The store's verdict: at once when it can decide locally (the memory store always;

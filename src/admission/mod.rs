@@ -38,6 +38,7 @@ mod bans;
 pub mod concurrency;
 pub mod core;
 mod limits;
+mod pipeline;
 pub mod snapshot;
 
 use std::net::IpAddr;
@@ -46,10 +47,10 @@ use std::sync::Arc;
 pub use self::auth::lookup_key;
 pub use self::core::{block_entry, parse_net, Core, Dynamic, Runtime};
 pub use self::limits::build_check;
+pub use self::pipeline::{admit_at, blocked_ip, ip_blocked, ip_blocked_at};
 use crate::adaptive::Factor;
-use crate::config::{Auth, Mode};
 use crate::identity::{KeyInfo, Presented};
-use crate::limiter::{Ident, Quota, Scope, WindowDecision};
+use crate::limiter::{Quota, Scope, WindowDecision};
 use crate::metrics::Metrics;
 use crate::routing::RouteEntry;
 use crate::store::slots::Full;
@@ -327,231 +328,6 @@ impl std::fmt::Debug for Admission {
 /// The `Refusal` to answer with.
 pub async fn admit(core: &Core, req: &AdmitRequest<'_>) -> Result<Admission, Refusal> {
     admit_at(core, core.runtime(), core.clock.now_ms(), req).await
-}
-
-/// Decides `req` on the adapter's runtime snapshot `runtime` at its one clock reading
-/// `now_ms`: nothing in the pipeline loads the config or reads the limiter clock again,
-/// and both travel in the `Admission` or `Refusal`.
-///
-/// # Errors
-/// The `Refusal` to answer with.
-pub async fn admit_at(
-    core: &Core,
-    runtime: Arc<Runtime>,
-    now_ms: u64,
-    req: &AdmitRequest<'_>,
-) -> Result<Admission, Refusal> {
-    let mut seen = Seen { key: None, now_ms };
-    let result = pipeline(core, &runtime, req, &mut seen).await;
-    count_top(core, &runtime, req.client_ip, &seen, &result);
-    result.map_err(|r| r.on(runtime, now_ms))
-}
-
-/// Counts the request for `GET /v1/top` (see the module docs).
-fn count_top(
-    core: &Core,
-    rt: &Runtime,
-    ip: IpAddr,
-    seen: &Seen,
-    result: &Result<Admission, Refusal>,
-) {
-    let rejected = matches!(
-        result,
-        Err(Refusal {
-            rejection: Rejection::RateLimited { .. } | Rejection::Concurrent { .. },
-            ..
-        })
-    );
-    let (top, now_ms) = (&core.top, seen.now_ms);
-    // The identity the ip scope counts: an IPv6 client's network.
-    let client = Ident::client(ip, rt.config.ipv6_prefix);
-    top.record(Scope::Ip, &client, rejected, now_ms);
-    if let Some(k) = &seen.key {
-        top.record(Scope::Key, &k.key_ident, rejected, now_ms);
-        top.record(Scope::Tenant, &k.tenant_ident, rejected, now_ms);
-    }
-}
-
-/// What the pipeline learned about a request, for `GET /v1/top` whatever the outcome.
-#[derive(Default)]
-struct Seen {
-    /// The caller's key, once identified.
-    key: Option<Arc<KeyInfo>>,
-    /// The limiter clock reading of the decision.
-    now_ms: u64,
-}
-
-/// The pipeline behind `admit`; `seen` is filled as the request is identified.
-async fn pipeline(
-    core: &Core,
-    runtime: &Arc<Runtime>,
-    req: &AdmitRequest<'_>,
-    seen: &mut Seen,
-) -> Result<Admission, Refusal> {
-    let rt = &**runtime;
-    let dynamic = core.dynamic(); // one snapshot for the whole request
-    let now_ms = seen.now_ms;
-    let ip = req.client_ip;
-    if blocked_ip(rt, &dynamic, ip, now_ms) {
-        return Err(Rejection::Blocked(Scope::Ip).into());
-    }
-    let client = Ident::client(ip, rt.config.ipv6_prefix);
-    bans::check(core, Scope::Ip, &client, now_ms)?;
-    bans::check(core, Scope::Auth, &client, now_ms)?;
-    let route = match req.target {
-        Target::Match { host, path } => match rt.router.find(host, path) {
-            Some(r) => Some(r.clone()),
-            None => {
-                let out = limits::limit(
-                    core,
-                    rt,
-                    ip,
-                    None,
-                    1,
-                    Mode::Enforce,
-                    Factor::ONE,
-                    (req.origin, now_ms),
-                )
-                .await?;
-                return Err(Rejection::NoRoute(out.verdict.governing).into());
-            }
-        },
-        Target::Named(name) => match rt.router.find_by_name(name) {
-            Some(r) => Some(r.clone()),
-            None => return Err(Rejection::UnknownRoute(name.to_string()).into()),
-        },
-        Target::Any => None,
-    };
-    let refused = |rejection| Refusal {
-        route: route.clone(),
-        ..Refusal::from(rejection)
-    };
-    let auth = route.as_ref().map_or(Auth::Optional, |r| r.route.auth);
-    let presented = match auth {
-        Auth::None => Presented::Missing,
-        _ => req.key,
-    };
-    let charged = auth::Charged {
-        client_ip: ip,
-        also: req.also_charge,
-        origin: req.origin,
-    };
-    let key = auth::identify(core, rt, &dynamic, presented, auth, charged, now_ms)
-        .await
-        .map_err(refused)?;
-    seen.key.clone_from(&key);
-    if let Some(k) = &key {
-        blocked_key(rt, &dynamic, k, now_ms).map_err(refused)?;
-        bans::check(core, Scope::Key, &k.key_ident, now_ms).map_err(refused)?;
-        bans::check(core, Scope::Tenant, &k.tenant_ident, now_ms).map_err(refused)?;
-    }
-    let r = route.as_ref().map(|r| &r.route);
-    let cost = req.cost.or(r.map(|r| r.cost)).unwrap_or(1).max(1);
-    let mode = r.map_or(Mode::Enforce, |r| r.mode);
-    // An adaptive route's limits follow its upstream's health (see `adaptive`).
-    let factor = route.as_ref().map_or(Factor::ONE, |r| r.factor());
-    let slots = concurrency::acquire(core, rt, ip, key.as_deref(), mode, factor)
-        .await
-        .map_err(refused)?;
-    // From here the slots are held by a guard: if this future is dropped while the rate
-    // windows are checked (a gRPC deadline, a client gone, a timeout layer), its drop
-    // gives them back; a refusal gives them back at once.
-    let mut guard = SlotGuard {
-        store: &core.store,
-        slots: Some(slots),
-        ending: Ending::Dropped,
-    };
-    let at = (req.origin, now_ms);
-    let limited = limits::limit(core, rt, ip, key.as_deref(), cost, mode, factor, at);
-    let out = match limited.await {
-        Ok(out) => out,
-        Err(rejection) => {
-            guard.ending = Ending::Completed { status: 429 };
-            drop(guard);
-            return Err(refused(rejection));
-        }
-    };
-    let slots = guard.slots.take().unwrap_or_default();
-    Ok(Admission {
-        client_ip: ip,
-        route,
-        key,
-        rate: out.verdict.governing,
-        shadow_rejected: out.shadow_rejected,
-        rate_policy: out.policy,
-        decided_at: out.verdict.decided_at,
-        now_ms,
-        factor,
-        // A shadow-mode would-be rejection was admitted, but the store charged nothing.
-        charged: out.verdict.allowed
-            && out.verdict.scopes_checked != 0
-            && !out.verdict.fallback
-            && out.verdict.failed_open == 0,
-        settled: false,
-        lifetime: Some(Lifetime {
-            store: core.store.clone(),
-            held: Held { cost, slots },
-        }),
-        runtime: runtime.clone(),
-    })
-}
-
-/// Concurrency slots between their acquisition and the `Admission` that takes them over:
-/// given back on drop (a refusal, or the admission future dropped mid-way).
-struct SlotGuard<'a> {
-    store: &'a Arc<dyn LimitStore>,
-    slots: Option<crate::store::slots::SlotLease>,
-    ending: Ending,
-}
-
-impl Drop for SlotGuard<'_> {
-    fn drop(&mut self) {
-        if let Some(slots) = self.slots.take().filter(|s| !s.is_empty()) {
-            self.store.finish(Held { cost: 0, slots }, self.ending);
-        }
-    }
-}
-
-/// The 403 an IP block answers, if any: the first check of the pipeline, for adapters
-/// that refuse a request before `admit` (a malformed request target).
-pub fn ip_blocked(core: &Core, ip: IpAddr) -> Option<Refusal> {
-    ip_blocked_at(core, core.runtime(), core.clock.now_ms(), ip)
-}
-
-/// `ip_blocked` on the request's runtime snapshot and clock reading.
-pub fn ip_blocked_at(
-    core: &Core,
-    runtime: Arc<Runtime>,
-    now_ms: u64,
-    ip: IpAddr,
-) -> Option<Refusal> {
-    blocked_ip(&runtime, &core.dynamic(), ip, now_ms)
-        .then(|| Refusal::from(Rejection::Blocked(Scope::Ip)).on(runtime, now_ms))
-}
-
-/// Whether `ip` is blocked by the config or the database / admin API.
-pub fn blocked_ip(rt: &Runtime, dynamic: &Dynamic, ip: IpAddr, now_ms: u64) -> bool {
-    rt.blocks.ip(ip, now_ms).is_some() || dynamic.blocks.ip(ip, now_ms).is_some()
-}
-
-/// 403 when the key or its tenant is blocked.
-fn blocked_key(
-    rt: &Runtime,
-    dynamic: &Dynamic,
-    key: &KeyInfo,
-    now_ms: u64,
-) -> Result<(), Rejection> {
-    if rt.blocks.key(&key.key_id, now_ms).is_some()
-        || dynamic.blocks.key(&key.key_id, now_ms).is_some()
-    {
-        return Err(Rejection::Blocked(Scope::Key));
-    }
-    if rt.blocks.tenant(&key.tenant, now_ms).is_some()
-        || dynamic.blocks.tenant(&key.tenant, now_ms).is_some()
-    {
-        return Err(Rejection::Blocked(Scope::Tenant));
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -146,6 +146,11 @@ impl Scope {
             Scope::Auth => "auth",
         }
     }
+
+    /// The scope `as_str` names (as Redis keys, ban records and query strings spell it).
+    pub fn parse(name: &str) -> Option<Scope> {
+        Scope::ALL.into_iter().find(|s| s.as_str() == name)
+    }
 }
 
 impl fmt::Display for Scope {
@@ -295,5 +300,20 @@ impl WindowLimit {
             self.jitter_ms = jitter_ms;
         }
         self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Scope;
+
+    #[test]
+    fn scope_names_round_trip() {
+        for s in Scope::ALL {
+            assert_eq!(Scope::parse(s.as_str()), Some(s));
+        }
+        for bad in ["", "IP", "ip ", "concurrent", "route"] {
+            assert_eq!(Scope::parse(bad), None, "{bad:?}");
+        }
     }
 }

@@ -379,7 +379,7 @@ fn field(ban: &Ban) -> String {
 /// A hash field back into its scope, value and identity.
 fn parse_field(field: &str) -> Option<(Scope, &str, Ident)> {
     let (scope, who) = field.split_once('|')?;
-    let scope = Scope::ALL.into_iter().find(|s| s.as_str() == scope)?;
+    let scope = Scope::parse(scope)?;
     let ident = parse_ident(scope, who)?;
     Some((scope, who, ident))
 }

@@ -239,34 +239,19 @@ impl RedisStore {
         // When each scope was charged: the grant times of the leases that paid covered
         // windows, then the script's `now` of the call that decided the rest.
         let mut decided_at = remote.granted_at;
-        if scopes.is_empty() {
+        let called = if scopes.is_empty() {
             // Every window was paid from leases (the lease check raced a refill).
+            Ok(())
         } else if !matches!(conn, Conn::Cluster(_)) || scopes.len() == 1 {
-            let called = self
-                .call(
-                    &mut conn,
-                    &scopes,
-                    Some(&remote.leases),
-                    check.cost,
-                    check.peek,
-                    &now,
-                )
-                .await;
-            let reply = match called {
-                Ok(r) => r,
-                Err(e) => {
-                    // The leased tokens this request spent on covered windows go back.
-                    if let (Some(l), false) = (&self.local, remote.covered.is_empty()) {
-                        l.undo(check, &plan, check.cost);
-                    }
-                    return Err(e);
+            let leases = Some(&remote.leases[..]);
+            let call = self.call(&mut conn, &scopes, leases, check.cost, check.peek, &now);
+            call.await.map(|reply| {
+                record(&scopes, &reply);
+                for s in &scopes {
+                    decided_at.add(s.scope, reply.now);
                 }
-            };
-            record(&scopes, &reply);
-            for s in &scopes {
-                decided_at.add(s.scope, reply.now);
-            }
-            decisions.extend(reply.decisions);
+                decisions.extend(reply.decisions);
+            })
         } else {
             let failed = self
                 .call_each_scope(
@@ -280,25 +265,19 @@ impl RedisStore {
                     &mut decided_at,
                 )
                 .await;
-            if let Some(e) = failed {
-                if !remote.covered.is_empty() {
-                    if let Some(l) = &self.local {
-                        l.undo(check, &plan, check.cost);
-                    }
-                }
-                return Err(e);
-            }
-        }
-        let verdict = Verdict {
+            failed.map_or(Ok(()), Err)
+        };
+        let verdict = called.map(|()| Verdict {
             decided_at,
             ..Verdict::from_decisions(decisions)
-        };
-        if !verdict.allowed && !remote.covered.is_empty() {
-            if let Some(l) = &self.local {
-                l.undo(check, &plan, check.cost);
-            }
+        });
+        // A request not admitted (refused, or the call failed) gives back the leased
+        // tokens it spent on covered windows.
+        let admitted = verdict.as_ref().is_ok_and(|v| v.allowed);
+        if let (Some(l), false, false) = (&self.local, admitted, remote.covered.is_empty()) {
+            l.undo(check, &plan, check.cost);
         }
-        Ok(verdict)
+        verdict
     }
 
     /// Cluster: one call per scope (one slot each), concurrently. Adds the decisions and

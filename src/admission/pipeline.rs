@@ -1,0 +1,323 @@
+//! The pipeline behind `admit`, one function per step of the order in the module docs:
+//! `screen` (IP block and bans), `route`, `identify` (key, key and tenant blocks and
+//! bans), then `charge` (concurrency slots, then the layered limits).
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use super::core::{Core, Dynamic, Runtime};
+use super::limits::{self, Charge, LimitOutcome};
+use super::{auth, bans, concurrency};
+use super::{Admission, AdmitRequest, Lifetime, Refusal, Rejection, Target};
+use crate::adaptive::Factor;
+use crate::config::{Auth, Mode};
+use crate::identity::{KeyInfo, Presented};
+use crate::limiter::{Ident, Scope};
+use crate::routing::RouteEntry;
+use crate::store::{Ending, Held, LimitStore};
+
+/// Decides `req` on the adapter's runtime snapshot `runtime` at its one clock reading
+/// `now_ms`: nothing in the pipeline loads the config or reads the limiter clock again,
+/// and both travel in the `Admission` or `Refusal`.
+///
+/// # Errors
+/// The `Refusal` to answer with.
+pub async fn admit_at(
+    core: &Core,
+    runtime: Arc<Runtime>,
+    now_ms: u64,
+    req: &AdmitRequest<'_>,
+) -> Result<Admission, Refusal> {
+    let mut seen = Seen { key: None, now_ms };
+    let result = pipeline(core, &runtime, req, &mut seen).await;
+    count_top(core, &runtime, req.client_ip, &seen, &result);
+    result.map_err(|r| r.on(runtime, now_ms))
+}
+
+/// Counts the request for `GET /v1/top` (see the module docs).
+fn count_top(
+    core: &Core,
+    rt: &Runtime,
+    ip: IpAddr,
+    seen: &Seen,
+    result: &Result<Admission, Refusal>,
+) {
+    let rejected = matches!(
+        result,
+        Err(Refusal {
+            rejection: Rejection::RateLimited { .. } | Rejection::Concurrent { .. },
+            ..
+        })
+    );
+    let (top, now_ms) = (&core.top, seen.now_ms);
+    // The identity the ip scope counts: an IPv6 client's network.
+    let client = Ident::client(ip, rt.config.ipv6_prefix);
+    top.record(Scope::Ip, &client, rejected, now_ms);
+    if let Some(k) = &seen.key {
+        top.record(Scope::Key, &k.key_ident, rejected, now_ms);
+        top.record(Scope::Tenant, &k.tenant_ident, rejected, now_ms);
+    }
+}
+
+/// What the pipeline learned about a request, for `GET /v1/top` whatever the outcome.
+#[derive(Default)]
+struct Seen {
+    /// The caller's key, once identified.
+    key: Option<Arc<KeyInfo>>,
+    /// The limiter clock reading of the decision.
+    now_ms: u64,
+}
+
+/// One request's way through the steps: what every step reads.
+struct Step<'a> {
+    core: &'a Core,
+    rt: &'a Runtime,
+    /// One snapshot of the database state for the whole request.
+    dynamic: Arc<Dynamic>,
+    req: &'a AdmitRequest<'a>,
+    now_ms: u64,
+}
+
+/// The pipeline behind `admit`; `seen` is filled as the request is identified.
+async fn pipeline(
+    core: &Core,
+    runtime: &Arc<Runtime>,
+    req: &AdmitRequest<'_>,
+    seen: &mut Seen,
+) -> Result<Admission, Refusal> {
+    let step = Step {
+        core,
+        rt: runtime,
+        dynamic: core.dynamic(),
+        req,
+        now_ms: seen.now_ms,
+    };
+    step.screen()?;
+    let route = step.route().await?;
+    let refused = |rejection| Refusal {
+        route: route.clone(),
+        ..Refusal::from(rejection)
+    };
+    let key = step.identify(route.as_deref()).await.map_err(refused)?;
+    seen.key.clone_from(&key);
+    if let Some(k) = &key {
+        step.screen_key(k).map_err(refused)?;
+    }
+    step.charge(runtime, route.clone(), key)
+        .await
+        .map_err(refused)
+}
+
+impl Step<'_> {
+    /// Step 1: an IP block, then the bans of the address (`ip`, and `auth` for guessing
+    /// keys).
+    fn screen(&self) -> Result<(), Rejection> {
+        let (core, ip, now_ms) = (self.core, self.req.client_ip, self.now_ms);
+        if blocked_ip(self.rt, &self.dynamic, ip, now_ms) {
+            return Err(Rejection::Blocked(Scope::Ip));
+        }
+        let client = Ident::client(ip, self.rt.config.ipv6_prefix);
+        bans::check(core, Scope::Ip, &client, now_ms)?;
+        bans::check(core, Scope::Auth, &client, now_ms)
+    }
+
+    /// Step 2: the route. A request no route matches still passes the ip and global
+    /// limits before its 404, so probing for routes is rate limited too.
+    async fn route(&self) -> Result<Option<Arc<RouteEntry>>, Rejection> {
+        match self.req.target {
+            Target::Match { host, path } => match self.rt.router.find(host, path) {
+                Some(r) => Ok(Some(r.clone())),
+                None => {
+                    let out = limits::limit(self.core, self.rt, &self.charge_of(None, 1)).await?;
+                    Err(Rejection::NoRoute(out.verdict.governing))
+                }
+            },
+            Target::Named(name) => match self.rt.router.find_by_name(name) {
+                Some(r) => Ok(Some(r.clone())),
+                None => Err(Rejection::UnknownRoute(name.to_string())),
+            },
+            Target::Any => Ok(None),
+        }
+    }
+
+    /// Step 3: the key under the route's `auth`.
+    async fn identify(
+        &self,
+        route: Option<&RouteEntry>,
+    ) -> Result<Option<Arc<KeyInfo>>, Rejection> {
+        let (core, rt, now_ms) = (self.core, self.rt, self.now_ms);
+        let auth = route.map_or(Auth::Optional, |r| r.route.auth);
+        let presented = match auth {
+            Auth::None => Presented::Missing,
+            _ => self.req.key,
+        };
+        let charged = auth::Charged {
+            client_ip: self.req.client_ip,
+            also: self.req.also_charge,
+            origin: self.req.origin,
+        };
+        auth::identify(core, rt, &self.dynamic, presented, auth, charged, now_ms).await
+    }
+
+    /// Step 4: the blocks and bans of the key and its tenant.
+    fn screen_key(&self, k: &KeyInfo) -> Result<(), Rejection> {
+        let (core, now_ms) = (self.core, self.now_ms);
+        blocked_key(self.rt, &self.dynamic, k, now_ms)?;
+        bans::check(core, Scope::Key, &k.key_ident, now_ms)?;
+        bans::check(core, Scope::Tenant, &k.tenant_ident, now_ms)
+    }
+
+    /// The limits' view of the request for `key` at `cost`, on the route's `mode` and
+    /// adaptive `factor`.
+    fn charge_of<'k>(&'k self, key: Option<&'k KeyInfo>, cost: u32) -> Charge<'k> {
+        Charge {
+            client_ip: self.req.client_ip,
+            key,
+            cost,
+            mode: Mode::Enforce,
+            factor: Factor::ONE,
+            origin: self.req.origin,
+            now_ms: self.now_ms,
+        }
+    }
+
+    /// Steps 5 and 6: concurrency slots, then the layered limits, all or nothing; a
+    /// refusal of the limits gives the slots back at once.
+    async fn charge(
+        &self,
+        runtime: &Arc<Runtime>,
+        route: Option<Arc<RouteEntry>>,
+        key: Option<Arc<KeyInfo>>,
+    ) -> Result<Admission, Rejection> {
+        let (core, rt) = (self.core, self.rt);
+        let r = route.as_ref().map(|r| &r.route);
+        let cost = self.req.cost.or(r.map(|r| r.cost)).unwrap_or(1).max(1);
+        let charge = Charge {
+            mode: r.map_or(Mode::Enforce, |r| r.mode),
+            // An adaptive route's limits follow its upstream's health (see `adaptive`).
+            factor: route.as_ref().map_or(Factor::ONE, |r| r.factor()),
+            ..self.charge_of(key.as_deref(), cost)
+        };
+        let ip = self.req.client_ip;
+        let slots =
+            concurrency::acquire(core, rt, ip, key.as_deref(), charge.mode, charge.factor).await?;
+        // From here the slots are held by a guard: if this future is dropped while the
+        // rate windows are checked (a gRPC deadline, a client gone, a timeout layer), its
+        // drop gives them back; a refusal gives them back at once.
+        let mut guard = SlotGuard {
+            store: &core.store,
+            slots: Some(slots),
+            ending: Ending::Dropped,
+        };
+        let out = match limits::limit(core, rt, &charge).await {
+            Ok(out) => out,
+            Err(rejection) => {
+                guard.ending = Ending::Completed { status: 429 };
+                return Err(rejection);
+            }
+        };
+        let held = Held {
+            cost,
+            slots: guard.slots.take().unwrap_or_default(),
+        };
+        let (factor, now_ms) = (charge.factor, self.now_ms);
+        Ok(admitted(
+            core,
+            runtime.clone(),
+            (ip, route, key),
+            out,
+            held,
+            (factor, now_ms),
+        ))
+    }
+}
+
+/// The `Admission` of a request that passed every step.
+fn admitted(
+    core: &Core,
+    runtime: Arc<Runtime>,
+    (client_ip, route, key): (IpAddr, Option<Arc<RouteEntry>>, Option<Arc<KeyInfo>>),
+    out: LimitOutcome,
+    held: Held,
+    (factor, now_ms): (Factor, u64),
+) -> Admission {
+    let v = &out.verdict;
+    // A shadow-mode would-be rejection was admitted, but the store charged nothing.
+    let charged = v.allowed && v.scopes_checked != 0 && !v.fallback && v.failed_open == 0;
+    Admission {
+        client_ip,
+        route,
+        key,
+        rate: out.verdict.governing,
+        shadow_rejected: out.shadow_rejected,
+        rate_policy: out.policy,
+        decided_at: out.verdict.decided_at,
+        now_ms,
+        factor,
+        charged,
+        settled: false,
+        lifetime: Some(Lifetime {
+            store: core.store.clone(),
+            held,
+        }),
+        runtime,
+    }
+}
+
+/// Concurrency slots between their acquisition and the `Admission` that takes them over:
+/// given back on drop (a refusal, or the admission future dropped mid-way).
+struct SlotGuard<'a> {
+    store: &'a Arc<dyn LimitStore>,
+    slots: Option<crate::store::slots::SlotLease>,
+    ending: Ending,
+}
+
+impl Drop for SlotGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(slots) = self.slots.take().filter(|s| !s.is_empty()) {
+            self.store.finish(Held { cost: 0, slots }, self.ending);
+        }
+    }
+}
+
+/// The 403 an IP block answers, if any: the first check of the pipeline, for adapters
+/// that refuse a request before `admit` (a malformed request target).
+pub fn ip_blocked(core: &Core, ip: IpAddr) -> Option<Refusal> {
+    ip_blocked_at(core, core.runtime(), core.clock.now_ms(), ip)
+}
+
+/// `ip_blocked` on the request's runtime snapshot and clock reading.
+pub fn ip_blocked_at(
+    core: &Core,
+    runtime: Arc<Runtime>,
+    now_ms: u64,
+    ip: IpAddr,
+) -> Option<Refusal> {
+    blocked_ip(&runtime, &core.dynamic(), ip, now_ms)
+        .then(|| Refusal::from(Rejection::Blocked(Scope::Ip)).on(runtime, now_ms))
+}
+
+/// Whether `ip` is blocked by the config or the database / admin API.
+pub fn blocked_ip(rt: &Runtime, dynamic: &Dynamic, ip: IpAddr, now_ms: u64) -> bool {
+    rt.blocks.ip(ip, now_ms).is_some() || dynamic.blocks.ip(ip, now_ms).is_some()
+}
+
+/// 403 when the key or its tenant is blocked.
+fn blocked_key(
+    rt: &Runtime,
+    dynamic: &Dynamic,
+    key: &KeyInfo,
+    now_ms: u64,
+) -> Result<(), Rejection> {
+    if rt.blocks.key(&key.key_id, now_ms).is_some()
+        || dynamic.blocks.key(&key.key_id, now_ms).is_some()
+    {
+        return Err(Rejection::Blocked(Scope::Key));
+    }
+    if rt.blocks.tenant(&key.tenant, now_ms).is_some()
+        || dynamic.blocks.tenant(&key.tenant, now_ms).is_some()
+    {
+        return Err(Rejection::Blocked(Scope::Tenant));
+    }
+    Ok(())
+}
