@@ -137,8 +137,16 @@ impl Router {
     }
 
     /// The route for a normalized `host` (lower case, no port, no trailing dot; see
-    /// `target`) and a normalized `path`.
-    pub fn find(&self, host: Option<&str>, path: &str) -> Option<&Arc<RouteEntry>> {
+    /// `target`), a normalized `path` and `method`: the most specific route whose prefix
+    /// matches and whose `methods` (if any) take `method`. A route that matches all but
+    /// the method is passed over for the next candidate, as nginx's `limit_except` is not
+    /// and Envoy's route `:method` header match is.
+    pub fn find(
+        &self,
+        host: Option<&str>,
+        path: &str,
+        method: &http::Method,
+    ) -> Option<&Arc<RouteEntry>> {
         let folded;
         let path = if self.case_insensitive {
             folded = fold_path(path);
@@ -158,7 +166,7 @@ impl Router {
                 (None, _) if host_known => return None,
                 (None, _) => {}
             }
-            if prefix_matches(&e.match_prefix, path) {
+            if prefix_matches(&e.match_prefix, path) && e.route.takes(method) {
                 return Some(e);
             }
         }
@@ -275,7 +283,13 @@ upstreams = ["127.0.0.1:2"]
 "#,
         )
         .unwrap();
-        let name = |r: &Router, path: &str| r.find(Some("h"), path).unwrap().route.name.to_string();
+        let name = |r: &Router, path: &str| {
+            r.find(Some("h"), path, &http::Method::GET)
+                .unwrap()
+                .route
+                .name
+                .to_string()
+        };
         let sensitive = Router::new(&c.routes, false).unwrap();
         let folding = Router::new(&c.routes, true).unwrap();
         for path in ["/admin/x", "/ADMIN/x", "/Admin./x", "/admin%20"] {
@@ -299,6 +313,54 @@ upstreams = ["127.0.0.1:2"]
         ];
         for (i, (prefix, path, want)) in cases.into_iter().enumerate() {
             assert_eq!(prefix_matches(prefix, path), want, "case {i}");
+        }
+    }
+
+    /// A route's `methods` take only those methods; another method falls through to the
+    /// next candidate (longest prefix first), else no route.
+    #[test]
+    fn methods_fall_through_to_the_next_route() {
+        let c = parse(
+            "x.toml",
+            r#"
+[[routes]]
+name = "api"
+path_prefix = "/v1"
+upstreams = ["127.0.0.1:1"]
+[[routes]]
+name = "login"
+path_prefix = "/v1/login"
+methods = ["POST"]
+upstreams = ["127.0.0.1:2"]
+[[routes]]
+name = "read-only"
+path_prefix = "/docs"
+methods = ["GET", "HEAD"]
+upstreams = ["127.0.0.1:3"]
+"#,
+        )
+        .unwrap();
+        let r = Router::new(&c.routes, false).unwrap();
+        let name = |method: http::Method, path: &str| {
+            r.find(None, path, &method)
+                .map(|e| e.route.name.to_string())
+        };
+        use http::Method;
+        let rows = [
+            (Method::POST, "/v1/login", Some("login")),
+            (Method::GET, "/v1/login", Some("api")),
+            (Method::PUT, "/v1/login/x", Some("api")),
+            (Method::GET, "/docs/a", Some("read-only")),
+            (Method::HEAD, "/docs", Some("read-only")),
+            (Method::DELETE, "/docs/a", None),
+            (Method::from_bytes(b"PURGE").unwrap(), "/docs/a", None),
+        ];
+        for (method, path, want) in rows {
+            assert_eq!(
+                name(method.clone(), path).as_deref(),
+                want,
+                "{method} {path}"
+            );
         }
     }
 
@@ -331,8 +393,10 @@ upstreams = ["127.0.0.1:5"]
         )
         .unwrap();
         let r = Router::new(&c.routes, false).unwrap();
-        let name =
-            |host: Option<&str>, path: &str| r.find(host, path).map(|e| e.route.name.to_string());
+        let name = |host: Option<&str>, path: &str| {
+            r.find(host, path, &http::Method::GET)
+                .map(|e| e.route.name.to_string())
+        };
         assert_eq!(name(None, "/v1/users").as_deref(), Some("v1"));
         assert_eq!(
             name(Some("api.acme.test"), "/v1/users").as_deref(),

@@ -88,6 +88,7 @@ fn admit_path_allocates_nothing_for_a_known_key_and_ip() {
     let req = AdmitRequest {
         client_ip: "198.51.100.7".parse().unwrap(),
         target: Target::Match {
+            method: &http::Method::GET,
             host: Some("api.example.com"),
             path: "/v1/users",
         },

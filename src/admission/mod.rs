@@ -101,6 +101,8 @@ pub enum Target<'a> {
         host: Option<&'a str>,
         /// The normalized path routes are matched on.
         path: &'a str,
+        /// The request method (a route's `methods` may not take it).
+        method: &'a http::Method,
     },
     /// The route of this name (`/v1/check`'s `route`).
     Named(&'a str),

@@ -125,7 +125,7 @@ impl Step<'_> {
     /// limits before its 404, so probing for routes is rate limited too.
     async fn route(&self) -> Result<Option<Arc<RouteEntry>>, Rejection> {
         match self.req.target {
-            Target::Match { host, path } => match self.rt.router.find(host, path) {
+            Target::Match { host, path, method } => match self.rt.router.find(host, path, method) {
                 Some(r) => Ok(Some(r.clone())),
                 None => {
                     let out = limits::limit(self.core, self.rt, &self.charge_of(None, 1)).await?;

@@ -144,7 +144,11 @@ fn ip(s: &str) -> IpAddr {
 fn req<'a>(client: &str, path: &'a str, key: Option<&'a str>) -> AdmitRequest<'a> {
     AdmitRequest {
         client_ip: ip(client),
-        target: Target::Match { host: None, path },
+        target: Target::Match {
+            host: None,
+            path,
+            method: &http::Method::GET,
+        },
         key: key.map_or(Presented::Missing, |k| {
             crate::identity::validate_key(k.as_bytes())
         }),

@@ -20,6 +20,8 @@ pub(crate) struct File {
     #[serde(default)]
     pub(crate) limits: LimitsFile,
     #[serde(default)]
+    pub(crate) auth: AuthSectionFile,
+    #[serde(default)]
     pub(crate) tiers: BTreeMap<String, Spanned<TierFile>>,
     #[serde(default)]
     pub(crate) routes: Vec<Spanned<RouteFile>>,
@@ -241,6 +243,20 @@ pub(crate) struct RouteFile {
     pub(crate) adaptive: Option<Spanned<AdaptiveFile>>,
     pub(crate) health_check: Option<Spanned<HealthCheckFile>>,
     pub(crate) upgrade: Option<bool>,
+    /// `methods = ["GET", "POST"]`: the route matches only these methods.
+    pub(crate) methods: Option<Spanned<Vec<Spanned<String>>>>,
+    /// `hide_credentials = true`: the API key (header or query) is not forwarded.
+    pub(crate) hide_credentials: Option<bool>,
+}
+
+/// `[auth]`: where API keys are read from.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct AuthSectionFile {
+    /// The API-key header (default `X-API-Key`); `Authorization: Bearer` always works.
+    pub(crate) key_header: Option<Spanned<String>>,
+    /// A query parameter that also carries the key (stripped from the forwarded URI).
+    pub(crate) key_query: Option<Spanned<String>>,
 }
 
 /// A route's `adaptive = { target_p99_ms, max_error_rate, min_factor }`.

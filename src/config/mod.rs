@@ -17,8 +17,9 @@ pub use limits::{
     BURST_RANGE, MAX_LIMIT, MAX_SLIDING_LOG,
 };
 pub use model::{
-    Auth, Backend, BlockEntry, BlockTarget, ClientIpHeader, Config, HealthCheck, KeyEntry, Mode,
-    PathParameters, RateLimitHeaders, Route, Secret, Server, Store, Tier, Tls,
+    method_forwarded, Auth, Backend, BlockEntry, BlockTarget, ClientIpHeader, Config, HealthCheck,
+    KeyEntry, KeySources, Mode, PathParameters, RateLimitHeaders, Route, Secret, Server, Store,
+    Tier, Tls,
 };
 pub use validate::{format_rfc3339, rfc3339_ms};
 

@@ -38,6 +38,8 @@ pub struct Config {
     pub global_limits: Option<Arc<ScopeLimits>>,
     /// `[limits.auth]`: failed key lookups per client IP.
     pub auth_limits: Option<Arc<ScopeLimits>>,
+    /// `[auth]`: where API keys are read from.
+    pub auth: KeySources,
     /// `[tiers.NAME]` by name.
     pub tiers: HashMap<String, Arc<Tier>>,
     /// `[[routes]]` in file order.
@@ -322,6 +324,48 @@ pub struct Route {
     /// 101 tunnel is admitted once however many messages it carries, so the gateway
     /// removes `Upgrade` and the upstream answers plain HTTP.
     pub upgrade: bool,
+    /// `methods`: the only methods the route matches (None: every method).
+    pub methods: Option<Arc<[http::Method]>>,
+    /// `hide_credentials`: the API key (header, Bearer or query) is not forwarded.
+    pub hide_credentials: bool,
+}
+
+// === impl Route ===
+
+impl Route {
+    /// Whether the route takes requests of `method`.
+    pub fn takes(&self, method: &http::Method) -> bool {
+        self.methods.as_ref().is_none_or(|m| m.contains(method))
+    }
+}
+
+/// Whether the gateway forwards a request with this method: any upper-case token but
+/// `TRACE`/`TRACK` (an upstream would echo the request, credentials and all, to whoever
+/// can read the response) and `CONNECT` (a tunnel is not an API request). Methods are
+/// case-sensitive (RFC 9110 §9.1): a lower-case `get` is not `GET` to the gateway, but an
+/// upstream that folds case would serve it as one, so it is refused (405). A route's
+/// `methods` may name only these.
+pub fn method_forwarded(m: &http::Method) -> bool {
+    let s = m.as_str();
+    !matches!(s, "TRACE" | "TRACK" | "CONNECT") && !s.bytes().any(|b| b.is_ascii_lowercase())
+}
+
+/// `[auth]`: where API keys are read from. `Authorization: Bearer <key>` always works.
+#[derive(Debug, Clone)]
+pub struct KeySources {
+    /// `key_header` (default `x-api-key`), lower case.
+    pub key_header: http::HeaderName,
+    /// `key_query`: a query parameter that also carries the key.
+    pub key_query: Option<Arc<str>>,
+}
+
+impl Default for KeySources {
+    fn default() -> Self {
+        KeySources {
+            key_header: http::HeaderName::from_static("x-api-key"),
+            key_query: None,
+        }
+    }
 }
 
 /// A route's active upstream health check: `GET path` on every upstream each

@@ -41,6 +41,8 @@ pub struct Ask<'a> {
     pub host: Option<&'a str>,
     /// The normalized path.
     pub path: &'a str,
+    /// The request method.
+    pub method: &'a http::Method,
     /// The credentials the request presents.
     pub key: Presented<'a>,
     /// The cost the request spends (None: the route's).
@@ -66,7 +68,7 @@ pub fn peer_ip(peer: Option<IpAddr>) -> IpAddr {
 pub async fn admit_http<T: Destination>(
     core: &Core,
     peer: IpAddr,
-    headers: &HeaderMap,
+    (method, headers): (&http::Method, &HeaderMap),
     parse: impl FnOnce(bool) -> Result<T, Rejection>,
 ) -> Result<(Admission, T), Refusal> {
     // The request's one config snapshot and one clock reading, for all that follows.
@@ -84,6 +86,7 @@ pub async fn admit_http<T: Destination>(
     let ask = Ask {
         host: target.host(),
         path: target.route_path(),
+        method,
         key,
         cost: None,
     };
@@ -112,6 +115,7 @@ pub async fn admit_asked(
         target: admission::Target::Match {
             host: ask.host,
             path: ask.path,
+            method: ask.method,
         },
         key: ask.key,
         cost: ask.cost,

@@ -61,7 +61,7 @@ fn parts() -> http::request::Parts {
 fn admit(core: &Core, parts: &http::request::Parts) -> Result<Admission, Refusal> {
     let peer: IpAddr = "198.51.100.7".parse().unwrap();
     let parse = |allow| target::routed(parts, allow);
-    let admitted = admit_http(core, peer, &parts.headers, parse).now_or_never();
+    let admitted = admit_http(core, peer, (&parts.method, &parts.headers), parse).now_or_never();
     admitted.unwrap().map(|(a, _)| a)
 }
 
@@ -97,6 +97,7 @@ fn one_runtime_snapshot_per_request() {
     let ask = || Ask {
         host: None,
         path: "/v1/x",
+        method: &http::Method::GET,
         key: Presented::Missing,
         cost: None,
     };

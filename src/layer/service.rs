@@ -142,7 +142,7 @@ async fn admit(
         return Err(None);
     };
     let parse = |allow_params| edge::target::routed(parts, allow_params);
-    match edge::admit_http(core, peer, &parts.headers, parse).await {
+    match edge::admit_http(core, peer, (&parts.method, &parts.headers), parse).await {
         Ok((a, routed)) => Ok((a, routed.uri)),
         Err(refusal) => Err(Some(refusal)),
     }

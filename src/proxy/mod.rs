@@ -72,7 +72,8 @@ impl Gateway {
         ctx: &mut RequestCtx,
     ) -> Result<Admission, admission::Refusal> {
         let parse = |allow_params| target::target(req, allow_params);
-        let (a, t) = crate::edge::admit_http(&self.core, peer, &req.headers, parse).await?;
+        let (a, t) =
+            crate::edge::admit_http(&self.core, peer, (&req.method, &req.headers), parse).await?;
         ctx.host_header = t.host_header;
         ctx.uri = t.uri;
         Ok(a)

@@ -184,7 +184,12 @@ impl Replay {
             }
         };
         // The proxy's order: an IP block answers 403 before a malformed target's 400.
-        let target = target::normalized(&row.path, allow_params).and_then(|path| {
+        let method_ok = crate::config::method_forwarded(&row.method);
+        let target = match method_ok {
+            true => target::normalized(&row.path, allow_params),
+            false => Err(Rejection::MethodNotAllowed),
+        };
+        let target = target.and_then(|path| {
             let host = row.host.as_deref().map(|h| target::host(h.as_bytes()));
             Ok((host.transpose()?, path))
         });
@@ -192,6 +197,7 @@ impl Replay {
             Ok((host, path)) => Ok(edge::Ask {
                 host: host.as_deref(),
                 path: &path.route,
+                method: &row.method,
                 key,
                 cost: row.cost,
             }),

@@ -1,7 +1,8 @@
 //! The trace: a CSV file with a header naming its columns, one request per row.
 //!
 //! Columns (any order, names case-insensitive): `time` (RFC 3339 or Unix milliseconds),
-//! `ip`, `path` (required); `api_key` and/or `key_id`, `host`, `cost` (optional). An
+//! `ip`, `path` (required); `api_key` and/or `key_id`, `host`, `cost`, `method` (optional;
+//! `GET` when absent: a route's `methods` may not take it). An
 //! unknown or repeated column is an error at line 1, so a misspelt `apikey` cannot make
 //! every row anonymous. Empty cells mean "absent" (no key, no host, the route's cost).
 //! Every error names the line the row starts on (the header is line 1).
@@ -36,6 +37,8 @@ pub(super) struct Row {
     pub(super) host: Option<String>,
     /// Units to spend instead of the route's `cost`.
     pub(super) cost: Option<u32>,
+    /// The request method (`GET` when the trace has none).
+    pub(super) method: http::Method,
 }
 
 /// The key of a row.
@@ -59,6 +62,7 @@ struct Columns {
     key_id: Option<usize>,
     host: Option<usize>,
     cost: Option<usize>,
+    method: Option<usize>,
 }
 
 /// Reads every row of `trace`, in file order (tests; the replay streams with `Rows`).
@@ -211,9 +215,10 @@ impl Columns {
                 "key_id" => &mut c.key_id,
                 "host" => &mut c.host,
                 "cost" => &mut c.cost,
+                "method" => &mut c.method,
                 _ => {
                     return Err(at_header(format!(
-                        "unknown column {name:?} (columns: time, ip, path, api_key, key_id, host, cost)"
+                        "unknown column {name:?} (columns: time, ip, path, api_key, key_id, host, cost, method)"
                     )))
                 }
             };
@@ -253,6 +258,7 @@ impl Columns {
             path: path.to_string(),
             host: host.map(str::to_string),
             cost: cost(cell(self.cost))?,
+            method: method(cell(self.method))?,
         })
     }
 }
@@ -288,6 +294,14 @@ fn time_ms(s: &str) -> Result<u64, String> {
 fn ip(s: &str) -> Result<IpAddr, String> {
     s.parse()
         .map_err(|_| format!("invalid ip {s:?}: expected an IPv4 or IPv6 address"))
+}
+
+/// `method`: empty (`GET`) or an HTTP method token, as sent (methods are case-sensitive).
+fn method(s: &str) -> Result<http::Method, String> {
+    if s.is_empty() {
+        return Ok(http::Method::GET);
+    }
+    http::Method::from_bytes(s.as_bytes()).map_err(|_| format!("invalid method {s:?}"))
 }
 
 /// `cost`: empty (the route's cost) or a positive integer.

@@ -19,6 +19,7 @@ use crate::config::limits::{burst_multiplier, WindowSettings};
 use crate::config::model::*;
 use crate::limiter::{Admission, Algorithm, BanRule, OnFailure, ScopeLimits, Window};
 
+mod auth;
 mod client_ip;
 mod keys;
 mod routes;
@@ -26,6 +27,7 @@ mod server;
 mod store;
 mod tiers;
 
+use self::auth::*;
 use self::client_ip::*;
 use self::keys::*;
 pub use self::keys::{format_rfc3339, rfc3339_ms};
@@ -86,6 +88,7 @@ pub(super) fn validate(
         tenants.insert(t.id.clone(), t.tier.get_ref().clone());
     }
     let routes = routes(&cx, &raw.routes)?;
+    let auth = key_sources(&cx, &raw.auth)?;
     let retention = raw
         .database
         .as_ref()
@@ -117,6 +120,7 @@ pub(super) fn validate(
         ip_limits,
         global_limits,
         auth_limits,
+        auth,
         tiers,
         routes,
         keys,

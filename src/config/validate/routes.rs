@@ -70,7 +70,41 @@ fn route(cx: &Ctx<'_>, r: &RouteFile) -> Result<Route, ConfigError> {
             Some(h) => Some(health_check(cx, h.get_ref())?),
         },
         upgrade: r.upgrade.unwrap_or(false),
+        methods: methods(cx, r)?,
+        hide_credentials: r.hide_credentials.unwrap_or(false),
     })
+}
+
+/// A route's `methods`: a non-empty list of distinct upper-case methods the gateway
+/// forwards (not CONNECT, TRACE or TRACK).
+fn methods(cx: &Ctx<'_>, r: &RouteFile) -> Result<Option<Arc<[http::Method]>>, ConfigError> {
+    let Some(list) = &r.methods else {
+        return Ok(None);
+    };
+    if list.get_ref().is_empty() {
+        return Err(cx.err(
+            list.span(),
+            "methods must name at least one method (leave it out for every method)",
+        ));
+    }
+    let mut out: Vec<http::Method> = Vec::with_capacity(list.get_ref().len());
+    for m in list.get_ref() {
+        let name = m.get_ref();
+        let method = http::Method::from_bytes(name.as_bytes())
+            .ok()
+            .filter(method_forwarded)
+            .ok_or_else(|| {
+                cx.err(
+                    m.span(),
+                    format!("{name:?} is not a method the gateway forwards (upper case, like \"GET\"; not CONNECT, TRACE or TRACK)"),
+                )
+            })?;
+        if out.contains(&method) {
+            return Err(cx.err(m.span(), format!("method {name:?} is listed twice")));
+        }
+        out.push(method);
+    }
+    Ok(Some(out.into()))
 }
 
 /// A route's `cost` (at least 1) and `max_cost` (only with `cost_header`, not below `cost`).
