@@ -30,6 +30,7 @@ mod ratelimit_headers;
 mod rediss;
 mod reload;
 mod rls;
+mod routes;
 mod seams;
 mod sentinel_failover;
 mod settle;

@@ -1,0 +1,64 @@
+//! Per-route matching on the real binary: a route's `methods` take only those methods,
+//! and another method falls through to the next candidate route (longest prefix first),
+//! else 404 `no_route`.
+
+use serde_json::Value;
+
+use crate::support::{client, Gateway, Upstream};
+
+/// `POST /v1/login` reaches the login route's upstream; a `GET` of the same path falls
+/// through to the `/v1` route's; a method no candidate takes is a 404, and a `HEAD`
+/// is the `GET`-only route's only when listed.
+#[tokio::test(flavor = "multi_thread")]
+async fn methods_fall_through_to_the_next_route() {
+    let (login, api, docs) = (
+        Upstream::start("login").await,
+        Upstream::start("api").await,
+        Upstream::start("docs").await,
+    );
+    let body = format!(
+        r#"
+[[routes]]
+name = "login"
+path_prefix = "/v1/login"
+methods = ["POST"]
+upstreams = ["{login}"]
+auth = "none"
+
+[[routes]]
+name = "api"
+path_prefix = "/v1"
+upstreams = ["{api}"]
+auth = "none"
+
+[[routes]]
+name = "docs"
+path_prefix = "/docs"
+methods = ["GET"]
+upstreams = ["{docs}"]
+auth = "none"
+"#,
+        login = login.addr,
+        api = api.addr,
+        docs = docs.addr,
+    );
+    let gw = Gateway::start(&body, None).await;
+    let c = client();
+    let served_by = |r: reqwest::Response| async move {
+        let status = r.status().as_u16();
+        let v: Value = r.json().await.unwrap_or(Value::Null);
+        (status, v["upstream"].as_str().unwrap_or("").to_string(), v)
+    };
+    let (status, up, _) = served_by(c.post(gw.url("/v1/login")).send().await.unwrap()).await;
+    assert_eq!((status, up.as_str()), (200, "login"));
+    let (status, up, _) = served_by(c.get(gw.url("/v1/login")).send().await.unwrap()).await;
+    assert_eq!((status, up.as_str()), (200, "api"), "GET falls through to /v1");
+    let (status, up, _) = served_by(c.get(gw.url("/docs/a")).send().await.unwrap()).await;
+    assert_eq!((status, up.as_str()), (200, "docs"));
+    let r = c.delete(gw.url("/docs/a")).send().await.unwrap();
+    assert_eq!(r.status(), 404, "no route takes DELETE /docs");
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"], "no_route");
+    let r = c.head(gw.url("/docs/a")).send().await.unwrap();
+    assert_eq!(r.status(), 404, "HEAD is not GET unless listed");
+}
