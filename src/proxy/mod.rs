@@ -473,10 +473,5 @@ pub async fn write(session: &mut Session, reply: &Reply) -> pingora::Result<()> 
 }
 
 fn peer_ip(session: &Session) -> IpAddr {
-    crate::edge::peer_ip(
-        session
-            .client_addr()
-            .and_then(|a| a.as_inet())
-            .map(|a| a.ip()),
-    )
+    crate::edge::peer_ip(session.client_addr())
 }
