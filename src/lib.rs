@@ -17,7 +17,8 @@
 //! 5. `reply` (the gateway's own HTTP answers: `Refusal::reply`, `Admission::rate_headers`),
 //!    `reload` (config hot reload) and `upstream_health` (active health checks).
 //! 6. `edge`: transport-neutral HTTP (path normalization, the target and its one `Host`
-//!    rule, forwarding headers, the reported cost, `admit_http`, the connection guard).
+//!    rule, forwarding headers, the reported cost, `admit_http`, the socket peer's
+//!    address, the connection guard).
 //! 7. The adapters, none importing another: `proxy` (Pingora), `admin` (the admin
 //!    listener and `/v1/check`), `rls` (Envoy's rate-limit gRPC service), `sync` (the
 //!    background link to PostgreSQL) and `layer` (the `tower::Layer` for embedding).

@@ -52,11 +52,7 @@ pub(super) async fn check(core: &Core, session: &mut ServerSession) -> Reply {
     // API cannot be used to guess keys by rotating `ip`. A service holding the token is
     // not charged for its users' guesses: one user's bad keys must not lock out all.
     let token_set = core.runtime().config.server.check_token.is_some();
-    let caller = session
-        .client_addr()
-        .and_then(|a| a.as_inet())
-        .map(|a| crate::client_ip::canonical(a.ip()))
-        .filter(|_| !token_set);
+    let caller = crate::edge::peer_addr(session.client_addr()).filter(|_| !token_set);
     let request = AdmitRequest {
         client_ip: crate::client_ip::canonical(req.ip),
         target: req.route.as_deref().map_or(Target::Any, Target::Named),

@@ -1,5 +1,6 @@
 //! What a request really cost: the usage an upstream reports in the route's
-//! `cost_header`, parsed once for every transport, and the settlement it drives.
+//! `cost_header`, parsed once for every transport, and the settlement it drives (or, for a
+//! client that left first, `max_cost`).
 
 use http::HeaderMap;
 
@@ -27,6 +28,21 @@ impl Admission {
                 metrics.cost_clamped.inc();
             }
             a.settle(actual, metrics);
+        }
+    }
+
+    /// A client cannot pay less by leaving: a request whose client went away before a
+    /// valid usage header settles at the route's `max_cost` (a route with `cost_header`
+    /// and without `max_cost` keeps the reserve). A request already settled stays as it is.
+    pub fn settle_abandoned(&mut self, metrics: &Metrics) {
+        let max_cost = self.route.as_ref().and_then(|r| {
+            let r = &r.route;
+            r.cost_header.as_ref().and(r.max_cost)
+        });
+        if let Some(max) = max_cost {
+            if !self.is_settled() {
+                self.settle(max, metrics);
+            }
         }
     }
 }

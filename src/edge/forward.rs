@@ -124,6 +124,51 @@ impl AddressValues {
     }
 }
 
+/// The address chain of a forwarded request, decided once: only the chain the gateway
+/// read is forwarded as received (from a trusted proxy, plus this hop); the other was never
+/// checked, so an upstream reading it would believe whatever the client wrote.
+/// `X-Forwarded-For` always carries this hop.
+pub struct AddressHeaders {
+    /// `X-Forwarded-For`: a trusted peer's chain plus the peer, else the peer alone.
+    pub forwarded_for: HeaderValue,
+    /// `Forwarded`, only when the gateway reads it (`[client_ip] header`).
+    pub forwarded: Option<HeaderValue>,
+    /// `X-Real-IP`: the client the gateway resolved.
+    pub real_ip: HeaderValue,
+}
+
+// === impl AddressHeaders ===
+
+impl AddressHeaders {
+    /// The chain for a request from `peer` (`trusted`: a trusted proxy) with the client's
+    /// `headers`, whose client resolved to `client`, on the runtime `rt`.
+    pub fn new(
+        headers: &HeaderMap,
+        rt: &Runtime,
+        peer: IpAddr,
+        client: IpAddr,
+        trusted: bool,
+    ) -> Self {
+        let reads_forwarded = reads_forwarded(rt);
+        let ips = AddressValues::new(peer, client);
+        let forwarded_for = if trusted && !reads_forwarded {
+            forwarded_for(headers, peer)
+        } else {
+            ips.peer.clone()
+        };
+        let forwarded = match (reads_forwarded, trusted) {
+            (false, _) => None,
+            (true, true) => Some(forwarded(headers, &ips.forwarded)),
+            (true, false) => Some(ips.forwarded),
+        };
+        Self {
+            forwarded_for,
+            forwarded,
+            real_ip: ips.client,
+        }
+    }
+}
+
 /// Appends `ip` as text: IPv4 octet by octet (no `core::fmt` on the request path), IPv6
 /// through `Display`.
 fn push_ip(buf: &mut Vec<u8>, ip: IpAddr) {
@@ -173,4 +218,52 @@ pub fn forwarded_for(headers: &HeaderMap, peer: IpAddr) -> HeaderValue {
     HeaderValue::from_bytes(&joined)
         .or_else(|_| HeaderValue::from_str(&peer_s))
         .unwrap_or(HeaderValue::from_static("0.0.0.0"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn runtime(header: &str) -> Runtime {
+        let config = format!(
+            "[client_ip]\ntrusted_proxies = [\"10.0.0.0/8\"]\nheader = \"{header}\"\n\n\
+             [[routes]]\nname = \"api\"\npath_prefix = \"/\"\nupstreams = [\"127.0.0.1:1\"]\nauth = \"none\"\n"
+        );
+        Runtime::from_config(crate::config::parse("t.toml", &config).unwrap()).unwrap()
+    }
+
+    fn text(v: &Option<HeaderValue>) -> Option<&str> {
+        v.as_ref().map(|v| v.to_str().unwrap())
+    }
+
+    /// Only the chain the gateway reads is forwarded as received, and only from a trusted
+    /// peer; `X-Forwarded-For` always carries this hop and `X-Real-IP` the client.
+    #[test]
+    fn forwards_only_the_chain_it_read_from_a_trusted_peer() {
+        let mut headers = HeaderMap::new();
+        headers.insert("x-forwarded-for", HeaderValue::from_static("1.2.3.4"));
+        headers.insert("forwarded", HeaderValue::from_static("for=5.6.7.8"));
+        let (peer, client): (IpAddr, IpAddr) =
+            ("10.0.0.1".parse().unwrap(), "1.2.3.4".parse().unwrap());
+        let cases = [
+            ("x-forwarded-for", true, "1.2.3.4, 10.0.0.1", None),
+            ("x-forwarded-for", false, "10.0.0.1", None),
+            (
+                "forwarded",
+                true,
+                "10.0.0.1",
+                Some("for=5.6.7.8, for=10.0.0.1"),
+            ),
+            ("forwarded", false, "10.0.0.1", Some("for=10.0.0.1")),
+        ];
+        for (header, trusted, xff, fwd) in cases {
+            let chain = AddressHeaders::new(&headers, &runtime(header), peer, client, trusted);
+            let got = (
+                chain.forwarded_for.to_str().unwrap(),
+                text(&chain.forwarded),
+            );
+            assert_eq!(got, (xff, fwd), "{header} trusted={trusted}");
+            assert_eq!(chain.real_ip, "1.2.3.4");
+        }
+    }
 }

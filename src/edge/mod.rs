@@ -8,7 +8,8 @@
 //! - `forward`: the client headers scrubbed before forwarding, the identity headers and
 //!   the address chain;
 //! - `cost`: the usage an upstream reports (`cost_header`) and the settlement;
-//! - [`peer_ip`]: a socket peer as the canonical address the limits key on;
+//! - [`peer_addr`] / [`peer_ip`]: a Pingora socket peer as the canonical address the limits
+//!   key on (the proxy and `/v1/check` both read their peer there);
 //! - `guarded`: the connection guard (header and body deadlines) both listeners use.
 
 pub mod cost;
@@ -21,6 +22,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
 use http::HeaderMap;
+use pingora::protocols::l4::socket::SocketAddr;
 
 use crate::admission::{self, Admission, AdmitRequest, Core, Origin, Refusal, Rejection, Runtime};
 use crate::config::PathParameters;
@@ -49,13 +51,18 @@ pub struct Ask<'a> {
     pub cost: Option<u32>,
 }
 
-/// A socket peer as the address the limits key on (an IPv4-mapped IPv6 address as IPv4);
-/// without one, `0.0.0.0`.
-pub fn peer_ip(peer: Option<IpAddr>) -> IpAddr {
-    peer.map_or(
-        IpAddr::V4(Ipv4Addr::UNSPECIFIED),
-        crate::client_ip::canonical,
-    )
+/// A socket peer as the address the limits key on (`client_ip::canonical`: an IPv4-mapped
+/// or NAT64 IPv6 address as IPv4); None for a peer without an IP (a Unix socket, or no
+/// peer known). Pingora's own address type, since both Pingora adapters (the proxy and
+/// `/v1/check`) hold one; `edge` already speaks Pingora's connection types (`guarded`).
+pub fn peer_addr(peer: Option<&SocketAddr>) -> Option<IpAddr> {
+    peer.and_then(SocketAddr::as_inet)
+        .map(|a| crate::client_ip::canonical(a.ip()))
+}
+
+/// [`peer_addr`], or `0.0.0.0` without one: the proxy decides every request on an address.
+pub fn peer_ip(peer: Option<&SocketAddr>) -> IpAddr {
+    peer_addr(peer).unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED))
 }
 
 /// Runs the pipeline for an HTTP request from `peer` with `headers`: resolves the client

@@ -9,8 +9,9 @@ use http::HeaderValue;
 
 use self::headers::{rate_pairs, retry_after_secs};
 use crate::admission::{Admission, Refusal, Rejection};
+use crate::bans::Ban;
 use crate::config::RateLimitHeaders;
-use crate::limiter::{Quota, Scope, WindowDecision};
+use crate::limiter::{Scope, WindowDecision};
 use crate::store::slots::Full;
 
 /// A rendered response.
@@ -46,11 +47,11 @@ const DEFAULT_CONCURRENT_MESSAGE: &str =
 
 /// The 429 of a full concurrency scope: `"window":"concurrent"`, `retry_after` 1.0,
 /// `Retry-After: 1` and no `X-RateLimit-*` (they describe rate windows).
-fn concurrent(full: &Full, template: Option<&str>) -> Reply {
+fn concurrent(code: &str, full: &Full, template: Option<&str>) -> Reply {
     let template = template.unwrap_or(DEFAULT_CONCURRENT_MESSAGE);
     let message = fill(template, full.limit, "concurrent", 1, full.scope);
     let body = serde_json::json!({
-        "error": "rate_limit_exceeded",
+        "error": code,
         "scope": full.scope.as_str(),
         "limit": full.limit,
         "current": full.current,
@@ -62,6 +63,23 @@ fn concurrent(full: &Full, template: Option<&str>) -> Reply {
         429,
         body.to_string(),
         vec![("retry-after", HeaderValue::from_static("1"))],
+    )
+}
+
+/// The 403 of an automatic ban: its scope, reason and the seconds until it lifts, also as
+/// `Retry-After`.
+fn banned(code: &str, ban: &Ban, now_ms: u64) -> Reply {
+    let retry_after = ban.retry_after_secs(now_ms);
+    let body = serde_json::json!({
+        "error": code,
+        "scope": ban.scope.as_str(),
+        "reason": ban.reason,
+        "retry_after": retry_after,
+    });
+    json(
+        403,
+        body.to_string(),
+        vec![(headers::RETRY_AFTER, HeaderValue::from(retry_after))],
     )
 }
 
@@ -118,94 +136,64 @@ impl Rejection {
 }
 
 /// Renders the answer to `rejection` at `now_ms`, with the rate-limit headers of
-/// `style` (`[server] rate_limit_headers`).
+/// `style` (`[server] rate_limit_headers`). The body's `error` is `Rejection::code`, the
+/// one spelling of each code (`throttle simulate` reports the same strings).
 pub fn render(rejection: &Rejection, now_ms: u64, style: RateLimitHeaders) -> Reply {
+    let code = rejection.code();
     match rejection {
         Rejection::RateLimited {
             governing,
             message,
             policy,
-        } => rate_limited(
-            governing,
-            message.as_deref(),
-            now_ms,
-            style,
-            policy.as_deref(),
-        ),
-        Rejection::Concurrent { full, message } => concurrent(full, message.as_deref()),
-        Rejection::Banned(ban) => {
-            let retry_after = ban.retry_after_secs(now_ms);
-            let body = serde_json::json!({
-                "error": "blocked",
-                "scope": ban.scope.as_str(),
-                "reason": ban.reason,
-                "retry_after": retry_after,
-            });
-            json(
-                403,
-                body.to_string(),
-                vec![(headers::RETRY_AFTER, HeaderValue::from(retry_after))],
-            )
+        } => {
+            let headers = rate_pairs(style, governing, now_ms, (true, true), policy.as_deref());
+            let template = message.as_deref().unwrap_or(DEFAULT_MESSAGE);
+            let body = rate_limited_body(code, governing, template);
+            json(429, body, headers.collect())
         }
+        Rejection::Concurrent { full, message } => concurrent(code, full, message.as_deref()),
+        Rejection::Banned(ban) => banned(code, ban, now_ms),
         Rejection::Blocked(scope) => json(
             403,
-            format!(r#"{{"error":"blocked","scope":"{}"}}"#, scope.as_str()),
+            format!(r#"{{"error":"{code}","scope":"{}"}}"#, scope.as_str()),
             Vec::new(),
         ),
-        Rejection::MissingKey => json(401, r#"{"error":"missing_api_key"}"#.into(), Vec::new()),
-        Rejection::InvalidKey => json(401, r#"{"error":"invalid_api_key"}"#.into(), Vec::new()),
         Rejection::NoRoute(rate) => {
-            let headers = rate
-                .map(|wd| rate_pairs(style, &wd, now_ms, (false, false), None).collect())
-                .unwrap_or_default();
-            json(404, r#"{"error":"no_route"}"#.into(), headers)
+            let mut reply = error_reply(404, code);
+            if let Some(wd) = rate {
+                reply.headers = rate_pairs(style, wd, now_ms, (false, false), None).collect();
+            }
+            reply
         }
         Rejection::UnknownRoute(name) => json(
             404,
-            serde_json::json!({"error": "no_route", "route": name}).to_string(),
+            serde_json::json!({"error": code, "route": name}).to_string(),
             Vec::new(),
         ),
-        Rejection::InvalidPath => json(400, r#"{"error":"invalid_path"}"#.into(), Vec::new()),
-        Rejection::InvalidHost => json(400, r#"{"error":"invalid_host"}"#.into(), Vec::new()),
-        Rejection::MethodNotAllowed => {
-            json(405, r#"{"error":"method_not_allowed"}"#.into(), Vec::new())
+        Rejection::Unavailable => {
+            let mut reply = error_reply(503, code);
+            reply.headers = vec![("retry-after", HeaderValue::from_static("1"))];
+            reply
         }
-        Rejection::AmbiguousCredentials => json(
-            400,
-            r#"{"error":"ambiguous_credentials"}"#.into(),
-            Vec::new(),
-        ),
-        Rejection::Unavailable => json(
-            503,
-            r#"{"error":"rate_limiter_unavailable"}"#.into(),
-            vec![("retry-after", HeaderValue::from_static("1"))],
-        ),
-    }
-}
-
-fn rate_limited(
-    governing: &WindowDecision,
-    template: Option<&str>,
-    now_ms: u64,
-    style: RateLimitHeaders,
-    policy: Option<&[Quota]>,
-) -> Reply {
-    let body = rate_limited_body(governing, template.unwrap_or(DEFAULT_MESSAGE));
-    Reply {
-        status: 429,
-        headers: rate_pairs(style, governing, now_ms, (true, true), policy).collect(),
-        body: Bytes::from(body),
+        Rejection::MissingKey | Rejection::InvalidKey => error_reply(401, code),
+        Rejection::InvalidPath | Rejection::InvalidHost | Rejection::AmbiguousCredentials => {
+            error_reply(400, code)
+        }
+        Rejection::MethodNotAllowed => error_reply(405, code),
     }
 }
 
 /// The 429 body, written in one pass into one buffer: the same bytes `serde_json` makes
 /// of `RateLimitedBody` (its float and string encoders are used for those two fields),
-/// without a map serializer or a `replace` per placeholder.
-fn rate_limited_body(g: &WindowDecision, template: &str) -> Vec<u8> {
+/// without a map serializer or a `replace` per placeholder. `code` needs no escaping (it is
+/// `Rejection::code`'s).
+fn rate_limited_body(code: &str, g: &WindowDecision, template: &str) -> Vec<u8> {
     let d = &g.decision;
     let mut num = itoa::Buffer::new();
     let mut out = Vec::with_capacity(160 + template.len());
-    out.extend_from_slice(br#"{"error":"rate_limit_exceeded","scope":""#);
+    out.extend_from_slice(br#"{"error":""#);
+    out.extend_from_slice(code.as_bytes());
+    out.extend_from_slice(br#"","scope":""#);
     out.extend_from_slice(g.scope.as_str().as_bytes());
     out.extend_from_slice(br#"","limit":"#);
     out.extend_from_slice(num.format(d.limit).as_bytes());
@@ -260,17 +248,21 @@ fn fill(template: &str, limit: u32, window: &str, retry_secs: u64, scope: Scope)
     out
 }
 
-fn json(status: u16, body: String, headers: Vec<(&'static str, HeaderValue)>) -> Reply {
+fn json(status: u16, body: impl Into<Bytes>, headers: Vec<(&'static str, HeaderValue)>) -> Reply {
     Reply {
         status,
         headers,
-        body: Bytes::from(body),
+        body: body.into(),
     }
 }
 
 /// A JSON error body `{"error": code}` with `status`.
 pub fn error_reply(status: u16, code: &str) -> Reply {
-    json(status, format!(r#"{{"error":"{code}"}}"#), Vec::new())
+    let mut body = String::with_capacity(12 + code.len());
+    body.push_str(r#"{"error":""#);
+    body.push_str(code);
+    body.push_str(r#""}"#);
+    json(status, body, Vec::new())
 }
 
 #[cfg(test)]
@@ -323,7 +315,11 @@ mod tests {
                     message: &old_message,
                 })
                 .unwrap();
-                assert_eq!(rate_limited_body(&g, t), old, "{t:?}");
+                assert_eq!(
+                    rate_limited_body("rate_limit_exceeded", &g, t),
+                    old,
+                    "{t:?}"
+                );
             }
         }
     }
@@ -380,7 +376,7 @@ mod tests {
         );
     }
 
-    /// Fixed bodies of the other rejections.
+    /// Fixed bodies of the other rejections, byte for byte.
     #[test]
     fn renders_error_bodies() {
         let cases = [
@@ -392,6 +388,23 @@ mod tests {
             (Rejection::MissingKey, 401, r#"{"error":"missing_api_key"}"#),
             (Rejection::InvalidKey, 401, r#"{"error":"invalid_api_key"}"#),
             (Rejection::NoRoute(None), 404, r#"{"error":"no_route"}"#),
+            (
+                Rejection::UnknownRoute("a\"b".into()),
+                404,
+                r#"{"error":"no_route","route":"a\"b"}"#,
+            ),
+            (Rejection::InvalidPath, 400, r#"{"error":"invalid_path"}"#),
+            (Rejection::InvalidHost, 400, r#"{"error":"invalid_host"}"#),
+            (
+                Rejection::AmbiguousCredentials,
+                400,
+                r#"{"error":"ambiguous_credentials"}"#,
+            ),
+            (
+                Rejection::MethodNotAllowed,
+                405,
+                r#"{"error":"method_not_allowed"}"#,
+            ),
             (
                 Rejection::Unavailable,
                 503,
