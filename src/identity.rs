@@ -281,14 +281,18 @@ pub fn apply_override(
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AmbiguousCredentials;
 
-/// The API key of a request: `Authorization: Bearer <key>`, else `X-API-Key: <key>`.
-/// A non-Bearer `Authorization` (e.g. Basic) is left for the upstream and is no key.
+/// The API key of a request: `Authorization: Bearer <key>`, else `<key_header>: <key>`
+/// (`[auth] key_header`, `X-API-Key` by default). A non-Bearer `Authorization` (e.g.
+/// Basic) is left for the upstream and is no key.
 ///
 /// # Errors
 /// `AmbiguousCredentials` when the request carries more than one credential.
-pub fn api_key_from(headers: &HeaderMap) -> Result<Presented<'_>, AmbiguousCredentials> {
+pub fn api_key_from<'h>(
+    headers: &'h HeaderMap,
+    key_header: &http::HeaderName,
+) -> Result<Presented<'h>, AmbiguousCredentials> {
     let mut auth = headers.get_all(http::header::AUTHORIZATION).iter();
-    let mut api = headers.get_all("x-api-key").iter();
+    let mut api = headers.get_all(key_header).iter();
     let (auth, api) = match ((auth.next(), auth.next()), (api.next(), api.next())) {
         ((_, Some(_)), _) | (_, (_, Some(_))) => return Err(AmbiguousCredentials),
         ((a, None), (k, None)) => (a, k),
@@ -302,6 +306,12 @@ pub fn api_key_from(headers: &HeaderMap) -> Result<Presented<'_>, AmbiguousCrede
         (None, Some(k)) => Ok(validate_key(k.as_bytes())),
         (None, None) => Ok(Presented::Missing),
     }
+}
+
+/// Whether an `Authorization` value is a Bearer credential (the gateway's to read, and
+/// to hide with `hide_credentials`).
+pub fn is_bearer(value: &[u8]) -> bool {
+    bearer(value).is_some()
 }
 
 /// The credential of a Bearer `Authorization` value (case-insensitive scheme).
@@ -398,7 +408,34 @@ mod tests {
             (&[("authorization", b"Bearerabc")], Ok(Presented::Missing)),
         ];
         for (i, (h, want)) in cases.iter().enumerate() {
-            assert_eq!(api_key_from(&headers(h)), *want, "case {i}");
+            let x_api_key = http::HeaderName::from_static("x-api-key");
+            assert_eq!(api_key_from(&headers(h), &x_api_key), *want, "case {i}");
+        }
+    }
+
+    /// `[auth] key_header` names the key's header: only that header carries a key, and
+    /// a Bearer key must still agree with it.
+    #[test]
+    fn key_header_names_the_key_header() {
+        let custom = http::HeaderName::from_static("x-client-token");
+        type Row<'a> = (
+            &'a [(&'a str, &'a [u8])],
+            Result<Presented<'a>, AmbiguousCredentials>,
+        );
+        let cases: [Row<'_>; 4] = [
+            (&[("x-client-token", b"k1")], Ok(Presented::Key(b"k1"))),
+            (&[("x-api-key", b"k1")], Ok(Presented::Missing)),
+            (
+                &[("authorization", b"Bearer k1"), ("x-client-token", b"k2")],
+                Err(AmbiguousCredentials),
+            ),
+            (
+                &[("x-client-token", b"k1"), ("x-client-token", b"k1")],
+                Err(AmbiguousCredentials),
+            ),
+        ];
+        for (i, (h, want)) in cases.iter().enumerate() {
+            assert_eq!(api_key_from(&headers(h), &custom), *want, "case {i}");
         }
     }
 

@@ -22,10 +22,25 @@ use crate::config::ClientIpHeader;
 ///
 /// The names to remove, by the rule of [`scrubbed`] and the request's runtime `rt`
 /// (empty, and nothing allocated, in the common case).
-pub fn doomed(headers: &HeaderMap, rt: &Runtime, trusted: bool) -> Vec<HeaderName> {
+///
+/// On a route with `hide_credentials`, the credentials the gateway read go too: the key
+/// header (`[auth] key_header`) and a Bearer `Authorization` (a Basic one is the
+/// upstream's and stays).
+pub fn doomed(headers: &HeaderMap, a: &Admission, trusted: bool) -> Vec<HeaderName> {
+    let rt = &a.runtime;
     let underscores = rt.config.server.underscores_in_headers;
     let fwd = reads_forwarded(rt);
-    let doomed = |n: &HeaderName| scrubbed(n.as_str(), trusted, underscores, fwd);
+    let hide = a.route.as_ref().is_some_and(|r| r.route.hide_credentials);
+    let credential = |n: &HeaderName| {
+        *n == rt.config.auth.key_header
+            || (*n == http::header::AUTHORIZATION
+                && headers
+                    .get_all(n)
+                    .iter()
+                    .any(|v| crate::identity::is_bearer(v.as_bytes())))
+    };
+    let doomed =
+        |n: &HeaderName| scrubbed(n.as_str(), trusted, underscores, fwd) || (hide && credential(n));
     if !headers.keys().any(doomed) {
         return Vec::new(); // the common case: nothing to remove, nothing allocated
     }

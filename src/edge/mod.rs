@@ -83,7 +83,8 @@ pub async fn admit_http<T: Destination>(
     let client_ip = rt.resolver.resolve_headers(peer, headers);
     let allow_params = rt.config.server.path_parameters == PathParameters::Allow;
     let parsed = parse(allow_params).and_then(|t| {
-        let key = api_key_from(headers).map_err(|_| Rejection::AmbiguousCredentials)?;
+        let key = api_key_from(headers, &rt.config.auth.key_header)
+            .map_err(|_| Rejection::AmbiguousCredentials)?;
         Ok((t, key))
     });
     let (target, key) = match parsed {

@@ -13,7 +13,7 @@ use crate::reply::Reply;
 /// names with `_`, URL overrides, and forwarding headers from an untrusted peer), then
 /// the key's tenant and id added.
 pub(super) fn identity_headers(headers: &mut HeaderMap, a: &Admission, trusted: bool) {
-    for name in forward::doomed(headers, &a.runtime, trusted) {
+    for name in forward::doomed(headers, a, trusted) {
         headers.remove(name);
     }
     for (name, value) in forward::identity_headers(a).into_iter().flatten() {

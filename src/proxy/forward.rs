@@ -34,7 +34,7 @@ pub(super) fn rewrite(
 ) -> pingora::Result<()> {
     let rt = &a.runtime; // the config the request was admitted on
     let trusted = rt.resolver.is_trusted(peer);
-    for name in forward::doomed(&upstream.headers, rt, trusted) {
+    for name in forward::doomed(&upstream.headers, a, trusted) {
         upstream.remove_header(&name);
     }
     if let Some(uri) = &ctx.uri {

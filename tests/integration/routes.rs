@@ -52,7 +52,11 @@ auth = "none"
     let (status, up, _) = served_by(c.post(gw.url("/v1/login")).send().await.unwrap()).await;
     assert_eq!((status, up.as_str()), (200, "login"));
     let (status, up, _) = served_by(c.get(gw.url("/v1/login")).send().await.unwrap()).await;
-    assert_eq!((status, up.as_str()), (200, "api"), "GET falls through to /v1");
+    assert_eq!(
+        (status, up.as_str()),
+        (200, "api"),
+        "GET falls through to /v1"
+    );
     let (status, up, _) = served_by(c.get(gw.url("/docs/a")).send().await.unwrap()).await;
     assert_eq!((status, up.as_str()), (200, "docs"));
     let r = c.delete(gw.url("/docs/a")).send().await.unwrap();
@@ -61,4 +65,83 @@ auth = "none"
     assert_eq!(v["error"], "no_route");
     let r = c.head(gw.url("/docs/a")).send().await.unwrap();
     assert_eq!(r.status(), 404, "HEAD is not GET unless listed");
+}
+
+/// `[auth] key_header` moves the key to another header (`X-API-Key` is then no key), and
+/// a route with `hide_credentials` forwards neither that header nor a Bearer
+/// `Authorization`, while a Basic one (the upstream's own) goes through.
+#[tokio::test(flavor = "multi_thread")]
+async fn key_header_and_hide_credentials() {
+    let up = Upstream::start("u").await;
+    let body = format!(
+        r#"
+[auth]
+key_header = "X-Client-Token"
+
+[tiers.free]
+key = {{ per_minute = 100 }}
+
+[[keys]]
+id = "key_a"
+key = "token-a"
+tenant = "acme"
+tier = "free"
+
+[[routes]]
+name = "hidden"
+path_prefix = "/hidden"
+upstreams = ["{up}"]
+hide_credentials = true
+
+[[routes]]
+name = "shown"
+path_prefix = "/shown"
+upstreams = ["{up}"]
+"#,
+        up = up.addr
+    );
+    let gw = Gateway::start(&body, None).await;
+    let c = client();
+    let seen = |r: reqwest::Response| async move {
+        let status = r.status().as_u16();
+        let v: Value = r.json().await.unwrap_or(Value::Null);
+        (status, v["headers"].clone())
+    };
+    // The default header is no key any more.
+    let r = c.get(gw.url("/shown/x")).header("x-api-key", "token-a");
+    assert_eq!(r.send().await.unwrap().status(), 401);
+    let r = c
+        .get(gw.url("/shown/x"))
+        .header("x-client-token", "token-a");
+    let (status, h) = seen(r.send().await.unwrap()).await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        h["x-client-token"], "token-a",
+        "shown: the key goes upstream"
+    );
+    assert_eq!(h["x-throttle-key-id"], "key_a");
+    let r = c
+        .get(gw.url("/hidden/x"))
+        .header("x-client-token", "token-a");
+    let (status, h) = seen(r.send().await.unwrap()).await;
+    assert_eq!(status, 200);
+    assert!(h.get("x-client-token").is_none(), "hidden: {h}");
+    assert_eq!(
+        h["x-throttle-key-id"], "key_a",
+        "the identity still goes upstream"
+    );
+    let r = c.get(gw.url("/hidden/x")).bearer_auth("token-a");
+    let (status, h) = seen(r.send().await.unwrap()).await;
+    assert_eq!(status, 200);
+    assert!(h.get("authorization").is_none(), "hidden Bearer: {h}");
+    let r = c
+        .get(gw.url("/hidden/x"))
+        .header("x-client-token", "token-a")
+        .header("authorization", "Basic dXNlcjpwYXNz");
+    let (status, h) = seen(r.send().await.unwrap()).await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        h["authorization"], "Basic dXNlcjpwYXNz",
+        "Basic is the upstream's"
+    );
 }
