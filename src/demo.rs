@@ -117,6 +117,7 @@ async fn echo(
         "upstream": label,
         "method": req.method().as_str(),
         "path": req.uri().path(),
+        "query": req.uri().query(),
         "headers": headers,
     });
     let body = serde_json::to_vec_pretty(&body).unwrap_or_default();

@@ -16,6 +16,7 @@ pub mod cost;
 pub mod forward;
 pub mod guarded;
 pub mod path;
+pub mod query;
 pub mod target;
 
 use std::net::{IpAddr, Ipv4Addr};
@@ -26,7 +27,7 @@ use pingora::protocols::l4::socket::SocketAddr;
 
 use crate::admission::{self, Admission, AdmitRequest, Core, Origin, Refusal, Rejection, Runtime};
 use crate::config::PathParameters;
-use crate::identity::{api_key_from, Presented};
+use crate::identity::{api_key_from, validate_key, AmbiguousCredentials, Presented};
 
 /// Where a parsed request target goes, as the routes see it.
 pub trait Destination {
@@ -34,6 +35,8 @@ pub trait Destination {
     fn host(&self) -> Option<&str>;
     /// The normalized path the routes match on.
     fn route_path(&self) -> &str;
+    /// The raw query, if any (`[auth] key_query` reads the key from it).
+    fn query(&self) -> Option<&str>;
 }
 
 /// What an HTTP request asks the pipeline, once its target is parsed.
@@ -82,24 +85,45 @@ pub async fn admit_http<T: Destination>(
     let (rt, now_ms) = (core.runtime(), core.clock.now_ms());
     let client_ip = rt.resolver.resolve_headers(peer, headers);
     let allow_params = rt.config.server.path_parameters == PathParameters::Allow;
-    let parsed = parse(allow_params).and_then(|t| {
-        let key = api_key_from(headers, &rt.config.auth.key_header)
-            .map_err(|_| Rejection::AmbiguousCredentials)?;
-        Ok((t, key))
-    });
-    let (target, key) = match parsed {
-        Ok(parsed) => parsed,
+    let target = match parse(allow_params) {
+        Ok(t) => t,
         Err(rejection) => return Err(refused_before(core, (rt, now_ms), client_ip, rejection)),
     };
-    let ask = Ask {
-        host: target.host(),
-        path: target.route_path(),
-        method,
-        key,
-        cost: None,
+    let from_query = match &rt.config.auth.key_query {
+        Some(name) => query::param(target.query(), name),
+        None => Ok(None),
     };
-    let a = admit_asked(core, (rt, now_ms), client_ip, Ok(ask)).await?;
-    Ok((a, target))
+    let key = from_query.as_ref().map_err(|e| *e).and_then(|q| {
+        let header = api_key_from(headers, &rt.config.auth.key_header)?;
+        credentials(header, q.as_deref())
+    });
+    let ask = key
+        .map(|key| Ask {
+            host: target.host(),
+            path: target.route_path(),
+            method,
+            key,
+            cost: None,
+        })
+        .map_err(|_| Rejection::AmbiguousCredentials);
+    let a = admit_asked(core, (rt, now_ms), client_ip, ask).await;
+    drop(from_query);
+    Ok((a?, target))
+}
+
+/// The key of a request: the one from its headers (`header`), or the `key_query`
+/// parameter's value (`query`); both must agree when both are sent.
+fn credentials<'a>(
+    header: Presented<'a>,
+    query: Option<&'a str>,
+) -> Result<Presented<'a>, AmbiguousCredentials> {
+    let Some(q) = query else { return Ok(header) };
+    let from_query = validate_key(q.as_bytes());
+    match (header, from_query) {
+        (Presented::Missing, q) => Ok(q),
+        (h, q) if h == q => Ok(h),
+        _ => Err(AmbiguousCredentials),
+    }
 }
 
 /// Admits what `client_ip` asks on the request's runtime snapshot and clock reading
@@ -155,6 +179,10 @@ impl Destination for target::Routed<'_> {
 
     fn route_path(&self) -> &str {
         &self.path.route
+    }
+
+    fn query(&self) -> Option<&str> {
+        self.query
     }
 }
 

@@ -28,6 +28,8 @@ pub struct Routed<'a> {
     pub path: Normalized<'a>,
     /// The URI the next hop must see, when normalization changed the path.
     pub uri: Option<Uri>,
+    /// The raw query.
+    pub query: Option<&'a str>,
 }
 
 /// The host and normalized path of `parts` (an `http` request: the tower layer's).
@@ -65,7 +67,12 @@ pub fn routed(parts: &Parts, allow_params: bool) -> Result<Routed<'_>, Rejection
         Cow::Owned(p) => Some(with_path(&parts.uri, p).ok_or(Rejection::InvalidPath)?),
         Cow::Borrowed(_) => None,
     };
-    Ok(Routed { host, path, uri })
+    Ok(Routed {
+        host,
+        path,
+        uri,
+        query: parts.uri.query(),
+    })
 }
 
 /// `raw` normalized (`path::normalize`), or 400 `invalid_path`.

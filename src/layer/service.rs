@@ -89,6 +89,11 @@ where
             if let Some(uri) = uri {
                 parts.uri = uri;
             }
+            // `[auth] key_query`: the key does not go to the inner service.
+            let key_query = a.runtime.config.auth.key_query.as_deref();
+            if let Some(uri) = key_query.and_then(|n| edge::query::strip(&parts.uri, n)) {
+                parts.uri = uri;
+            }
             a
         }
         Err(refusal) => {

@@ -8,6 +8,7 @@ use pingora::http::RequestHeader;
 use super::RequestCtx;
 use crate::admission::Admission;
 use crate::edge::forward::{self, AddressHeaders};
+use crate::edge::query as forward_query;
 use crate::routing::RouteEntry;
 
 /// A route without `upgrade = true` forwards no protocol upgrade: with `Upgrade` gone
@@ -37,7 +38,12 @@ pub(super) fn rewrite(
     for name in forward::doomed(&upstream.headers, a, trusted) {
         upstream.remove_header(&name);
     }
-    if let Some(uri) = &ctx.uri {
+    // `[auth] key_query`: the key parameter does not go upstream.
+    let key_query = rt.config.auth.key_query.as_deref();
+    let uri = ctx.uri.as_ref().unwrap_or(&client.uri);
+    if let Some(uri) = key_query.and_then(|n| forward_query::strip(uri, n)) {
+        upstream.set_uri(uri);
+    } else if let Some(uri) = &ctx.uri {
         upstream.set_uri(uri.clone());
     }
     if let Some(host) = &ctx.host_header {

@@ -31,6 +31,8 @@ pub struct Target<'a> {
     pub host_header: Option<HeaderValue>,
     /// The origin-form URI the upstream must receive, when it differs from the client's.
     pub uri: Option<Uri>,
+    /// The raw query.
+    pub query: Option<&'a str>,
 }
 
 impl crate::edge::Destination for Target<'_> {
@@ -40,6 +42,10 @@ impl crate::edge::Destination for Target<'_> {
 
     fn route_path(&self) -> &str {
         &self.path.route
+    }
+
+    fn query(&self) -> Option<&str> {
+        self.query
     }
 }
 
@@ -89,6 +95,7 @@ pub fn target(req: &RequestHeader, allow_params: bool) -> Result<Target<'_>, Rej
         path,
         host_header,
         uri,
+        query: req.uri.query(),
     })
 }
 
