@@ -61,7 +61,11 @@ mod tests {
 
     #[test]
     fn params_are_found_decoded_and_never_twice() {
-        let rows: [(Option<&str>, Result<Option<&str>, AmbiguousCredentials>); 7] = [
+        type Row<'a> = (
+            Option<&'a str>,
+            Result<Option<&'a str>, AmbiguousCredentials>,
+        );
+        let rows: [Row<'_>; 7] = [
             (None, Ok(None)),
             (Some("a=1&b=2"), Ok(None)),
             (Some("apikey=k1"), Ok(Some("k1"))),
