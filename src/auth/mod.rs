@@ -3,15 +3,16 @@
 //! `KeyInfo`. Self-contained: nothing here knows the config file, the pipeline or HTTP.
 //!
 //! The request path is [`JwtVerifier::verify`]: synchronous, no I/O, no lock held beyond a
-//! cache shard's. In order, it rejects
+//! cache shard's. A token verified before is answered from the cache right after the size
+//! check; any other is checked in this order, and rejected for
 //! 1. a token over [`MAX_TOKEN_LEN`] or not of the form `a.b.c` over the base64url alphabet,
 //!    before anything is decoded;
 //! 2. a header that is not JSON, carries `crit` (no extension is understood), or names an
 //!    algorithm outside `algorithms` (`none` cannot be named at all);
 //! 3. a token whose key cannot be chosen (see "Keys" below) or whose key cannot verify that
-//!    algorithm: an `HS256` token only ever meets the `hs256_secret`, any other only the
-//!    JWKS keys, so an RSA public key is never an HMAC secret and the secret never
-//!    "verifies" an RS token;
+//!    algorithm: an `HS256` token only ever meets the `hs256_secret` (its `kid` is not
+//!    looked at), any other only the JWKS keys, so an RSA public key is never an HMAC
+//!    secret and the secret never "verifies" an RS token;
 //! 4. a bad signature (jsonwebtoken on ring), then the claims: `exp` required, `nbf`,
 //!    `iss` and `aud` (when configured), each time claim with `leeway_secs` of slack, and
 //!    the identity claims (see [`Caller`]).
