@@ -19,6 +19,8 @@ const LAYERS: &[&[&str]] = &[
         "lifecycle",
         "demo",
         "top",
+        // JWT verification: self-contained, it imports nothing of the gateway.
+        "auth",
     ],
     &["store", "db", "routing"],
     &["admission"],

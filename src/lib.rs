@@ -9,7 +9,8 @@
 //! 2. `metrics`, `client_ip` (trusted-proxy address resolution), `blocklist`, `identity`
 //!    (API key -> key id, tenant, tier), `lifecycle` (connections and shutdown work),
 //!    `routing` (host + path prefix -> route and upstreams), `demo` (the echo upstream),
-//!    `top` (the heavy-hitter sketch behind `GET /v1/top`).
+//!    `top` (the heavy-hitter sketch behind `GET /v1/top`), `auth` (JWT verification: keys,
+//!    JWKS refresh, the verified-token cache).
 //! 3. `store` (where limiter state lives: memory, Redis, failure policy) and `db`
 //!    (PostgreSQL records: keys, tenants, policies, blocks, the violation log).
 //! 4. `admission`: the one transport-neutral pipeline every entry point runs, with the
@@ -49,6 +50,7 @@
 pub mod adaptive;
 pub mod admin;
 pub mod admission;
+pub mod auth;
 pub mod bans;
 pub mod blocklist;
 pub mod client_ip;
