@@ -6,13 +6,14 @@
 //! 1. `clock`, then `limiter` (policies, the five algorithms as pure functions, the
 //!    layered verdict) and `adaptive` (the adaptive-limit window and controller), then
 //!    `config` (`gateway.toml`, validated once).
-//! 2. `metrics`, `client_ip` (trusted-proxy address resolution), `blocklist`, `identity`
-//!    (API key -> key id, tenant, tier), `lifecycle` (connections and shutdown work),
-//!    `routing` (host + path prefix -> route and upstreams), `demo` (the echo upstream),
-//!    `top` (the heavy-hitter sketch behind `GET /v1/top`), `auth` (JWT verification: keys,
-//!    JWKS refresh, the verified-token cache).
-//! 3. `store` (where limiter state lives: memory, Redis, failure policy) and `db`
-//!    (PostgreSQL records: keys, tenants, policies, blocks, the violation log).
+//! 2. `metrics`, `client_ip` (trusted-proxy address resolution), `blocklist`, `bans`
+//!    (automatic temporary bans), `identity` (API key -> key id, tenant, tier),
+//!    `lifecycle` (connections and shutdown work), `demo` (the echo upstream), `top` (the
+//!    heavy-hitter sketch behind `GET /v1/top`), `auth` (JWT verification: keys, JWKS
+//!    refresh, the verified-token cache).
+//! 3. `store` (where limiter state lives: memory, Redis, failure policy), `db`
+//!    (PostgreSQL records: keys, tenants, policies, blocks, the violation log) and
+//!    `routing` (host + path prefix + method -> route and upstreams).
 //! 4. `admission`: the one transport-neutral pipeline every entry point runs, with the
 //!    request lifetime and the database snapshot.
 //! 5. `reply` (the gateway's own HTTP answers: `Refusal::reply`, `Admission::rate_headers`),
