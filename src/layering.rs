@@ -6,7 +6,7 @@ use std::path::Path;
 
 /// The layers, lowest first; a module may use modules of lower layers only.
 const LAYERS: &[&[&str]] = &[
-    &["clock"],
+    &["clock", "sharded"],
     &["limiter"],
     &["adaptive"],
     &["config"],

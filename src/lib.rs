@@ -3,9 +3,10 @@
 //! The modules form layers; each imports only from the layers below it (checked by
 //! `layering::imports_only_run_down`):
 //!
-//! 1. `clock`, then `limiter` (policies, the five algorithms as pure functions, the
-//!    layered verdict) and `adaptive` (the adaptive-limit window and controller), then
-//!    `config` (`gateway.toml`, validated once).
+//! 1. `clock` and `sharded` (one table as mutex-guarded shards picked by hash), then
+//!    `limiter` (policies, the five algorithms as pure functions, the layered verdict)
+//!    and `adaptive` (the adaptive-limit window and controller), then `config`
+//!    (`gateway.toml`, validated once).
 //! 2. `metrics`, `client_ip` (trusted-proxy address resolution), `blocklist`, `bans`
 //!    (automatic temporary bans), `identity` (API key -> key id, tenant, tier),
 //!    `lifecycle` (connections and shutdown work), `demo` (the echo upstream), `top` (the
@@ -71,6 +72,7 @@ pub mod reply;
 pub mod rls;
 pub mod routing;
 pub mod server;
+pub mod sharded;
 pub mod simulate;
 pub mod store;
 pub mod sync;

@@ -13,12 +13,11 @@
 //! so eviction never hands an active client a fresh bucket. A client spraying a million
 //! source IPs costs memory only until those IPs' windows have passed.
 
-use std::hash::{BuildHasher, Hash};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::hash::Hash;
 
 use arrayvec::ArrayVec;
 use async_trait::async_trait;
-use hashbrown::{DefaultHashBuilder, Equivalent, HashMap};
+use hashbrown::{Equivalent, HashMap};
 use smallvec::SmallVec;
 
 use super::slots::{Acquired, Inflight, SlotRequest};
@@ -28,6 +27,7 @@ use crate::limiter::algorithm::{self, step, State};
 use crate::limiter::{
     Check, DecidedAt, Ident, Scope, ScopeCheck, Verdict, Window, WindowDecision, WindowLimit,
 };
+use crate::sharded::Sharded;
 
 const SHARDS: usize = 64;
 /// A shard below this size is never swept inline.
@@ -37,8 +37,7 @@ const MAX_WINDOWS: usize = Scope::COUNT * Window::COUNT;
 
 /// The embedded limit store.
 pub struct MemoryStore<C: Clock = SystemClock> {
-    shards: Box<[Mutex<Shard>]>,
-    hasher: DefaultHashBuilder,
+    shards: Sharded<Shard>,
     clock: C,
     inflight: Inflight,
 }
@@ -88,8 +87,7 @@ impl<C: Clock> MemoryStore<C> {
     /// A store reading time from `clock`.
     pub fn with_clock(clock: C) -> Self {
         Self {
-            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
-            hasher: DefaultHashBuilder::default(),
+            shards: Sharded::new(SHARDS),
             clock,
             inflight: Inflight::default(),
         }
@@ -118,33 +116,22 @@ impl<C: Clock> MemoryStore<C> {
         }
         let mut shard_of = [0usize; Scope::COUNT];
         for (i, s) in check.scopes.iter().enumerate() {
-            shard_of[i] = self.hasher.hash_one((s.scope, &s.ident)) as usize % SHARDS;
+            shard_of[i] = self.shards.index_of((s.scope, &s.ident));
         }
-        let mut order: ArrayVec<usize, { Scope::COUNT }> =
-            shard_of[..check.scopes.len()].iter().copied().collect();
-        order.sort_unstable();
-        let mut guards: ArrayVec<(usize, MutexGuard<'_, Shard>), { Scope::COUNT }> =
-            ArrayVec::new();
-        for idx in order {
-            if guards.last().is_none_or(|(last, _)| *last != idx) {
-                let g = self.shards[idx]
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner);
-                guards.push((idx, g));
-            }
-        }
+        // Indexed by scope: `shards[i]` is the shard of `check.scopes[i]`.
+        let mut shards = self
+            .shards
+            .lock_each::<{ Scope::COUNT }>(&shard_of[..check.scopes.len()]);
         let total_windows: usize = check.scopes.iter().map(|s| s.limits.windows.len()).sum();
         if total_windows == 1 && !check.peek {
             // One window: charging is decided by that window alone, no dry run needed.
-            let shard = shard_mut(&mut guards, shard_of[0]);
-            let d = shard.charge(&check.scopes[0], now_ms, check.cost);
+            let d = shards[0].charge(&check.scopes[0], now_ms, check.cost);
             return Verdict::from_decisions(d).at(check.scopes.iter().map(|s| s.scope), now_ms);
         }
         let mut decisions: ArrayVec<WindowDecision, MAX_WINDOWS> = ArrayVec::new();
         let mut nexts: ArrayVec<Option<State>, MAX_WINDOWS> = ArrayVec::new();
         for (i, s) in check.scopes.iter().enumerate() {
-            let shard = shard_mut(&mut guards, shard_of[i]);
-            shard.dry_run(s, now_ms, check.cost, &mut decisions, &mut nexts);
+            shards[i].dry_run(s, now_ms, check.cost, &mut decisions, &mut nexts);
         }
         let verdict = Verdict::from_decisions(decisions.iter().copied())
             .at(check.scopes.iter().map(|s| s.scope), now_ms);
@@ -152,8 +139,7 @@ impl<C: Clock> MemoryStore<C> {
             let mut at = 0;
             for (i, s) in check.scopes.iter().enumerate() {
                 let n = s.limits.windows.len();
-                let shard = shard_mut(&mut guards, shard_of[i]);
-                shard.apply(
+                shards[i].apply(
                     s,
                     now_ms,
                     check.cost,
@@ -183,22 +169,21 @@ impl<C: Clock> MemoryStore<C> {
         let decided_at = decided_at.into();
         for s in &check.scopes {
             let admitted_at_ms = decided_at.of(s.scope);
-            let idx = self.hasher.hash_one((s.scope, &s.ident)) as usize % SHARDS;
-            self.shards[idx]
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .settle(s, now_ms, check.cost, delta, admitted_at_ms);
+            self.shards.lock_for((s.scope, &s.ident)).settle(
+                s,
+                now_ms,
+                check.cost,
+                delta,
+                admitted_at_ms,
+            );
         }
     }
 
     /// Evicts every slot whose state has returned to its initial value by `now_ms`.
     pub fn sweep_at(&self, now_ms: u64) {
-        for shard in self.shards.iter() {
-            shard
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .sweep(now_ms);
-        }
+        self.shards
+            .iter_locked()
+            .for_each(|mut shard| shard.sweep(now_ms));
     }
 
     /// `sweep_at` the clock's now.
@@ -208,19 +193,15 @@ impl<C: Clock> MemoryStore<C> {
 
     /// Number of identities (scope, ident) held.
     pub fn len(&self) -> usize {
-        self.shards
-            .iter()
-            .map(|s| s.lock().unwrap_or_else(PoisonError::into_inner).map.len())
-            .sum()
+        self.shards.iter_locked().map(|s| s.map.len()).sum()
     }
 
     /// Heap bytes held: the hash tables (including free buckets) plus window lists and
     /// logs that spilled out of their slots. Identity names are shared `Arc`s, not counted.
     pub fn heap_bytes(&self) -> usize {
         self.shards
-            .iter()
-            .map(|s| {
-                let shard = s.lock().unwrap_or_else(PoisonError::into_inner);
+            .iter_locked()
+            .map(|shard| {
                 let spilled: usize = shard.map.values().map(Slot::spilled_bytes).sum();
                 shard.map.allocation_size() + spilled
             })
@@ -231,16 +212,6 @@ impl<C: Clock> MemoryStore<C> {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
-}
-
-fn shard_mut<'g, 'a>(
-    guards: &'g mut ArrayVec<(usize, MutexGuard<'a, Shard>), { Scope::COUNT }>,
-    idx: usize,
-) -> &'g mut Shard {
-    // Every index in `shard_of` was locked above, so the search always succeeds; the
-    // fallback keeps this free of panics all the same.
-    let pos = guards.iter().position(|(i, _)| *i == idx).unwrap_or(0);
-    &mut guards[pos].1
 }
 
 #[async_trait]

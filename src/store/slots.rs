@@ -12,14 +12,13 @@
 //! refuses paying callers for someone else's traffic is wrong, so this is an exact map,
 //! sharded to keep the locks short; an entry lives only while a request is in flight.
 
-use std::hash::{BuildHasher, Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, PoisonError};
 
 use arrayvec::ArrayVec;
-use hashbrown::{DefaultHashBuilder, HashMap};
+use hashbrown::HashMap;
 
 use crate::limiter::{Ident, OnFailure, Scope};
+use crate::sharded::Sharded;
 
 /// Scopes that take `concurrent`: ip, key, tenant.
 pub const MAX_SLOTS: usize = 3;
@@ -97,27 +96,18 @@ type Counts = HashMap<(Scope, Ident), u32>;
 
 /// Exact in-flight counts per (scope, identity).
 pub struct Inflight {
-    shards: Box<[Mutex<Counts>]>,
-    hasher: DefaultHashBuilder,
+    shards: Sharded<Counts>,
 }
 
 impl Default for Inflight {
     fn default() -> Self {
         Self {
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
-            hasher: DefaultHashBuilder::default(),
+            shards: Sharded::new(SHARDS),
         }
     }
 }
 
 impl Inflight {
-    fn shard(&self, scope: Scope, ident: &Ident) -> usize {
-        let mut h = self.hasher.build_hasher();
-        scope.hash(&mut h);
-        ident.hash(&mut h);
-        (h.finish() as usize) % SHARDS
-    }
-
     /// Takes one slot of each request, all-or-nothing; `limit` gives each one's N (the
     /// local fallback divides it by the fleet size).
     ///
@@ -130,10 +120,7 @@ impl Inflight {
         };
         for r in reqs {
             let n = limit(r).max(1);
-            let idx = self.shard(r.scope, &r.ident);
-            let mut map = self.shards[idx]
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
+            let mut map = self.shards.lock_for((r.scope, &r.ident));
             let count = map.entry((r.scope, r.ident.clone())).or_insert(0);
             if *count >= n {
                 let current = u64::from(*count) + 1;
@@ -158,10 +145,7 @@ impl Inflight {
     /// Gives back one slot of each entry.
     pub fn release(&self, entries: &[(Scope, Ident)]) {
         for (scope, ident) in entries {
-            let idx = self.shard(*scope, ident);
-            let mut map = self.shards[idx]
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
+            let mut map = self.shards.lock_for((*scope, ident));
             let key = (*scope, ident.clone());
             if let Some(c) = map.get_mut(&key) {
                 *c = c.saturating_sub(1);
@@ -174,19 +158,13 @@ impl Inflight {
 
     /// Requests of `ident` in flight in `scope`.
     pub fn in_flight(&self, scope: Scope, ident: &Ident) -> u32 {
-        let idx = self.shard(scope, ident);
-        let map = self.shards[idx]
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let map = self.shards.lock_for((scope, ident));
         map.get(&(scope, ident.clone())).copied().unwrap_or(0)
     }
 
     /// Identities with a request in flight (memory is bounded by requests in flight).
     pub fn len(&self) -> usize {
-        self.shards
-            .iter()
-            .map(|s| s.lock().unwrap_or_else(PoisonError::into_inner).len())
-            .sum()
+        self.shards.iter_locked().map(|s| s.len()).sum()
     }
 
     /// True when nothing is in flight.

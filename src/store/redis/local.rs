@@ -34,11 +34,10 @@
 //! eviction counts in `throttle_lease_table_evictions_total`. The 100 ms expiry pass
 //! visits only the shards with a lease due (or an idle sweep due).
 
-use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use hashbrown::{DefaultHashBuilder, HashMap};
+use hashbrown::HashMap;
 use smallvec::SmallVec;
 
 use super::wire::{Grant, LeaseArgs};
@@ -46,6 +45,7 @@ use crate::limiter::algorithm::lease_len;
 use crate::limiter::{
     Admission, Check, DecidedAt, Ident, Scope, ScopeCheck, Verdict, WindowDecision, WindowLimit,
 };
+use crate::sharded::Sharded;
 
 mod entry;
 
@@ -75,8 +75,7 @@ struct Shard {
 
 /// Leases and cached rejections of one gateway.
 pub struct Local {
-    shards: Box<[Mutex<Shard>]>,
-    hasher: DefaultHashBuilder,
+    shards: Sharded<Shard>,
     lease_ms: u64,
     per_shard: usize,
     /// Leftovers to give back with the next `expired`: leases whose entry was evicted,
@@ -145,15 +144,10 @@ impl Local {
     /// of the shard count).
     pub fn with_capacity(lease_ms: u64, identities: usize) -> Self {
         Self {
-            shards: (0..SHARDS)
-                .map(|_| {
-                    Mutex::new(Shard {
-                        next_due: u64::MAX,
-                        ..Shard::default()
-                    })
-                })
-                .collect(),
-            hasher: DefaultHashBuilder::default(),
+            shards: Sharded::with(SHARDS, || Shard {
+                next_due: u64::MAX,
+                ..Shard::default()
+            }),
             lease_ms,
             per_shard: identities.div_ceil(SHARDS).max(1),
             evicted: Mutex::default(),
@@ -162,10 +156,7 @@ impl Local {
     }
 
     fn shard(&self, scope: Scope, ident: &Ident) -> MutexGuard<'_, Shard> {
-        let i = self.hasher.hash_one((scope, ident)) as usize % SHARDS;
-        self.shards[i]
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        self.shards.lock_for((scope, ident))
     }
 
     /// The entry of (`scope`, `ident`) in `shard`, made room for when the shard is full
@@ -467,8 +458,7 @@ impl Local {
     /// Takes the leases `due` out of the table into `out`; with `prune_at`, visits only
     /// shards with a lease due or an idle sweep due then (and forgets idle entries).
     fn collect(&self, out: &mut Vec<Return>, due: impl Fn(&Held) -> bool, prune_at: Option<u64>) {
-        for shard in self.shards.iter() {
-            let mut guard = shard.lock().unwrap_or_else(PoisonError::into_inner);
+        for mut guard in self.shards.iter_locked() {
             let m = &mut *guard;
             if let Some(now) = prune_at {
                 if now < m.next_due && now < m.next_prune {
@@ -498,10 +488,7 @@ impl Local {
 
     /// Identities held (for tests and memory bounds).
     pub fn len(&self) -> usize {
-        self.shards
-            .iter()
-            .map(|s| s.lock().unwrap_or_else(PoisonError::into_inner).map.len())
-            .sum()
+        self.shards.iter_locked().map(|s| s.map.len()).sum()
     }
 
     /// Whether nothing is held.
