@@ -3,6 +3,7 @@
 use super::{
     bounds, div_ceil, give_back, lease_len, lease_size, settle, step, take, to_u32, Lease, State,
 };
+use crate::limiter::decision::Decision;
 use crate::limiter::policy::{Algorithm, WindowLimit};
 
 /// A tiny deterministic PRNG (xorshift64*), so randomized tests replay exactly.
@@ -117,27 +118,14 @@ pub(crate) fn run_leases(
     let mut now = 1_764_000_000_000u64 + rng.below(period);
     let mut held: Vec<Option<Held>> = vec![None; gateways];
     let mut run = LeaseRun::default();
-    // The mean gap between requests of mean cost at the limit's rate.
-    let gap = (period * (1 + lim.min(3)) / 2 / lim.max(1)).max(1);
-    let (mut burst, mut slow) = (0, false);
+    let mut traffic = Traffic {
+        // The mean gap between requests of mean cost at the limit's rate.
+        gap: (period * (1 + lim.min(3)) / 2 / lim.max(1)).max(1),
+        burst: 0,
+        slow: false,
+    };
     for _ in 0..steps {
-        // Phases of light traffic (a bucket fills up while leases are out) and heavy
-        // traffic, and bursts (up to a full bucket at one instant, from any gateway).
-        if rng.below(40) == 0 {
-            slow = !slow;
-        }
-        if burst > 0 {
-            burst -= 1;
-        } else {
-            now += match (slow, rng.below(8)) {
-                (_, 0) => rng.below(gap * 8 + 1),
-                (true, _) => rng.below(gap * 3 + 1),
-                (false, _) => rng.below(gap / 2 + 1),
-            };
-            if rng.below(6) == 0 {
-                burst = rng.below(u64::from(limit.capacity) + 2);
-            }
-        }
+        now += traffic.next_gap(&mut rng, limit.capacity);
         let g = rng.below(gateways as u64) as usize;
         let cost = 1 + rng.below(lim.min(3)) as u32;
         if let Some(h) = held[g].as_mut() {
@@ -168,16 +156,7 @@ pub(crate) fn run_leases(
         let d = step(&mut state, limit, now, offset, cost, true);
         if !d.allowed {
             run.rejections += 1;
-            assert!(d.retry_after_ms >= 1, "{d:?}");
-            let at = now + d.retry_after_ms;
-            assert!(
-                step(&mut state.clone(), limit, at, offset, cost, false).allowed,
-                "not admitted at retry: now={now} {d:?} {state:?}"
-            );
-            assert!(
-                !step(&mut state.clone(), limit, at - 1, offset, cost, false).allowed,
-                "admitted early: now={now} {d:?} {state:?}"
-            );
+            assert_exact_retry(&state, limit, (now, offset), cost, &d);
             continue;
         }
         run.admitted.push((now, cost));
@@ -187,21 +166,83 @@ pub(crate) fn run_leases(
         let n = lease_size(rng.below(lim / 2 + 3), d.remaining);
         let len = lease_len(lease_ms, period);
         if n >= 2 && len >= 1 {
-            let l = take(&mut state, limit, now, offset, n, now + len);
-            assert!(
-                l.granted <= n && (l.granted == 0 || (l.until > now && l.until <= now + len)),
-                "{l:?}"
-            );
-            if l.granted > 0 {
-                run.takes += 1;
-                held[g] = Some(Held {
-                    lease: l,
-                    left: l.granted,
-                });
-            }
+            held[g] = lease(&mut state, limit, (now, offset), n, len);
+            run.takes += usize::from(held[g].is_some());
         }
     }
     run
+}
+
+/// The time between two requests of `run_leases`: phases of light traffic (a bucket
+/// fills up while leases are out) and heavy traffic, and bursts (up to a full bucket at
+/// one instant, from any gateway).
+struct Traffic {
+    gap: u64,
+    burst: u64,
+    slow: bool,
+}
+
+impl Traffic {
+    fn next_gap(&mut self, rng: &mut Rng, capacity: u32) -> u64 {
+        if rng.below(40) == 0 {
+            self.slow = !self.slow;
+        }
+        if self.burst > 0 {
+            self.burst -= 1;
+            return 0;
+        }
+        let gap = self.gap;
+        let d = match (self.slow, rng.below(8)) {
+            (_, 0) => rng.below(gap * 8 + 1),
+            (true, _) => rng.below(gap * 3 + 1),
+            (false, _) => rng.below(gap / 2 + 1),
+        };
+        if rng.below(6) == 0 {
+            self.burst = rng.below(u64::from(capacity) + 2);
+        }
+        d
+    }
+}
+
+/// A rejection's `retry_after` is exact: a copy of `state` admits `cost` at `now +
+/// retry_after` and not a millisecond earlier.
+fn assert_exact_retry(
+    state: &State,
+    limit: &WindowLimit,
+    (now, offset): (u64, u64),
+    cost: u32,
+    d: &Decision,
+) {
+    assert!(d.retry_after_ms >= 1, "{d:?}");
+    let at = now + d.retry_after_ms;
+    assert!(
+        step(&mut state.clone(), limit, at, offset, cost, false).allowed,
+        "not admitted at retry: now={now} {d:?} {state:?}"
+    );
+    assert!(
+        !step(&mut state.clone(), limit, at - 1, offset, cost, false).allowed,
+        "admitted early: now={now} {d:?} {state:?}"
+    );
+}
+
+/// A lease of up to `n` tokens for `len` ms taken from `state` at `now` (None: nothing
+/// granted), checked to be within what was asked.
+fn lease(
+    state: &mut State,
+    limit: &WindowLimit,
+    (now, offset): (u64, u64),
+    n: u64,
+    len: u64,
+) -> Option<Held> {
+    let l = take(state, limit, now, offset, n, now + len);
+    assert!(
+        l.granted <= n && (l.granted == 0 || (l.until > now && l.until <= now + len)),
+        "{l:?}"
+    );
+    (l.granted > 0).then_some(Held {
+        lease: l,
+        left: l.granted,
+    })
 }
 
 /// The safety rule: a fresh state, fed only the requests actually admitted (lease uses
