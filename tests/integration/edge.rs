@@ -180,7 +180,10 @@ async fn reported_path_bypasses_are_closed_against_nginx_decoding() {
     // 5 spent; the key's bucket refills one token per 60 ms, so a slow machine may have
     // given one or two back in between (cost 1, the bypass, would show at most 1).
     let spent = before - after;
-    assert!((3..=5).contains(&spent), "spent {spent}, want 5 (search's cost)");
+    assert!(
+        (3..=5).contains(&spent),
+        "spent {spent}, want 5 (search's cost)"
+    );
 }
 
 /// With `path_parameters = "allow"`, a servlet container's reading decides the route.
