@@ -452,16 +452,7 @@ pub(crate) fn run_settles(limit: &WindowLimit, offset: u64, seed: u64, steps: us
         let d = step(&mut state, limit, now, offset, cost, true);
         if !d.allowed {
             run.rejections += 1;
-            assert!(d.retry_after_ms >= 1, "{d:?}");
-            let at = now + d.retry_after_ms;
-            assert!(
-                step(&mut state.clone(), limit, at, offset, cost, false).allowed,
-                "not admitted at retry: now={now} {d:?} {state:?}"
-            );
-            assert!(
-                !step(&mut state.clone(), limit, at - 1, offset, cost, false).allowed,
-                "admitted early: now={now} {d:?} {state:?}"
-            );
+            assert_exact_retry(&state, limit, (now, offset), cost, &d);
             continue;
         }
         run.requests.push((now, cost, None));
