@@ -438,12 +438,12 @@ impl Slot {
         let logs: usize = self
             .windows
             .iter()
-            .map(|(_, s)| match s {
-                State::SlidingLog(log) => {
+            .map(|(_, s)| match s.log() {
+                Some(log) => {
                     std::mem::size_of::<crate::limiter::algorithm::sliding_log::Log>()
                         + log.entries.capacity() * 16
                 }
-                _ => 0,
+                None => 0,
             })
             .sum();
         list + logs

@@ -11,7 +11,7 @@
 
 use std::collections::VecDeque;
 
-use throttle::limiter::algorithm::{sliding_window, State};
+use throttle::limiter::algorithm::{sliding_window, Algo, State};
 use throttle::limiter::{Algorithm, Window, WindowLimit};
 
 struct Rng(u64);
@@ -64,8 +64,8 @@ fn trace(kind: &str, rate_factor: f64, limit: u64, len: u64, span: u64, rng: &mu
 
 fn replay(arrivals: &[u64], limit: &WindowLimit, tally: &mut Tally) {
     let len = limit.window.period_ms();
-    let mut counter = match State::initial(Algorithm::SlidingWindow) {
-        State::SlidingWindow(c) => c,
+    let mut counter = match State::initial(Algorithm::SlidingWindow).algo() {
+        Algo::SlidingWindow(c) => *c,
         _ => unreachable!(),
     };
     let mut admitted: VecDeque<u64> = VecDeque::new();

@@ -140,7 +140,7 @@ mod tests {
         admitted_between, assert_exact_at, assert_leases_safe, assert_retry_exact,
         assert_settles_safe, run_table,
     };
-    use crate::limiter::algorithm::{self as alg, bounds, days_from_civil, Lease, State};
+    use crate::limiter::algorithm::{self as alg, bounds, days_from_civil, Algo, Lease, State};
     use crate::limiter::policy::{Algorithm, Window};
 
     fn lim(window: Window, limit: u32) -> WindowLimit {
@@ -215,8 +215,8 @@ mod tests {
     }
 
     fn count(s: &State) -> (u64, u32) {
-        match s {
-            State::FixedWindow(c) => (c.start, c.count),
+        match s.algo() {
+            Algo::FixedWindow(c) => (c.start, c.count),
             other => panic!("{other:?}"),
         }
     }
@@ -311,10 +311,7 @@ mod tests {
         let day = 86_400_000u64;
         let feb = days_from_civil(2026, 2, 1) as u64 * day;
         let mar = days_from_civil(2026, 3, 1) as u64 * day;
-        // (window, limit, offset, admitted (and settled) at, reserved cost, delta,
-        // accepted, then for a unit request: current, retry_after)
-        type Row = (Window, u32, u64, u64, u32, i64, u64, u64, u64);
-        let rows: [Row; 5] = [
+        let rows: [DebtRow; 5] = [
             (Window::Minute, 5, 0, 61_000, 1, 999_999_999, 9, 11, 59_000),
             (
                 Window::Second,
@@ -352,42 +349,54 @@ mod tests {
             // Within the bound: all of it.
             (Window::Minute, 10, 0, 61_000, 4, 10, 10, 15, 59_000),
         ];
-        for (i, (window, limit, offset, at, cost, delta, accepted, current, retry)) in
-            rows.into_iter().enumerate()
-        {
-            let l = lim(window, limit).with_jitter_ms(offset + 1);
-            let mut s = State::initial(Algorithm::FixedWindow);
-            assert!(
-                alg::step(&mut s, &l, at, offset, cost, true).allowed,
-                "row {i}"
-            );
-            assert_eq!(
-                alg::settle(&mut s, &l, at, offset, cost, delta, at),
-                accepted,
-                "row {i}"
-            );
-            let d = alg::step(&mut s.clone(), &l, at, offset, 1, false);
-            assert_eq!(
-                (d.allowed, d.current, d.retry_after_ms),
-                (false, current, retry),
-                "row {i}: {d:?}"
-            );
-            let end = at + retry;
-            assert!(alg::step(&mut s.clone(), &l, end, offset, 1, false).allowed);
-            assert!(!alg::step(&mut s.clone(), &l, end - 1, offset, 1, false).allowed);
-            // Stacked: a count at its bound takes no more.
-            let more = alg::settle(&mut s, &l, at, offset, cost, delta, at);
-            let left = if accepted < delta.unsigned_abs() {
-                0
-            } else {
-                6
-            };
-            assert_eq!(more, left, "row {i}");
-            assert_eq!(count(&s).1, 2 * limit, "row {i}");
+        for (i, row) in rows.into_iter().enumerate() {
+            assert_debt_row(i, row);
         }
-        // A count already above (a state from before the bound) is not lowered.
+    }
+
+    /// (window, limit, offset, admitted (and settled) at, reserved cost, delta, accepted,
+    /// then for a unit request: current, retry_after)
+    type DebtRow = (Window, u32, u64, u64, u32, i64, u64, u64, u64);
+
+    /// One row of `debt_is_bounded_by_the_limit`.
+    fn assert_debt_row(i: usize, row: DebtRow) {
+        let (window, limit, offset, at, cost, delta, accepted, current, retry) = row;
+        let l = lim(window, limit).with_jitter_ms(offset + 1);
+        let mut s = State::initial(Algorithm::FixedWindow);
+        assert!(
+            alg::step(&mut s, &l, at, offset, cost, true).allowed,
+            "row {i}"
+        );
+        assert_eq!(
+            alg::settle(&mut s, &l, at, offset, cost, delta, at),
+            accepted,
+            "row {i}"
+        );
+        let d = alg::step(&mut s.clone(), &l, at, offset, 1, false);
+        assert_eq!(
+            (d.allowed, d.current, d.retry_after_ms),
+            (false, current, retry),
+            "row {i}: {d:?}"
+        );
+        let end = at + retry;
+        assert!(alg::step(&mut s.clone(), &l, end, offset, 1, false).allowed);
+        assert!(!alg::step(&mut s.clone(), &l, end - 1, offset, 1, false).allowed);
+        // Stacked: a count at its bound takes no more.
+        let more = alg::settle(&mut s, &l, at, offset, cost, delta, at);
+        let left = if accepted < delta.unsigned_abs() {
+            0
+        } else {
+            6
+        };
+        assert_eq!(more, left, "row {i}");
+        assert_eq!(count(&s).1, 2 * limit, "row {i}");
+    }
+
+    /// A count already above the bound (a state from before it) is not lowered.
+    #[test]
+    fn debt_past_the_bound_is_not_lowered() {
         let l = lim(Window::Minute, 10);
-        let mut s = State::FixedWindow(Counter {
+        let mut s = State::from(Counter {
             start: 60_000,
             count: 500,
         });

@@ -29,23 +29,41 @@ pub use self::calendar::{bounds, civil_from_days, days_from_civil};
 use super::decision::Decision;
 use super::policy::{Algorithm, WindowLimit};
 
-/// The state of one window of one identity.
+/// The state of one window of one identity: its algorithm's state (`algo()`) and, for a
+/// bucket with leases out, the hold (`hold()`).
+///
+/// Not a `{ algo, hold: Option<Box<Hold>> }` pair: an `Algo` is 24 bytes (16 of state
+/// and its tag), so the pair would be 32. A held state boxes the algorithm's state with
+/// its hold instead, and that box sits in the tag's spare values: `State` (and
+/// `Option<State>`) stays 24 bytes and a state without a hold carries no allocation (the
+/// log's own aside). Each operation is one dispatch over the five algorithms (`Algo`'s
+/// methods), given the hold: a scratch `Hold::NONE` for a state without one (the hot
+/// path, inline), the boxed one for a held state (out of line). A held state's hold is
+/// never empty: the operation that ends it unboxes the state again.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum State {
+pub struct State(Repr);
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Repr {
+    /// No hold: every state but a bucket with leases out.
+    Bare(Algo),
+    /// A bucket holding leased tokens (Redis leases only; boxed, as rare).
+    Held(Box<(Algo, Hold)>),
+}
+
+/// The state of one algorithm (in `Algorithm`'s order, so `algorithm()` is the tag).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Algo {
     /// Token bucket: level in token-ms units.
     TokenBucket(token_bucket::Bucket),
-    /// Leaky bucket: level in token-ms units.
-    LeakyBucket(leaky_bucket::Meter),
-    /// Fixed window counter.
-    FixedWindow(fixed_window::Counter),
     /// Sliding-window counter.
     SlidingWindow(sliding_window::Counters),
+    /// Fixed window counter.
+    FixedWindow(fixed_window::Counter),
     /// Exact log, boxed to keep `State` small.
     SlidingLog(Box<sliding_log::Log>),
-    /// Token bucket holding leased tokens back (Redis leases only; boxed, as rare).
-    TokenBucketHeld(Box<(token_bucket::Bucket, Hold)>),
-    /// Leaky bucket holding leased tokens in (Redis leases only; boxed, as rare).
-    LeakyBucketHeld(Box<(leaky_bucket::Meter, Hold)>),
+    /// Leaky bucket: level in token-ms units.
+    LeakyBucket(leaky_bucket::Meter),
 }
 
 /// Leased tokens a bucket holds, in token-ms units, until `until` (Unix ms): a token
@@ -107,61 +125,237 @@ pub(crate) fn hold_end(now: u64, until: u64) -> u64 {
     until.saturating_add(until.saturating_sub(now))
 }
 
+// === impl Algo ===
+
+impl Algo {
+    /// A state that owns nothing, to leave behind when moving one out.
+    const VOID: Algo = Algo::FixedWindow(fixed_window::Counter { start: 0, count: 0 });
+
+    /// The algorithm this is the state of.
+    pub fn algorithm(&self) -> Algorithm {
+        match self {
+            Algo::TokenBucket(_) => Algorithm::TokenBucket,
+            Algo::LeakyBucket(_) => Algorithm::LeakyBucket,
+            Algo::FixedWindow(_) => Algorithm::FixedWindow,
+            Algo::SlidingWindow(_) => Algorithm::SlidingWindow,
+            Algo::SlidingLog(_) => Algorithm::SlidingLog,
+        }
+    }
+
+    /// `step` on this state, holding `hold` (`None`: nothing, so a bucket is given a
+    /// scratch `Hold::NONE` and the counters and the log none at all).
+    #[inline(always)]
+    fn step(
+        &mut self,
+        hold: Option<&mut Hold>,
+        limit: &WindowLimit,
+        now: u64,
+        offset: u64,
+        cost: u32,
+        commit: bool,
+    ) -> Decision {
+        match self {
+            Algo::TokenBucket(b) => token_bucket::step(
+                b,
+                hold.unwrap_or(&mut Hold::default()),
+                limit,
+                now,
+                cost,
+                commit,
+            ),
+            Algo::LeakyBucket(m) => leaky_bucket::step(
+                m,
+                hold.unwrap_or(&mut Hold::default()),
+                limit,
+                now,
+                cost,
+                commit,
+            ),
+            Algo::FixedWindow(c) => fixed_window::step(c, limit, now, offset, cost, commit),
+            Algo::SlidingWindow(c) => sliding_window::step(c, limit, now, offset, cost, commit),
+            Algo::SlidingLog(l) => sliding_log::step(l, limit, now, cost, commit),
+        }
+    }
+
+    /// `take` on this state, holding `hold`.
+    fn take(
+        &mut self,
+        hold: &mut Hold,
+        limit: &WindowLimit,
+        now: u64,
+        offset: u64,
+        n: u64,
+        until: u64,
+    ) -> Lease {
+        match self {
+            Algo::TokenBucket(b) => token_bucket::take(b, hold, limit, now, n, until),
+            Algo::LeakyBucket(m) => leaky_bucket::take(m, hold, limit, now, n, until),
+            Algo::FixedWindow(c) => fixed_window::take(c, limit, now, offset, n, until),
+            Algo::SlidingWindow(c) => sliding_window::take(c, limit, now, offset, n, until),
+            Algo::SlidingLog(l) => sliding_log::take(l, limit, now, n, until),
+        }
+    }
+
+    /// `give_back` on this state, holding `hold` (a bucket holding nothing has nothing
+    /// to give back: a held state's hold is never empty).
+    #[allow(clippy::too_many_arguments)]
+    fn give_back(
+        &mut self,
+        hold: &mut Hold,
+        limit: &WindowLimit,
+        now: u64,
+        offset: u64,
+        k: u64,
+        tag1: u64,
+        size: u64,
+    ) {
+        match self {
+            Algo::FixedWindow(_) | Algo::SlidingWindow(_) | Algo::SlidingLog(_) if k == 0 => {}
+            Algo::FixedWindow(c) => fixed_window::give_back(c, k, tag1),
+            Algo::SlidingWindow(c) => sliding_window::give_back(c, limit, offset, k, tag1),
+            Algo::SlidingLog(l) => sliding_log::give_back(l, k, tag1, size),
+            Algo::TokenBucket(_) | Algo::LeakyBucket(_) if hold.units == 0 => {}
+            Algo::TokenBucket(b) => token_bucket::give_back(b, hold, limit, now, k, tag1, size),
+            Algo::LeakyBucket(m) => leaky_bucket::give_back(m, hold, limit, now, k, tag1, size),
+        }
+    }
+
+    /// `settle` on this state, holding `hold` (`None`: nothing, as for `step`).
+    #[inline(always)]
+    fn settle(
+        &mut self,
+        hold: Option<&mut Hold>,
+        limit: &WindowLimit,
+        now: u64,
+        offset: u64,
+        s: Settle,
+    ) -> u64 {
+        match self {
+            Algo::TokenBucket(b) => {
+                token_bucket::settle(b, hold.unwrap_or(&mut Hold::default()), limit, now, s)
+            }
+            Algo::LeakyBucket(m) => {
+                leaky_bucket::settle(m, hold.unwrap_or(&mut Hold::default()), limit, now, s)
+            }
+            Algo::FixedWindow(c) => fixed_window::settle(c, limit, now, offset, s),
+            Algo::SlidingWindow(c) => sliding_window::settle(c, limit, now, offset, s),
+            Algo::SlidingLog(l) => sliding_log::settle(l, limit, now, s),
+        }
+    }
+}
+
 // === impl State ===
 
 impl State {
     /// The state of an identity never seen before (or evicted after returning to it).
     pub fn initial(algorithm: Algorithm) -> State {
-        match algorithm {
-            Algorithm::TokenBucket => State::TokenBucket(token_bucket::Bucket::FULL),
-            Algorithm::LeakyBucket => State::LeakyBucket(leaky_bucket::Meter::EMPTY),
-            Algorithm::FixedWindow => State::FixedWindow(fixed_window::Counter::default()),
-            Algorithm::SlidingWindow => State::SlidingWindow(sliding_window::Counters::default()),
-            Algorithm::SlidingLog => State::SlidingLog(Box::default()),
+        State::from(match algorithm {
+            Algorithm::TokenBucket => Algo::TokenBucket(token_bucket::Bucket::FULL),
+            Algorithm::LeakyBucket => Algo::LeakyBucket(leaky_bucket::Meter::EMPTY),
+            Algorithm::FixedWindow => Algo::FixedWindow(fixed_window::Counter::default()),
+            Algorithm::SlidingWindow => Algo::SlidingWindow(sliding_window::Counters::default()),
+            Algorithm::SlidingLog => Algo::SlidingLog(Box::default()),
+        })
+    }
+
+    /// A copy when copying is cheap (every state but the log and a held bucket), so a
+    /// dry run can compute the next state once and the charge merely store it.
+    pub fn cheap_copy(&self) -> Option<State> {
+        match &self.0 {
+            Repr::Bare(Algo::SlidingLog(_)) | Repr::Held(_) => None,
+            Repr::Bare(algo) => Some(State(Repr::Bare(algo.clone()))),
         }
     }
 
-    /// A copy when copying is cheap (every state but the log), so a dry run can compute
-    /// the next state once and the charge merely store it.
-    pub fn cheap_copy(&self) -> Option<State> {
-        match self {
-            State::SlidingLog(_) | State::TokenBucketHeld(_) | State::LeakyBucketHeld(_) => None,
-            other => Some(other.clone()),
+    /// The algorithm's state.
+    pub fn algo(&self) -> &Algo {
+        match &self.0 {
+            Repr::Bare(algo) => algo,
+            Repr::Held(x) => &x.0,
+        }
+    }
+
+    /// A bucket's hold of leased tokens, if it has one.
+    pub fn hold(&self) -> Option<&Hold> {
+        match &self.0 {
+            Repr::Bare(_) => None,
+            Repr::Held(x) => Some(&x.1),
+        }
+    }
+
+    /// The sliding log, if this is one.
+    pub fn log(&self) -> Option<&sliding_log::Log> {
+        match self.algo() {
+            Algo::SlidingLog(log) => Some(log),
+            _ => None,
         }
     }
 
     fn matches(&self, algorithm: Algorithm) -> bool {
-        matches!(
-            (self, algorithm),
-            (
-                State::TokenBucket(_) | State::TokenBucketHeld(_),
-                Algorithm::TokenBucket
-            ) | (
-                State::LeakyBucket(_) | State::LeakyBucketHeld(_),
-                Algorithm::LeakyBucket
-            ) | (State::FixedWindow(_), Algorithm::FixedWindow)
-                | (State::SlidingWindow(_), Algorithm::SlidingWindow)
-                | (State::SlidingLog(_), Algorithm::SlidingLog)
-        )
+        self.algo().algorithm() == algorithm
     }
 
-    /// A bucket's held variant (so a lease can add a hold).
-    fn unsettle(&mut self) {
-        match self {
-            State::TokenBucket(b) => *self = State::TokenBucketHeld(Box::new((*b, Hold::NONE))),
-            State::LeakyBucket(m) => *self = State::LeakyBucketHeld(Box::new((*m, Hold::NONE))),
-            _ => {}
+    /// The algorithm's state when it holds nothing: the hot path of `step` and `settle`
+    /// (dispatched in place: no allocation, no indirection).
+    #[inline]
+    fn bare_mut(&mut self) -> Option<&mut Algo> {
+        match &mut self.0 {
+            Repr::Bare(algo) => Some(algo),
+            Repr::Held(_) => None,
         }
     }
 
-    /// A held bucket whose hold is over back to its plain variant.
-    fn drop_empty_hold(&mut self) {
-        match self {
-            State::TokenBucketHeld(x) if x.1.units == 0 => *self = State::TokenBucket(x.0),
-            State::LeakyBucketHeld(x) if x.1.units == 0 => *self = State::LeakyBucket(x.0),
+    /// Runs `f` on the algorithm's state and its hold (a scratch `Hold::NONE` when there
+    /// is none): a hold that `f` started (a lease) is boxed with the state, one that is
+    /// over (its units gone) is dropped with its box. The way of a held state, and of
+    /// `take` and `give_back` (Redis leases only: off the memory store's path).
+    fn with_hold<R>(&mut self, f: impl FnOnce(&mut Algo, &mut Hold) -> R) -> R {
+        let mut none = Hold::NONE;
+        let (algo, hold) = match &mut self.0 {
+            Repr::Bare(algo) => (algo, &mut none),
+            Repr::Held(x) => {
+                let (algo, hold) = &mut **x;
+                (algo, hold)
+            }
+        };
+        let r = f(algo, hold);
+        match &mut self.0 {
+            Repr::Bare(algo) if none.units != 0 => {
+                let algo = std::mem::replace(algo, Algo::VOID);
+                self.0 = Repr::Held(Box::new((algo, none)));
+            }
+            Repr::Held(x) if x.1.units == 0 => {
+                let algo = std::mem::replace(&mut x.0, Algo::VOID);
+                self.0 = Repr::Bare(algo);
+            }
             _ => {}
         }
+        r
     }
+}
+
+impl From<Algo> for State {
+    /// The state, holding nothing.
+    fn from(algo: Algo) -> State {
+        State(Repr::Bare(algo))
+    }
+}
+
+macro_rules! state_from {
+    ($($ty:ty => $variant:ident),* $(,)?) => {$(
+        impl From<$ty> for State {
+            fn from(s: $ty) -> State {
+                State::from(Algo::$variant(s))
+            }
+        }
+    )*};
+}
+
+state_from! {
+    token_bucket::Bucket => TokenBucket,
+    leaky_bucket::Meter => LeakyBucket,
+    fixed_window::Counter => FixedWindow,
+    sliding_window::Counters => SlidingWindow,
 }
 
 /// Applies `limit`'s algorithm to `state` at `now_ms` for a request of `cost`.
@@ -180,27 +374,25 @@ pub fn step(
         *state = State::initial(limit.algorithm);
     }
     let cost = cost.max(1);
-    let d = match state {
-        State::TokenBucket(b) => {
-            token_bucket::step(b, &mut Hold::default(), limit, now_ms, cost, commit)
-        }
-        State::LeakyBucket(m) => {
-            leaky_bucket::step(m, &mut Hold::default(), limit, now_ms, cost, commit)
-        }
-        State::FixedWindow(c) => fixed_window::step(c, limit, now_ms, offset_ms, cost, commit),
-        State::SlidingWindow(c) => sliding_window::step(c, limit, now_ms, offset_ms, cost, commit),
-        State::SlidingLog(l) => sliding_log::step(l, limit, now_ms, cost, commit),
-        State::TokenBucketHeld(x) => {
-            let (b, h) = &mut **x;
-            token_bucket::step(b, h, limit, now_ms, cost, commit)
-        }
-        State::LeakyBucketHeld(x) => {
-            let (m, h) = &mut **x;
-            leaky_bucket::step(m, h, limit, now_ms, cost, commit)
-        }
-    };
-    state.drop_empty_hold();
-    d
+    match state.bare_mut() {
+        Some(algo) => algo.step(None, limit, now_ms, offset_ms, cost, commit),
+        None => step_held(state, limit, now_ms, offset_ms, cost, commit),
+    }
+}
+
+/// `step` on a held state: out of line, so the hot path (nothing held) stays a plain
+/// dispatch.
+#[cold]
+#[inline(never)]
+fn step_held(
+    state: &mut State,
+    limit: &WindowLimit,
+    now: u64,
+    offset: u64,
+    cost: u32,
+    commit: bool,
+) -> Decision {
+    state.with_hold(|algo, hold| algo.step(Some(hold), limit, now, offset, cost, commit))
 }
 
 /// Leases up to `n` tokens of `limit`'s window at `now_ms`, usable until `until_ms`:
@@ -221,23 +413,7 @@ pub fn take(
     if n == 0 || until_ms <= now_ms {
         return Lease::default();
     }
-    state.unsettle();
-    let lease = match state {
-        State::FixedWindow(c) => fixed_window::take(c, limit, now_ms, offset_ms, n, until_ms),
-        State::SlidingWindow(c) => sliding_window::take(c, limit, now_ms, offset_ms, n, until_ms),
-        State::SlidingLog(l) => sliding_log::take(l, limit, now_ms, n, until_ms),
-        State::TokenBucketHeld(x) => {
-            let (b, h) = &mut **x;
-            token_bucket::take(b, h, limit, now_ms, n, until_ms)
-        }
-        State::LeakyBucketHeld(x) => {
-            let (m, h) = &mut **x;
-            leaky_bucket::take(m, h, limit, now_ms, n, until_ms)
-        }
-        State::TokenBucket(_) | State::LeakyBucket(_) => Lease::default(), // unsettled above
-    };
-    state.drop_empty_hold();
-    lease
+    state.with_hold(|algo, hold| algo.take(hold, limit, now_ms, offset_ms, n, until_ms))
 }
 
 /// Ends an earlier lease at `now_ms`, giving `k` unused tokens back (0: all were used);
@@ -259,23 +435,9 @@ pub fn give_back(
     if !state.matches(limit.algorithm) || size == 0 {
         return;
     }
-    match state {
-        State::FixedWindow(_) | State::SlidingWindow(_) | State::SlidingLog(_) if k == 0 => {}
-        State::FixedWindow(c) => fixed_window::give_back(c, k, tag1),
-        State::SlidingWindow(c) => sliding_window::give_back(c, limit, offset_ms, k, tag1),
-        State::SlidingLog(l) => sliding_log::give_back(l, k, tag1, size),
-        State::TokenBucketHeld(x) => {
-            let (b, h) = &mut **x;
-            token_bucket::give_back(b, h, limit, now_ms, k, tag1, size);
-        }
-        State::LeakyBucketHeld(x) => {
-            let (m, h) = &mut **x;
-            leaky_bucket::give_back(m, h, limit, now_ms, k, tag1, size);
-        }
-        // Nothing held: nothing to give back.
-        State::TokenBucket(_) | State::LeakyBucket(_) => {}
-    }
-    state.drop_empty_hold();
+    state.with_hold(|algo, hold| {
+        algo.give_back(hold, limit, now_ms, offset_ms, k, tag1, size);
+    });
 }
 
 /// Settles a request admitted at `admitted_at_ms` with the reserved `cost` on this
@@ -309,23 +471,17 @@ pub fn settle(
         *state = State::initial(limit.algorithm);
     }
     let s = Settle::new(limit, cost, delta, admitted_at_ms);
-    let accepted = match state {
-        State::TokenBucket(b) => token_bucket::settle(b, &mut Hold::default(), limit, now_ms, s),
-        State::LeakyBucket(m) => leaky_bucket::settle(m, &mut Hold::default(), limit, now_ms, s),
-        State::FixedWindow(c) => fixed_window::settle(c, limit, now_ms, offset_ms, s),
-        State::SlidingWindow(c) => sliding_window::settle(c, limit, now_ms, offset_ms, s),
-        State::SlidingLog(l) => sliding_log::settle(l, limit, now_ms, s),
-        State::TokenBucketHeld(x) => {
-            let (b, h) = &mut **x;
-            token_bucket::settle(b, h, limit, now_ms, s)
-        }
-        State::LeakyBucketHeld(x) => {
-            let (m, h) = &mut **x;
-            leaky_bucket::settle(m, h, limit, now_ms, s)
-        }
-    };
-    state.drop_empty_hold();
-    accepted
+    match state.bare_mut() {
+        Some(algo) => algo.settle(None, limit, now_ms, offset_ms, s),
+        None => settle_held(state, limit, now_ms, offset_ms, s),
+    }
+}
+
+/// `settle` on a held state, out of line (see `step_held`).
+#[cold]
+#[inline(never)]
+fn settle_held(state: &mut State, limit: &WindowLimit, now: u64, offset: u64, s: Settle) -> u64 {
+    state.with_hold(|algo, hold| algo.settle(Some(hold), limit, now, offset, s))
 }
 
 /// One settle of one window, normalized: a debt or a refund, in tokens.

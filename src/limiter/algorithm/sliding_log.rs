@@ -282,15 +282,15 @@ mod tests {
     }
 
     fn entries(s: &State) -> Vec<(u64, u32)> {
-        match s {
-            State::SlidingLog(l) => {
+        match s.log() {
+            Some(l) => {
                 assert_eq!(
                     l.total,
                     l.entries.iter().map(|e| u64::from(e.1)).sum::<u64>()
                 );
                 l.entries.iter().copied().collect()
             }
-            other => panic!("{other:?}"),
+            None => panic!("{s:?}"),
         }
     }
 

@@ -3,8 +3,8 @@
 use super::{
     bounds, div_ceil, give_back, lease_len, lease_size, settle, step, take, to_u32, Lease, State,
 };
-use crate::limiter::decision::Decision;
 use crate::limiter::policy::{Algorithm, WindowLimit};
+use crate::limiter::Decision;
 
 /// A tiny deterministic PRNG (xorshift64*), so randomized tests replay exactly.
 pub(crate) struct Rng(pub(crate) u64);
@@ -110,106 +110,170 @@ pub(crate) fn run_leases(
     steps: usize,
     gateways: usize,
 ) -> LeaseRun {
-    let period = limit.window.period_ms();
+    let mut sim = LeaseSim::new(limit, offset, seed, gateways);
     let lim = u64::from(limit.limit);
-    let mut rng = Rng(seed);
-    let lease_ms = [period / 4, period / 10, 40, 1][rng.below(4) as usize].max(1);
-    let mut state = State::initial(limit.algorithm);
-    let mut now = 1_764_000_000_000u64 + rng.below(period);
-    let mut held: Vec<Option<Held>> = vec![None; gateways];
-    let mut run = LeaseRun::default();
-    let mut traffic = Traffic {
-        // The mean gap between requests of mean cost at the limit's rate.
-        gap: (period * (1 + lim.min(3)) / 2 / lim.max(1)).max(1),
-        burst: 0,
-        slow: false,
-    };
     for _ in 0..steps {
-        now += traffic.next_gap(&mut rng, limit.capacity);
-        let g = rng.below(gateways as u64) as usize;
-        let cost = 1 + rng.below(lim.min(3)) as u32;
-        if let Some(h) = held[g].as_mut() {
-            if now < h.lease.until && h.left >= u64::from(cost) && rng.below(8) != 0 {
-                h.left -= u64::from(cost);
-                run.admitted.push((now, cost));
-                run.uses += 1;
-                continue;
-            }
-        }
-        if let Some(h) = held[g].take() {
-            match rng.below(4) {
-                0 => {}                 // never given back (a crashed gateway)
-                1 => held[g] = Some(h), // kept to give back on a later call
-                _ => {
-                    // Ended with the next call: leftovers back (maybe none), hold released.
-                    let l = h.lease;
-                    give_back(
-                        &mut state, limit, now, offset, h.left, l.tag1, l.tag2, l.granted,
-                    );
-                    run.returns += 1;
-                }
-            }
-        }
-        if rng.below(10) == 0 {
-            continue; // a 'return' call only
-        }
-        let d = step(&mut state, limit, now, offset, cost, true);
-        if !d.allowed {
-            run.rejections += 1;
-            assert_exact_retry(&state, limit, (now, offset), cost, &d);
+        sim.advance();
+        let g = sim.rng.below(gateways as u64) as usize;
+        let cost = 1 + sim.rng.below(lim.min(3)) as u32;
+        if sim.use_lease(g, cost) {
             continue;
         }
-        run.admitted.push((now, cost));
-        if held[g].is_some() {
-            continue; // one lease per gateway
+        sim.end_lease(g);
+        if sim.rng.below(10) == 0 {
+            continue; // a 'return' call only
         }
-        let n = lease_size(rng.below(lim / 2 + 3), d.remaining);
-        let len = lease_len(lease_ms, period);
-        if n >= 2 && len >= 1 {
-            held[g] = lease(&mut state, limit, (now, offset), n, len);
-            run.takes += usize::from(held[g].is_some());
-        }
+        sim.decide(g, cost);
     }
-    run
+    sim.run
 }
 
-/// The time between two requests of `run_leases`: phases of light traffic (a bucket
-/// fills up while leases are out) and heavy traffic, and bursts (up to a full bucket at
-/// one instant, from any gateway).
-struct Traffic {
+/// The gateways and the state of `run_leases`, between calls.
+struct LeaseSim<'a> {
+    limit: &'a WindowLimit,
+    offset: u64,
+    rng: Rng,
+    /// How long a lease is wanted for.
+    lease_ms: u64,
+    state: State,
+    now: u64,
+    /// Each gateway's lease.
+    held: Vec<Option<Held>>,
+    run: LeaseRun,
+    /// The mean gap between requests of mean cost at the limit's rate.
     gap: u64,
+    /// Requests left in the current burst (at one instant).
     burst: u64,
+    /// In a phase of light traffic.
     slow: bool,
 }
 
-impl Traffic {
-    fn next_gap(&mut self, rng: &mut Rng, capacity: u32) -> u64 {
+impl<'a> LeaseSim<'a> {
+    fn new(limit: &'a WindowLimit, offset: u64, seed: u64, gateways: usize) -> Self {
+        let period = limit.window.period_ms();
+        let lim = u64::from(limit.limit);
+        let mut rng = Rng(seed);
+        let lease_ms = [period / 4, period / 10, 40, 1][rng.below(4) as usize].max(1);
+        let now = 1_764_000_000_000u64 + rng.below(period);
+        LeaseSim {
+            limit,
+            offset,
+            rng,
+            lease_ms,
+            state: State::initial(limit.algorithm),
+            now,
+            held: vec![None; gateways],
+            run: LeaseRun::default(),
+            gap: (period * (1 + lim.min(3)) / 2 / lim.max(1)).max(1),
+            burst: 0,
+            slow: false,
+        }
+    }
+
+    /// The clock to the next request: phases of light traffic (a bucket fills up while
+    /// leases are out) and heavy traffic, and bursts (up to a full bucket at one
+    /// instant, from any gateway).
+    fn advance(&mut self) {
+        let (rng, gap) = (&mut self.rng, self.gap);
         if rng.below(40) == 0 {
             self.slow = !self.slow;
         }
         if self.burst > 0 {
             self.burst -= 1;
-            return 0;
+            return;
         }
-        let gap = self.gap;
-        let d = match (self.slow, rng.below(8)) {
+        self.now += match (self.slow, rng.below(8)) {
             (_, 0) => rng.below(gap * 8 + 1),
             (true, _) => rng.below(gap * 3 + 1),
             (false, _) => rng.below(gap / 2 + 1),
         };
         if rng.below(6) == 0 {
-            self.burst = rng.below(u64::from(capacity) + 2);
+            self.burst = rng.below(u64::from(self.limit.capacity) + 2);
         }
-        d
+    }
+
+    /// Admits the request on gateway `g`'s lease, mostly, while it lasts and holds enough.
+    fn use_lease(&mut self, g: usize, cost: u32) -> bool {
+        let Some(h) = self.held[g].as_mut() else {
+            return false;
+        };
+        if self.now < h.lease.until && h.left >= u64::from(cost) && self.rng.below(8) != 0 {
+            h.left -= u64::from(cost);
+            self.run.admitted.push((self.now, cost));
+            self.run.uses += 1;
+            return true;
+        }
+        false
+    }
+
+    /// Gateway `g`'s lease, if any, ends with this call (leftovers back), is kept to give
+    /// back later, or is never given back.
+    fn end_lease(&mut self, g: usize) {
+        let Some(h) = self.held[g].take() else {
+            return;
+        };
+        match self.rng.below(4) {
+            0 => {}                      // never given back (a crashed gateway)
+            1 => self.held[g] = Some(h), // kept to give back on a later call
+            _ => {
+                // Ended with the next call: leftovers back (maybe none), hold released.
+                let l = h.lease;
+                give_back(
+                    &mut self.state,
+                    self.limit,
+                    self.now,
+                    self.offset,
+                    h.left,
+                    l.tag1,
+                    l.tag2,
+                    l.granted,
+                );
+                self.run.returns += 1;
+            }
+        }
+    }
+
+    /// Decides the request on the state; an admitted one may lease for gateway `g`.
+    fn decide(&mut self, g: usize, cost: u32) {
+        let (limit, now, offset) = (self.limit, self.now, self.offset);
+        let d = step(&mut self.state, limit, now, offset, cost, true);
+        if !d.allowed {
+            self.run.rejections += 1;
+            assert_retry_on_copies(&self.state, limit, now, offset, cost, &d);
+            return;
+        }
+        self.run.admitted.push((now, cost));
+        if self.held[g].is_some() {
+            return; // one lease per gateway
+        }
+        let period = limit.window.period_ms();
+        let n = lease_size(self.rng.below(u64::from(limit.limit) / 2 + 3), d.remaining);
+        let len = lease_len(self.lease_ms, period);
+        if n < 2 || len < 1 {
+            return;
+        }
+        let l = take(&mut self.state, limit, now, offset, n, now + len);
+        assert!(
+            l.granted <= n && (l.granted == 0 || (l.until > now && l.until <= now + len)),
+            "{l:?}"
+        );
+        if l.granted > 0 {
+            self.run.takes += 1;
+            self.held[g] = Some(Held {
+                lease: l,
+                left: l.granted,
+            });
+        }
     }
 }
 
-/// A rejection's `retry_after` is exact: a copy of `state` admits `cost` at `now +
-/// retry_after` and not a millisecond earlier.
-fn assert_exact_retry(
+/// After a rejection `d` of `cost` at `now`: a request `retry_after` later is admitted
+/// and one a millisecond earlier is not (on copies of `state`).
+fn assert_retry_on_copies(
     state: &State,
     limit: &WindowLimit,
-    (now, offset): (u64, u64),
+    now: u64,
+    offset: u64,
     cost: u32,
     d: &Decision,
 ) {
@@ -223,26 +287,6 @@ fn assert_exact_retry(
         !step(&mut state.clone(), limit, at - 1, offset, cost, false).allowed,
         "admitted early: now={now} {d:?} {state:?}"
     );
-}
-
-/// A lease of up to `n` tokens for `len` ms taken from `state` at `now` (None: nothing
-/// granted), checked to be within what was asked.
-fn lease(
-    state: &mut State,
-    limit: &WindowLimit,
-    (now, offset): (u64, u64),
-    n: u64,
-    len: u64,
-) -> Option<Held> {
-    let l = take(state, limit, now, offset, n, now + len);
-    assert!(
-        l.granted <= n && (l.granted == 0 || (l.until > now && l.until <= now + len)),
-        "{l:?}"
-    );
-    (l.granted > 0).then_some(Held {
-        lease: l,
-        left: l.granted,
-    })
 }
 
 /// The safety rule: a fresh state, fed only the requests actually admitted (lease uses
@@ -452,7 +496,7 @@ pub(crate) fn run_settles(limit: &WindowLimit, offset: u64, seed: u64, steps: us
         let d = step(&mut state, limit, now, offset, cost, true);
         if !d.allowed {
             run.rejections += 1;
-            assert_exact_retry(&state, limit, (now, offset), cost, &d);
+            assert_retry_on_copies(&state, limit, now, offset, cost, &d);
             continue;
         }
         run.requests.push((now, cost, None));
@@ -522,12 +566,7 @@ pub(crate) fn assert_settles_safe(limit: &WindowLimit, offset: u64) {
 
 /// A request at `now + retry_after` is admitted and one a millisecond earlier is not
 /// (on copies of `state`); returns the decision at `now`.
-pub(crate) fn assert_exact_at(
-    state: &State,
-    limit: &WindowLimit,
-    now: u64,
-    cost: u32,
-) -> crate::limiter::Decision {
+pub(crate) fn assert_exact_at(state: &State, limit: &WindowLimit, now: u64, cost: u32) -> Decision {
     let d = step(&mut state.clone(), limit, now, 0, cost, false);
     assert!(!d.allowed, "admitted at {now}: {d:?}");
     let at = now + d.retry_after_ms;

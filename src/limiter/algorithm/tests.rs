@@ -77,20 +77,7 @@ fn settled_shows_the_window_after_the_settlement() {
     let fw = w(Window::Minute, 10, Algorithm::FixedWindow);
     let sw = w(Window::Minute, 10, Algorithm::SlidingWindow);
     let sl = w(Window::Second, 5, Algorithm::SlidingLog);
-    // (limit, earlier admissions (at, cost), admitted at, cost, delta, then:
-    // accepted, remaining, current, reset_after_ms)
-    type Row = (
-        WindowLimit,
-        &'static [(u64, u32)],
-        u64,
-        u32,
-        i64,
-        i64,
-        u32,
-        u64,
-        u64,
-    );
-    let rows: [Row; 22] = [
+    let rows: [SettledRow; 22] = [
         // 10/s: cost 2 leaves 8, full again in 200 ms.
         (tb, &[], T, 2, 3, 3, 5, 5, 500),
         (tb, &[], T, 2, HUGE, 18, 0, 20, 2_000), // 10 below empty: 1 s + 1 s
@@ -123,32 +110,55 @@ fn settled_shows_the_window_after_the_settlement() {
         (tb, &[], T, 2, 0, 0, 8, 2, 200),
         (sl, &[(1_000, 1)], 1_100, 2, 0, 0, 2, 3, 1_000),
     ];
-    for (i, (l, before, at, cost, delta, accepted, remaining, current, reset)) in
-        rows.into_iter().enumerate()
-    {
-        let mut s = State::initial(l.algorithm);
-        for &(t, c) in before {
-            assert!(step(&mut s, &l, t, 0, c, true).allowed, "row {i}");
-        }
-        let d = step(&mut s, &l, at, 0, cost, true);
-        assert!(d.allowed, "row {i}");
-        assert_eq!(accepted_delta(&d, &l, delta), accepted, "row {i}");
-        let got = settled(&d, &l, delta);
-        let want = Decision {
-            remaining,
-            current,
-            reset_after_ms: reset,
-            ..d
-        };
-        assert_eq!(got, want, "row {i}: admitted with {d:?}");
-        // The state settled at the same instant shows the same (a unit request, dry).
-        settle(&mut s, &l, at, 0, cost, delta, at);
-        let next = step(&mut s.clone(), &l, at, 0, 1, false);
-        assert_eq!(next.current, current + 1, "row {i}: {next:?}");
-        let left = if next.allowed { next.remaining + 1 } else { 0 };
-        assert_eq!(left.min(l.limit), remaining, "row {i}: {next:?}");
+    for (i, row) in rows.into_iter().enumerate() {
+        assert_settled_row(i, row);
     }
-    // A rejected request was not charged: nothing settles.
+}
+
+/// (limit, earlier admissions (at, cost), admitted at, cost, delta, then: accepted,
+/// remaining, current, reset_after_ms)
+type SettledRow = (
+    WindowLimit,
+    &'static [(u64, u32)],
+    u64,
+    u32,
+    i64,
+    i64,
+    u32,
+    u64,
+    u64,
+);
+
+/// One row of `settled_shows_the_window_after_the_settlement`.
+fn assert_settled_row(i: usize, row: SettledRow) {
+    let (l, before, at, cost, delta, accepted, remaining, current, reset) = row;
+    let mut s = State::initial(l.algorithm);
+    for &(t, c) in before {
+        assert!(step(&mut s, &l, t, 0, c, true).allowed, "row {i}");
+    }
+    let d = step(&mut s, &l, at, 0, cost, true);
+    assert!(d.allowed, "row {i}");
+    assert_eq!(accepted_delta(&d, &l, delta), accepted, "row {i}");
+    let got = settled(&d, &l, delta);
+    let want = Decision {
+        remaining,
+        current,
+        reset_after_ms: reset,
+        ..d
+    };
+    assert_eq!(got, want, "row {i}: admitted with {d:?}");
+    // The state settled at the same instant shows the same (a unit request, dry).
+    settle(&mut s, &l, at, 0, cost, delta, at);
+    let next = step(&mut s.clone(), &l, at, 0, 1, false);
+    assert_eq!(next.current, current + 1, "row {i}: {next:?}");
+    let left = if next.allowed { next.remaining + 1 } else { 0 };
+    assert_eq!(left.min(l.limit), remaining, "row {i}: {next:?}");
+}
+
+/// A rejected request was not charged: nothing settles.
+#[test]
+fn settled_leaves_a_rejection_alone() {
+    let fw = WindowLimit::with_algorithm(Window::Minute, 10, Algorithm::FixedWindow);
     let mut s = State::initial(Algorithm::FixedWindow);
     assert!(step(&mut s, &fw, 61_000, 0, 10, true).allowed);
     let d = step(&mut s, &fw, 61_000, 0, 1, true);
@@ -202,46 +212,12 @@ fn settled_agrees_with_the_settled_state() {
             };
             let mut after = state.clone();
             let took = settle(&mut after, &l, now, 0, cost, delta, now);
-            let got = settled(&d, &l, delta);
-            let ctx = || format!("{l:?} at {now}: {d:?} {delta} -> {got:?} {after:?}");
-            let accepted = accepted_delta(&d, &l, delta);
             if delta > 0 {
                 // The state takes the whole tokens, a bucket perhaps a fraction more.
-                assert!(took.abs_diff(accepted as u64) <= 1, "{}", ctx());
+                let accepted = accepted_delta(&d, &l, delta);
+                assert!(took.abs_diff(accepted as u64) <= 1, "{l:?} at {now}: {d:?}");
             }
-            let next = step(&mut after.clone(), &l, now, 0, 1, false);
-            let left = if next.allowed { next.remaining + 1 } else { 0 };
-            assert_eq!(left.min(l.limit), got.remaining, "{}", ctx());
-            let bucket = matches!(l.algorithm, Algorithm::TokenBucket | Algorithm::LeakyBucket);
-            // The true reset: a bucket's time to full (empty), from a never admissible
-            // request; the others' from the unit request.
-            let reset = if bucket {
-                let never = l.capacity + 1;
-                step(&mut after.clone(), &l, now, 0, never, false).reset_after_ms
-            } else {
-                next.reset_after_ms
-            };
-            if bucket {
-                worst[0] = worst[0].max(got.current.abs_diff(next.current - 1));
-                worst[1] = worst[1].max(got.reset_after_ms.abs_diff(reset));
-                // A bucket below empty is kept to the ms (a ms's refill more; at 3000/s
-                // that is 3 tokens), and counts a fraction of a token as one.
-                let ms = div_ceil(lim, period);
-                assert!(
-                    got.current.abs_diff(next.current - 1) <= ms + 1,
-                    "{}",
-                    ctx()
-                );
-                assert!(got.reset_after_ms.abs_diff(reset) <= 1, "{} {reset}", ctx());
-            } else {
-                assert_eq!(got.current, next.current - 1, "{}", ctx());
-                let sliding_rejected = l.algorithm == Algorithm::SlidingWindow && !next.allowed;
-                if l.algorithm == Algorithm::SlidingLog && delta < 0 {
-                    assert!(got.reset_after_ms >= reset, "{} {reset}", ctx());
-                } else if !sliding_rejected {
-                    assert_eq!(got.reset_after_ms, reset, "{}", ctx());
-                }
-            }
+            assert_settled_agrees(&after, &l, now, &d, delta, &mut worst);
             checked += 1;
             // Keep the settled state now and then, so traffic meets debts.
             if rng.below(4) == 0 {
@@ -261,17 +237,93 @@ fn settled_agrees_with_the_settled_state() {
     }
 }
 
-/// Holds live in their own boxed variants: a state costs what it did before leases.
+/// What `settled(d, l, delta)` answers for a request admitted at `now` with `d` agrees
+/// with what a unit request (dry) sees on `after`, its state settled at once by
+/// `delta`: exactly for the counters and the log, to the ms for the buckets (`worst`
+/// keeps the buckets' largest differences of `current` and of the reset).
+fn assert_settled_agrees(
+    after: &State,
+    l: &WindowLimit,
+    now: u64,
+    d: &Decision,
+    delta: i64,
+    worst: &mut [u64; 2],
+) {
+    let got = settled(d, l, delta);
+    let ctx = || format!("{l:?} at {now}: {d:?} {delta} -> {got:?} {after:?}");
+    let next = step(&mut after.clone(), l, now, 0, 1, false);
+    let left = if next.allowed { next.remaining + 1 } else { 0 };
+    assert_eq!(left.min(l.limit), got.remaining, "{}", ctx());
+    let bucket = matches!(l.algorithm, Algorithm::TokenBucket | Algorithm::LeakyBucket);
+    // The true reset: a bucket's time to full (empty), from a never admissible
+    // request; the others' from the unit request.
+    let reset = if bucket {
+        let never = l.capacity + 1;
+        step(&mut after.clone(), l, now, 0, never, false).reset_after_ms
+    } else {
+        next.reset_after_ms
+    };
+    if bucket {
+        worst[0] = worst[0].max(got.current.abs_diff(next.current - 1));
+        worst[1] = worst[1].max(got.reset_after_ms.abs_diff(reset));
+        // A bucket below empty is kept to the ms (a ms's refill more; at 3000/s
+        // that is 3 tokens), and counts a fraction of a token as one.
+        let ms = div_ceil(u64::from(l.limit), l.window.period_ms());
+        assert!(
+            got.current.abs_diff(next.current - 1) <= ms + 1,
+            "{}",
+            ctx()
+        );
+        assert!(got.reset_after_ms.abs_diff(reset) <= 1, "{} {reset}", ctx());
+    } else {
+        assert_eq!(got.current, next.current - 1, "{}", ctx());
+        let sliding_rejected = l.algorithm == Algorithm::SlidingWindow && !next.allowed;
+        if l.algorithm == Algorithm::SlidingLog && delta < 0 {
+            assert!(got.reset_after_ms >= reset, "{} {reset}", ctx());
+        } else if !sliding_rejected {
+            assert_eq!(got.reset_after_ms, reset, "{}", ctx());
+        }
+    }
+}
+
+/// A hold is boxed with its bucket's state, in the spare values of the algorithm's tag:
+/// a state (and an `Option<State>`, as the memory store keeps next states) costs what it
+/// did before leases, a held or logged state is not copied cheaply, and once the hold is
+/// released the state is bare again (no allocation; `cheap_copy` copies it).
 #[test]
 fn holds_keep_state_small() {
     assert!(std::mem::size_of::<State>() <= 24);
-    let l = WindowLimit::with_algorithm(Window::Second, 100, Algorithm::TokenBucket);
-    let mut s = State::initial(Algorithm::TokenBucket);
-    assert!(step(&mut s, &l, 1_000, 0, 1, true).allowed);
-    assert_eq!(take(&mut s, &l, 1_000, 0, 10, 1_250).granted, 10);
-    assert!(matches!(s, State::TokenBucketHeld(_)));
-    assert!(s.cheap_copy().is_none());
-    // Once the hold is over, the next charge stores the plain bucket again.
-    assert!(step(&mut s, &l, 1_500, 0, 1, true).allowed);
-    assert!(matches!(s, State::TokenBucket(_)));
+    assert!(std::mem::size_of::<Option<State>>() <= 24);
+    let log = State::initial(Algorithm::SlidingLog);
+    assert!(log.log().is_some() && log.cheap_copy().is_none());
+    for (algorithm, cost) in [(Algorithm::TokenBucket, 1), (Algorithm::LeakyBucket, 50)] {
+        let l = WindowLimit::with_algorithm(Window::Second, 100, algorithm);
+        let mut s = State::initial(algorithm);
+        assert!(step(&mut s, &l, 1_000, 0, cost, true).allowed);
+        assert!(s.hold().is_none() && s.cheap_copy().is_some(), "{s:?}");
+        assert_eq!(take(&mut s, &l, 1_000, 0, 10, 1_250).granted, 10);
+        assert_eq!(s.hold().map(|h| (h.units, h.until)), Some((10_000, 1_500)));
+        assert_eq!(s.algo().algorithm(), algorithm);
+        assert!(s.cheap_copy().is_none());
+        // A dry run keeps the hold; once it is over, the next charge drops it.
+        assert!(step(&mut s, &l, 1_500, 0, 1, false).allowed);
+        assert!(s.hold().is_some());
+        assert!(step(&mut s, &l, 1_500, 0, 1, true).allowed);
+        assert!(s.hold().is_none(), "{s:?}");
+        assert_eq!(s.cheap_copy().as_ref(), Some(&s));
+        // A lease given back releases the hold at once.
+        let lease = take(&mut s, &l, 1_500, 0, 4, 1_600);
+        assert!(lease.granted == 4 && s.hold().is_some());
+        give_back(
+            &mut s,
+            &l,
+            1_550,
+            0,
+            4,
+            lease.tag1,
+            lease.tag2,
+            lease.granted,
+        );
+        assert!(s.hold().is_none(), "{s:?}");
+    }
 }

@@ -104,7 +104,7 @@ fn lease_is_spent_at_once_and_held() {
         tag2: 0,
     };
     assert_eq!(lease, want);
-    assert!(matches!(s, State::TokenBucketHeld(_)));
+    assert!(s.hold().is_some());
     assert_eq!(admitted(&mut s, &l, T + 30, 100), 98);
     let d = alg::step(&mut s, &l, T + 30, 0, 1, true);
     assert_eq!((d.allowed, d.retry_after_ms), (false, 10));
@@ -155,7 +155,7 @@ fn give_back_only_while_held() {
         let (mut s, lease) = leased();
         alg::give_back(&mut s, &l, at, 0, 10, lease.tag1, lease.tag2, lease.granted);
         if at < T + 500 {
-            assert!(matches!(s, State::TokenBucket(_)), "hold released");
+            assert!(s.hold().is_none(), "hold released");
         }
         let d = alg::step(&mut s, &l, at, 0, 1, false);
         assert_eq!(d.remaining, remaining, "given back at {at}");
@@ -164,12 +164,12 @@ fn give_back_only_while_held() {
     // were spent by then (sustained traffic would otherwise shrink the bucket).
     let (mut s, lease) = leased();
     alg::give_back(&mut s, &l, T + 100, 0, 4, lease.tag1, 0, lease.granted);
-    assert!(matches!(s, State::TokenBucket(_)), "hold released");
+    assert!(s.hold().is_none(), "hold released");
     assert_eq!(alg::step(&mut s, &l, T + 100, 0, 1, false).remaining, 53);
     // All used (given back 0): the hold goes, nothing returns to the level.
     let (mut s, lease) = leased();
     alg::give_back(&mut s, &l, T + 100, 0, 0, lease.tag1, 0, lease.granted);
-    assert!(matches!(s, State::TokenBucket(_)), "hold released");
+    assert!(s.hold().is_none(), "hold released");
     assert_eq!(alg::step(&mut s, &l, T + 100, 0, 1, false).remaining, 49);
 }
 
@@ -207,7 +207,7 @@ fn debt_waits_exactly() {
     assert_eq!(alg::settle(&mut s, &l, T, 0, 2, 16, T), 16);
     assert_eq!(
         s,
-        State::TokenBucket(Bucket {
+        State::from(Bucket {
             level: 0,
             last: T + 800
         })
@@ -222,7 +222,7 @@ fn debt_waits_exactly() {
     assert_eq!(alg::settle(&mut s, &l, T + 100, 0, 2, -2, T), 0);
     assert_eq!(
         s,
-        State::TokenBucket(Bucket {
+        State::from(Bucket {
             level: 0,
             last: T + 700
         })
@@ -236,10 +236,7 @@ fn debt_waits_exactly() {
 /// 380 years).
 #[test]
 fn debt_is_bounded_by_the_limit() {
-    // (window, limit, burst, reserved cost admitted at T, delta, accepted, paid off
-    // at T + ms, then for a unit request: current, retry_after, reset_after)
-    type Row = (Window, u32, f64, u32, i64, u64, u64, u64, u64, u64);
-    let rows: [Row; 6] = [
+    let rows: [DebtRow; 6] = [
         (
             Window::Second,
             10,
@@ -303,43 +300,57 @@ fn debt_is_bounded_by_the_limit() {
         // Within the bound: all of it.
         (Window::Second, 10, 1.0, 2, 15, 15, 700, 18, 800, 1_700),
     ];
-    for (i, (window, limit, burst, cost, delta, accepted, paid, current, retry, reset)) in
-        rows.into_iter().enumerate()
-    {
-        let l = lim(window, limit, burst);
-        let mut s = State::initial(Algorithm::TokenBucket);
-        assert!(alg::step(&mut s, &l, T, 0, cost, true).allowed, "row {i}");
-        assert_eq!(
-            alg::settle(&mut s, &l, T, 0, cost, delta, T),
-            accepted,
-            "row {i}"
-        );
-        let want = Bucket {
-            level: 0,
-            last: T + paid,
-        };
-        assert_eq!(s, State::TokenBucket(want), "row {i}");
-        let d = assert_exact_at(&s, &l, T, 1);
-        assert_eq!(
-            (d.current, d.retry_after_ms, d.reset_after_ms),
-            (current, retry, reset),
-            "row {i}: {d:?}"
-        );
-        let period = window.period_ms();
-        assert!(
-            retry <= period + period.div_ceil(u64::from(limit)),
-            "row {i}"
-        );
-        // Stacked: a bucket at its bound takes no more debt.
-        let before = s.clone();
-        let more = alg::settle(&mut s, &l, T, 0, cost, delta, T);
-        if accepted < delta.unsigned_abs() {
-            assert_eq!((more, &s), (0, &before), "row {i}");
-        } else {
-            // 7 owed: 3 more to the bound.
-            assert_eq!(more, 3, "row {i}");
-        }
+    for (i, row) in rows.into_iter().enumerate() {
+        assert_debt_row(i, row);
     }
+}
+
+/// (window, limit, burst, reserved cost admitted at T, delta, accepted, paid off at
+/// T + ms, then for a unit request: current, retry_after, reset_after)
+type DebtRow = (Window, u32, f64, u32, i64, u64, u64, u64, u64, u64);
+
+/// One row of `debt_is_bounded_by_the_limit`.
+fn assert_debt_row(i: usize, row: DebtRow) {
+    let (window, limit, burst, cost, delta, accepted, paid, current, retry, reset) = row;
+    let l = lim(window, limit, burst);
+    let mut s = State::initial(Algorithm::TokenBucket);
+    assert!(alg::step(&mut s, &l, T, 0, cost, true).allowed, "row {i}");
+    assert_eq!(
+        alg::settle(&mut s, &l, T, 0, cost, delta, T),
+        accepted,
+        "row {i}"
+    );
+    let want = Bucket {
+        level: 0,
+        last: T + paid,
+    };
+    assert_eq!(s, State::from(want), "row {i}");
+    let d = assert_exact_at(&s, &l, T, 1);
+    assert_eq!(
+        (d.current, d.retry_after_ms, d.reset_after_ms),
+        (current, retry, reset),
+        "row {i}: {d:?}"
+    );
+    let period = window.period_ms();
+    assert!(
+        retry <= period + period.div_ceil(u64::from(limit)),
+        "row {i}"
+    );
+    // Stacked: a bucket at its bound takes no more debt.
+    let before = s.clone();
+    let more = alg::settle(&mut s, &l, T, 0, cost, delta, T);
+    if accepted < delta.unsigned_abs() {
+        assert_eq!((more, &s), (0, &before), "row {i}");
+    } else {
+        // 7 owed: 3 more to the bound.
+        assert_eq!(more, 3, "row {i}");
+    }
+}
+
+/// The debt bound holds from where the bucket is at each settlement, and a bucket
+/// already past it is left alone.
+#[test]
+fn debt_is_bounded_from_the_level_then() {
     // Later settlements are bounded from where the bucket is then: half paid off,
     // another huge debt puts it back at the bound (one period from that settlement).
     let l = lim(Window::Second, 10, 1.0);
@@ -348,13 +359,13 @@ fn debt_is_bounded_by_the_limit() {
     assert_eq!(alg::settle(&mut s, &l, T + 500, 0, 1, i64::MAX, T), 5);
     assert_eq!(
         s,
-        State::TokenBucket(Bucket {
+        State::from(Bucket {
             level: 0,
             last: T + 1_500
         })
     );
     // A bucket already further below (a state from before the bound) is not lowered.
-    let mut s = State::TokenBucket(Bucket {
+    let mut s = State::from(Bucket {
         level: 0,
         last: T + 9_000,
     });
@@ -363,7 +374,7 @@ fn debt_is_bounded_by_the_limit() {
         level: 0,
         last: T + 9_000,
     };
-    assert_eq!(s, State::TokenBucket(deep));
+    assert_eq!(s, State::from(deep));
 }
 
 /// A 429's `current` counts the debt: a bucket owing D tokens shows capacity + D +
