@@ -122,14 +122,10 @@ pub fn single_host(headers: &HeaderMap) -> Result<&[u8], Rejection> {
     }
 }
 
-/// Whether the gateway forwards a request with this method: any upper-case token but
-/// `TRACE` and `TRACK` (they echo the request, credentials included, back to whoever can
-/// read the response) and `CONNECT` (a tunnel is not an API request). Methods are
-/// case-sensitive (RFC 9110 §9.1): a lower-case `get` is not `GET` to the gateway, but an
-/// upstream that folds case would serve it as one, so it is refused (405).
+/// Whether the gateway forwards a request with this method (the rule is
+/// `config::method_forwarded`, which a route's `methods` are checked against too).
 pub fn method_allowed(m: &http::Method) -> bool {
-    let s = m.as_str();
-    !matches!(s, "TRACE" | "TRACK" | "CONNECT") && !s.bytes().any(|b| b.is_ascii_lowercase())
+    crate::config::method_forwarded(m)
 }
 
 /// `host[:port]` or `[v6][:port]` -> (lower-case host without one trailing dot, port).
