@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError, RwLock};
 
-use crate::limiter::{BanRule, Ident, Scope};
+use crate::limiter::{BanRule, Base, Ident, Scope};
 
 /// Most bans held. At the cap a new ban is refused (and counted), never put in place of
 /// another: a flood of bans on others cannot lift an earlier one.
@@ -475,6 +475,11 @@ pub fn parse_ident(scope: Scope, value: &str) -> Option<Ident> {
         },
         Scope::Key | Scope::Tenant if !value.is_empty() => Some(Ident::Name(value.into())),
         Scope::Key | Scope::Tenant | Scope::Global => None,
+        Scope::Named(n) => match n.info().base {
+            Base::Ip => parse_ident(Scope::Ip, value),
+            Base::Key | Base::Tenant | Base::Custom(_) => parse_ident(Scope::Key, value),
+            Base::Global => None,
+        },
     }
 }
 

@@ -34,6 +34,8 @@ pub struct Metrics {
     /// `throttle_requests_total{route,status}`.
     pub requests_total: IntCounterVec,
     decisions: [[IntCounter; 6]; 5],
+    /// The same, for named scopes (labels: the configured names only).
+    decisions_total: IntCounterVec,
     /// `throttle_store_call_seconds{store}`.
     pub store_call_seconds: HistogramVec,
     /// `throttle_store_errors_total{store}`.
@@ -71,8 +73,10 @@ pub struct Metrics {
     /// `throttle_near_limit_total{scope}`: admitted requests that left their governing
     /// window (the one with the fewest remaining) at most 10% of its limit, by its scope.
     near_limit: [IntCounter; 5],
+    near_limit_total: IntCounterVec,
     /// `throttle_bans_total{scope}`: automatic bans this gateway imposed.
     bans: [IntCounter; 5],
+    bans_total: IntCounterVec,
     /// `throttle_bans_dropped_total`: automatic bans refused because the table of bans
     /// (or the fleet's, on Redis) was full of bans still in force.
     pub bans_dropped_total: IntCounter,
@@ -134,13 +138,17 @@ impl Metrics {
         for source in ["override", "policy"] {
             invalid_limits_total.with_label_values(&[source]);
         }
-        let scoped = |def: &Def| -> Result<[IntCounter; 5], prometheus::Error> {
+        let scoped = |def: &Def| -> Result<(IntCounterVec, [IntCounter; 5]), prometheus::Error> {
             let v = r.counter_vec(def, &["scope"])?;
-            Ok(Scope::ALL.map(|s| v.with_label_values(&[s.as_str()])))
+            let each = Scope::ALL.map(|s| v.with_label_values(&[s.as_str()]));
+            Ok((v, each))
         };
+        let (near_limit_total, near_limit) = scoped(&NEAR_LIMIT_TOTAL)?;
+        let (bans_total, bans) = scoped(&BANS_TOTAL)?;
         Ok(Self {
             requests_total: r.counter_vec(&REQUESTS_TOTAL, &["route", "status"])?,
             decisions,
+            decisions_total,
             store_call_seconds: r.histogram_vec(&STORE_CALL_SECONDS, &["store"], STORE_BUCKETS)?,
             store_errors_total: r.counter_vec(&STORE_ERRORS_TOTAL, &["store"])?,
             fallback_active: r.add(IntGauge::new(FALLBACK_ACTIVE.name, FALLBACK_ACTIVE.help)?)?,
@@ -158,8 +166,10 @@ impl Metrics {
             upstream_seconds: r.histogram_vec(&UPSTREAM_SECONDS, &["route"], None)?,
             cost_settled: r.labelled(&COST_SETTLED_TOTAL, "direction", ["charge", "refund"])?,
             cost_clamped: r.counter(&COST_CLAMPED)?,
-            near_limit: scoped(&NEAR_LIMIT_TOTAL)?,
-            bans: scoped(&BANS_TOTAL)?,
+            near_limit,
+            near_limit_total,
+            bans,
+            bans_total,
             bans_dropped_total: r.counter(&BANS_DROPPED_TOTAL)?,
             ban_syncs: r.labelled(&BAN_SYNCS_TOTAL, "read", ["full", "changes"])?,
             adaptive_factor: r.add(GaugeVec::new(ADAPTIVE_FACTOR.opts(), &["route"])?)?,
@@ -190,17 +200,32 @@ impl Metrics {
 
     /// Counts an admitted request whose governing window of `scope` is near its limit.
     pub fn near_limit(&self, scope: Scope) {
-        self.near_limit[scope as usize].inc();
+        match scope.builtin_index() {
+            Some(i) => self.near_limit[i].inc(),
+            None => self
+                .near_limit_total
+                .with_label_values(&[scope.as_str()])
+                .inc(),
+        }
     }
 
     /// The counter of automatic bans imposed by `scope`.
     pub fn bans(&self, scope: Scope) -> IntCounter {
-        self.bans[scope as usize].clone()
+        match scope.builtin_index() {
+            Some(i) => self.bans[i].clone(),
+            None => self.bans_total.with_label_values(&[scope.as_str()]),
+        }
     }
 
     /// Counts one decision of `scope`.
     pub fn decision(&self, scope: Scope, outcome: Outcome) {
-        self.decisions[scope as usize][outcome as usize].inc();
+        match scope.builtin_index() {
+            Some(i) => self.decisions[i][outcome as usize].inc(),
+            None => self
+                .decisions_total
+                .with_label_values(&[scope.as_str(), outcome.as_str()])
+                .inc(),
+        }
     }
 
     /// The Prometheus text exposition of every metric.

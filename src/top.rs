@@ -53,6 +53,9 @@ pub struct TopTable {
     ip: TopSketch,
     key: TopSketch,
     tenant: TopSketch,
+    /// Custom scopes' sketches, made on a scope's first request (bounded by the named
+    /// scopes a process can intern).
+    custom: Box<[std::sync::OnceLock<Box<TopSketch>>]>,
 }
 
 /// The heavy hitters of one scope over the last 60 s (see the module docs).
@@ -99,6 +102,9 @@ impl TopTable {
             ip: TopSketch::new(),
             key: TopSketch::new(),
             tenant: TopSketch::new(),
+            custom: (0..crate::limiter::MAX_NAMED)
+                .map(|_| std::sync::OnceLock::new())
+                .collect(),
         }
     }
 
@@ -120,6 +126,13 @@ impl TopTable {
             Scope::Key => Some(&self.key),
             Scope::Tenant => Some(&self.tenant),
             Scope::Global | Scope::Auth => None,
+            // A custom scope's identities (not a route's tables: their identities are
+            // the ip, key and tenant ones).
+            Scope::Named(n) if n.info().route.is_none() => {
+                let slot = self.custom.get(usize::from(n.index()))?;
+                Some(slot.get_or_init(|| Box::new(TopSketch::new())))
+            }
+            Scope::Named(_) => None,
         }
     }
 }

@@ -63,6 +63,7 @@ pub(super) async fn check(core: &Core, session: &mut ServerSession) -> Reply {
         cost: req.cost,
         also_charge: caller,
         origin: Origin::Check,
+        attrs: Default::default(),
     };
     match admission::admit(core, &request).await {
         Ok(a) => {

@@ -44,8 +44,17 @@ pub(super) fn top(core: &Core, query: Option<&str>) -> Reply {
         Ok(q) => q,
         Err(detail) => return invalid(detail),
     };
-    let Some(sketch) = core.top.scope(q.scope) else {
-        return invalid("scope must be ip, key or tenant");
+    let configured = match q.scope {
+        Scope::Named(_) => core
+            .runtime()
+            .config
+            .scopes
+            .iter()
+            .any(|c| c.scope == q.scope),
+        _ => true,
+    };
+    let Some(sketch) = core.top.scope(q.scope).filter(|_| configured) else {
+        return invalid(SCOPES);
     };
     let top = sketch
         .top(q.n, core.clock.now_ms())
@@ -66,6 +75,8 @@ pub(super) fn top(core: &Core, query: Option<&str>) -> Reply {
     )
 }
 
+const SCOPES: &str = "scope must be ip, key, tenant or a custom scope's name";
+
 /// `scope` and `n` from a query string; other parameters are ignored.
 fn parse(query: &str) -> Result<Query, &'static str> {
     let (mut scope, mut n) = (None, DEFAULT_N);
@@ -77,8 +88,8 @@ fn parse(query: &str) -> Result<Query, &'static str> {
         match name {
             "scope" => {
                 scope = match Scope::parse(value) {
-                    Some(s @ (Scope::Ip | Scope::Key | Scope::Tenant)) => Some(s),
-                    _ => return Err("scope must be ip, key or tenant"),
+                    Some(s @ (Scope::Ip | Scope::Key | Scope::Tenant | Scope::Named(_))) => Some(s),
+                    _ => return Err(SCOPES),
                 }
             }
             "n" => {
@@ -90,7 +101,7 @@ fn parse(query: &str) -> Result<Query, &'static str> {
             _ => {}
         }
     }
-    let scope = scope.ok_or("scope is required (ip, key or tenant)")?;
+    let scope = scope.ok_or("scope is required (ip, key, tenant or a custom scope's name)")?;
     Ok(Query { scope, n })
 }
 
@@ -108,12 +119,15 @@ mod tests {
             ("n=3&scope=tenant", ok(Scope::Tenant, 3)),
             ("scope=key&n=100000", ok(Scope::Key, MAX_N)),
             ("scope=key&other=1", ok(Scope::Key, DEFAULT_N)),
-            ("scope=global", Err("scope must be ip, key or tenant")),
-            ("scope=KEY", Err("scope must be ip, key or tenant")),
+            ("scope=global", Err(SCOPES)),
+            ("scope=KEY", Err(SCOPES)),
             ("scope=key&n=0", Err("n must be a positive integer")),
             ("scope=key&n=-1", Err("n must be a positive integer")),
             ("scope=key&n=", Err("n must be a positive integer")),
-            ("", Err("scope is required (ip, key or tenant)")),
+            (
+                "",
+                Err("scope is required (ip, key, tenant or a custom scope's name)"),
+            ),
         ];
         for (query, want) in cases {
             assert_eq!(parse(query), want, "{query:?}");

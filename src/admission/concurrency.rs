@@ -2,10 +2,8 @@
 //! all-or-nothing before any rate window is charged, so a request this refuses charges no
 //! window; given back when the request ends, or at once when a rate window refuses it.
 
-use std::net::IpAddr;
-
 use super::core::{Core, Runtime};
-use super::Rejection;
+use super::{Rejection, Who};
 use crate::adaptive::Factor;
 use crate::config::Mode;
 use crate::identity::KeyInfo;
@@ -13,8 +11,11 @@ use crate::limiter::{Ident, OnFailure, Scope, ScopeLimits};
 use crate::metrics::Outcome;
 use crate::store::slots::{SlotLease, SlotRequest, SlotRequests};
 
-/// The slots a caller needs: one per scope with `concurrent`, in scope order.
-pub fn slot_requests(rt: &Runtime, client_ip: IpAddr, key: Option<&KeyInfo>) -> SlotRequests {
+/// The slots a caller needs: one per scope with `concurrent`, in scope order (the
+/// built-in scopes, then custom scopes and the route's tables, as `build_check` orders
+/// them).
+pub fn slot_requests(rt: &Runtime, who: Who<'_>) -> SlotRequests {
+    let (client_ip, key) = (who.client_ip, who.key);
     let mut out = SlotRequests::new();
     let mut push = |scope: Scope, ident: &Ident, limits: &ScopeLimits| {
         if let Some(limit) = limits.concurrent {
@@ -37,6 +38,17 @@ pub fn slot_requests(rt: &Runtime, client_ip: IpAddr, key: Option<&KeyInfo>) -> 
         push(Scope::Key, &k.key_ident, &k.tier.key);
         push(Scope::Tenant, &k.tenant_ident, &k.tenant_tier.tenant);
     }
+    if !who.customs.is_empty() || who.route.is_some_and(|r| !r.limits.is_empty()) {
+        // The named scopes: those of the check with `concurrent`.
+        let check = super::build_check(rt, who, 1);
+        for s in check
+            .scopes
+            .iter()
+            .filter(|s| matches!(s.scope, Scope::Named(_)))
+        {
+            push(s.scope, &s.ident, s.limits);
+        }
+    }
     out
 }
 
@@ -49,12 +61,12 @@ pub fn slot_requests(rt: &Runtime, client_ip: IpAddr, key: Option<&KeyInfo>) -> 
 pub(super) async fn acquire(
     core: &Core,
     rt: &Runtime,
-    client_ip: IpAddr,
-    key: Option<&KeyInfo>,
+    who: Who<'_>,
     mode: Mode,
     factor: Factor,
 ) -> Result<SlotLease, Rejection> {
-    let mut reqs = slot_requests(rt, client_ip, key);
+    let key = who.key;
+    let mut reqs = slot_requests(rt, who);
     if !factor.is_one() {
         for r in &mut reqs {
             r.limit = factor.apply(r.limit);

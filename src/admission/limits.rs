@@ -23,11 +23,12 @@ use arrayvec::ArrayVec;
 use super::core::{Core, Runtime};
 use super::Rejection;
 use crate::adaptive::Factor;
-use crate::config::Mode;
+use crate::config::{Counts, Mode, Route};
 use crate::db::events::Event;
 use crate::identity::KeyInfo;
 use crate::limiter::{
     Check, Ident, OnFailure, Quota, Scope, ScopeCheck, ScopeLimits, Verdict, WindowDecision,
+    MAX_SCOPES,
 };
 use crate::metrics::Outcome;
 use crate::store::StoreError;
@@ -50,6 +51,10 @@ pub(super) struct Charge<'a> {
     pub(super) client_ip: IpAddr,
     /// The caller's key, when identified.
     pub(super) key: Option<&'a KeyInfo>,
+    /// The route (its own tables apply).
+    pub(super) route: Option<&'a Route>,
+    /// The custom scopes' identities (see `Who::customs`).
+    pub(super) customs: &'a [Option<Ident>],
     /// Units to spend.
     pub(super) cost: u32,
     /// The route's mode (a shadow-mode rejection is admitted).
@@ -60,6 +65,18 @@ pub(super) struct Charge<'a> {
     pub(super) origin: super::Origin,
     /// The request's one limiter clock reading.
     pub(super) now_ms: u64,
+}
+
+impl<'a> Charge<'a> {
+    /// Who is charged.
+    pub(super) fn who(&self) -> Who<'a> {
+        Who {
+            client_ip: self.client_ip,
+            key: self.key,
+            route: self.route,
+            customs: self.customs,
+        }
+    }
 }
 
 /// Enforces ip -> key -> tenant -> global for one request of `c.cost`, every limit
@@ -73,7 +90,7 @@ pub(super) async fn limit(
     rt: &Runtime,
     c: &Charge<'_>,
 ) -> Result<LimitOutcome, Rejection> {
-    let base = build_check(rt, c.client_ip, c.key, c.cost);
+    let base = build_check(rt, c.who(), c.cost);
     let scaled = scaled_limits(&base, c.factor);
     let mut check = rebind(base, &scaled);
     let outcome = |verdict, shadow_rejected, policy| LimitOutcome {
@@ -132,7 +149,7 @@ fn rejected(
                 now_ms,
             };
             let retry_after = governing.decision.retry_after_ms;
-            bans::strike(core, s.scope, &s.ident, rule, retry_after, &who);
+            bans::strike(core, s.scope.ban_scope(), &s.ident, rule, retry_after, &who);
         }
     }
     let message = rejecting.and_then(|s| s.limits.message.clone());
@@ -183,8 +200,8 @@ fn count(core: &Core, check: &Check<'_>, verdict: &Verdict, mode: Mode) {
             };
             m.decision(g.scope, outcome);
         }
-        for s in check.scopes.iter() {
-            if verdict.failed_open & (1 << s.scope as u8) != 0 {
+        for (i, s) in check.scopes.iter().enumerate() {
+            if verdict.failed_open & (1 << i) != 0 {
                 m.decision(s.scope, Outcome::FailedOpen);
             }
         }
@@ -196,10 +213,10 @@ fn count(core: &Core, check: &Check<'_>, verdict: &Verdict, mode: Mode) {
             m.near_limit(g.scope);
         }
     }
-    for s in check.scopes.iter() {
+    for (i, s) in check.scopes.iter().enumerate() {
         let outcome = if !verdict.fallback {
             Outcome::Allowed
-        } else if verdict.failed_open & (1 << s.scope as u8) != 0 {
+        } else if verdict.failed_open & (1 << i) != 0 {
             Outcome::FailedOpen
         } else {
             Outcome::LocalFallback
@@ -224,6 +241,7 @@ pub(super) fn record(
         Scope::Key => key.map_or_else(String::new, |k| k.key_id.to_string()),
         Scope::Tenant => key.map_or_else(String::new, |k| k.tenant.to_string()),
         Scope::Global => "all".to_string(),
+        Scope::Named(_) => ident.map_or_else(|| "all".to_string(), Ident::to_string),
     };
     queue.push(Event {
         tenant_id: key.map(|k| k.tenant.clone()),
@@ -240,27 +258,75 @@ pub(super) fn record(
     });
 }
 
-/// The scopes that apply to a caller, in order.
-pub fn build_check<'a>(
-    rt: &'a Runtime,
-    client_ip: IpAddr,
-    key: Option<&'a KeyInfo>,
-    cost: u32,
-) -> Check<'a> {
+/// Who a request is, as the limits see it: everything a scope's identity comes from.
+#[derive(Debug, Clone, Copy)]
+pub struct Who<'a> {
+    /// The resolved client address.
+    pub client_ip: IpAddr,
+    /// The caller's key, when identified.
+    pub key: Option<&'a KeyInfo>,
+    /// The route, whose own tables (`limits`) apply.
+    pub route: Option<&'a Route>,
+    /// The custom scopes' identities, indexed like `Config::scopes` (None: the request
+    /// does not carry the attribute; empty without custom scopes).
+    pub customs: &'a [Option<Ident>],
+}
+
+impl<'a> Who<'a> {
+    /// A caller known by its address and key only (no route tables, no custom scopes).
+    pub fn of(client_ip: IpAddr, key: Option<&'a KeyInfo>) -> Who<'a> {
+        Who {
+            client_ip,
+            key,
+            route: None,
+            customs: &[],
+        }
+    }
+
+    /// The identity a route table or custom scope counting `counts` counts, if any.
+    pub(super) fn ident(&self, rt: &Runtime, counts: Counts) -> Option<Ident> {
+        match counts {
+            Counts::Ip => Some(Ident::client(self.client_ip, rt.config.ipv6_prefix)),
+            Counts::Key => self.key.map(|k| k.key_ident.clone()),
+            Counts::Tenant => self.key.map(|k| k.tenant_ident.clone()),
+            Counts::Global => Some(Ident::Global),
+            Counts::Custom(i) => self.customs.get(i).cloned().flatten(),
+        }
+    }
+}
+
+/// The scopes that apply to a caller, in order: ip, key, tenant, global, the custom
+/// scopes' `[limits.<name>]` (of the attributes the request carries), then the route's
+/// own tables.
+pub fn build_check<'a>(rt: &'a Runtime, who: Who<'a>, cost: u32) -> Check<'a> {
     let mut check = Check::new(cost);
     if let Some(l) = &rt.config.ip_limits {
         check.push(
             Scope::Ip,
-            Ident::client(client_ip, rt.config.ipv6_prefix),
+            Ident::client(who.client_ip, rt.config.ipv6_prefix),
             l,
         );
     }
-    if let Some(k) = key {
+    if let Some(k) = who.key {
         check.push(Scope::Key, k.key_ident.clone(), &k.tier.key);
         check.push(Scope::Tenant, k.tenant_ident.clone(), &k.tenant_tier.tenant);
     }
     if let Some(l) = &rt.config.global_limits {
         check.push(Scope::Global, Ident::Global, l);
+    }
+    if !who.customs.is_empty() {
+        for (c, ident) in rt.config.scopes.iter().zip(who.customs) {
+            if let (Some(l), Some(ident)) = (&c.limits, ident) {
+                check.push(c.scope, ident.clone(), l);
+            }
+        }
+    }
+    if let Some(route) = who.route.filter(|r| !r.limits.is_empty()) {
+        for t in &route.limits {
+            if let Some(ident) = who.ident(rt, t.counts) {
+                check.push(t.scope, ident, &t.limits);
+            }
+        }
     }
     check
 }
@@ -271,7 +337,7 @@ pub fn build_check<'a>(
 pub(super) fn scaled_limits(
     check: &Check<'_>,
     factor: Factor,
-) -> ArrayVec<ScopeLimits, { Scope::COUNT }> {
+) -> ArrayVec<ScopeLimits, MAX_SCOPES> {
     if factor.is_one() {
         return ArrayVec::new();
     }

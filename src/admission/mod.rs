@@ -37,6 +37,7 @@ mod auth;
 mod bans;
 pub mod concurrency;
 pub mod core;
+pub mod custom;
 mod limits;
 mod pipeline;
 pub mod snapshot;
@@ -46,7 +47,8 @@ use std::sync::Arc;
 
 pub use self::auth::lookup_key;
 pub use self::core::{block_entry, parse_net, Core, Dynamic, Runtime};
-pub use self::limits::build_check;
+pub use self::custom::Attrs;
+pub use self::limits::{build_check, Who};
 pub use self::pipeline::{admit_at, blocked_ip, ip_blocked, ip_blocked_at};
 use crate::adaptive::Factor;
 use crate::identity::{KeyInfo, Presented};
@@ -72,6 +74,8 @@ pub struct AdmitRequest<'a> {
     pub also_charge: Option<IpAddr>,
     /// Who is asking: a proxied request, or a decision API naming a client.
     pub origin: Origin,
+    /// What custom scopes read (headers, query; empty for the decision APIs).
+    pub attrs: Attrs<'a>,
 }
 
 /// Who asks for a decision. Automatic bans are struck only by proxied requests: a
@@ -148,6 +152,10 @@ pub enum Rejection {
     InvalidHost,
     /// 400: more than one credential (see `identity::api_key_from`).
     AmbiguousCredentials,
+    /// 400: a custom scope's attribute is over 256 bytes, not text, or sent twice.
+    InvalidIdentity(Scope),
+    /// 400: a custom scope with `missing = "reject"` found no attribute.
+    MissingIdentity(Scope),
     /// 405: a method the gateway does not forward (see `proxy::target::method_allowed`).
     MethodNotAllowed,
     /// 503: a fail-closed scope could not reach its store.
@@ -189,6 +197,8 @@ pub struct Admission {
     pub now_ms: u64,
     /// When the store decided each scope, on its own clock (what a settle names).
     decided_at: crate::limiter::DecidedAt,
+    /// The custom scopes' identities the request was charged under (for a settle).
+    customs: custom::Identities,
     /// The route's adaptive factor the limits were multiplied by (1: not adapting).
     pub factor: Factor,
     /// Whether the store charged the rate windows (not when it failed open, or the local
@@ -266,8 +276,13 @@ impl Admission {
         if delta == 0 {
             return 0;
         }
-        let base =
-            limits::build_check(&self.runtime, self.client_ip, self.key.as_deref(), reserved);
+        let who = Who {
+            client_ip: self.client_ip,
+            key: self.key.as_deref(),
+            route: self.route.as_deref().map(|r| &r.route),
+            customs: &self.customs,
+        };
+        let base = limits::build_check(&self.runtime, who, reserved);
         // The same (scaled) limits the request was decided on.
         let scaled = limits::scaled_limits(&base, self.factor);
         let check = limits::rebind(base, &scaled);
@@ -287,6 +302,16 @@ impl Admission {
             }
         }
         delta
+    }
+
+    /// Who the request was charged as (its address, key, route and custom identities).
+    pub fn who(&self) -> Who<'_> {
+        Who {
+            client_ip: self.client_ip,
+            key: self.key.as_deref(),
+            route: self.route.as_deref().map(|r| &r.route),
+            customs: &self.customs,
+        }
     }
 
     /// Whether the request's cost was settled (`settle` ran with a charged reservation).

@@ -6,11 +6,12 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use super::core::{Core, Dynamic, Runtime};
+use super::custom::{self, Identities};
 use super::limits::{self, Charge, LimitOutcome};
 use super::{auth, bans, concurrency};
 use super::{Admission, AdmitRequest, Lifetime, Refusal, Rejection, Target};
 use crate::adaptive::Factor;
-use crate::config::{Auth, Mode};
+use crate::config::{Auth, Mode, Route};
 use crate::identity::{KeyInfo, Presented};
 use crate::limiter::{Ident, Scope};
 use crate::routing::RouteEntry;
@@ -28,7 +29,11 @@ pub async fn admit_at(
     now_ms: u64,
     req: &AdmitRequest<'_>,
 ) -> Result<Admission, Refusal> {
-    let mut seen = Seen { key: None, now_ms };
+    let mut seen = Seen {
+        key: None,
+        now_ms,
+        customs: Identities::new(),
+    };
     let result = pipeline(core, &runtime, req, &mut seen).await;
     count_top(core, &runtime, req.client_ip, &seen, &result);
     result.map_err(|r| r.on(runtime, now_ms))
@@ -57,6 +62,11 @@ fn count_top(
         top.record(Scope::Key, &k.key_ident, rejected, now_ms);
         top.record(Scope::Tenant, &k.tenant_ident, rejected, now_ms);
     }
+    for (c, ident) in rt.config.scopes.iter().zip(&seen.customs) {
+        if let Some(ident) = ident {
+            top.record(c.scope, ident, rejected, now_ms);
+        }
+    }
 }
 
 /// What the pipeline learned about a request, for `GET /v1/top` whatever the outcome.
@@ -66,6 +76,8 @@ struct Seen {
     key: Option<Arc<KeyInfo>>,
     /// The limiter clock reading of the decision.
     now_ms: u64,
+    /// The custom scopes' identities, once read.
+    customs: Identities,
 }
 
 /// One request's way through the steps: what every step reads.
@@ -103,7 +115,13 @@ async fn pipeline(
     if let Some(k) = &key {
         step.screen_key(k).map_err(refused)?;
     }
-    step.charge(runtime, route.clone(), key)
+    let customs = step
+        .customs(route.as_deref().map(|r| &r.route))
+        .map_err(refused)?;
+    if !customs.is_empty() {
+        seen.customs.clone_from(&customs);
+    }
+    step.charge(runtime, route.clone(), key, customs)
         .await
         .map_err(refused)
 }
@@ -167,12 +185,29 @@ impl Step<'_> {
         bans::check(core, Scope::Tenant, &k.tenant_ident, now_ms)
     }
 
+    /// The custom scopes' identities (none configured: nothing read), and their bans.
+    fn customs(&self, route: Option<&Route>) -> Result<Identities, Rejection> {
+        let scopes = &self.rt.config.scopes;
+        if scopes.is_empty() {
+            return Ok(Identities::new());
+        }
+        let ids = custom::identities(scopes, route, self.req)?;
+        for (c, ident) in scopes.iter().zip(&ids) {
+            if let Some(ident) = ident {
+                bans::check(self.core, c.scope, ident, self.now_ms)?;
+            }
+        }
+        Ok(ids)
+    }
+
     /// The limits' view of the request for `key` at `cost`, on the route's `mode` and
     /// adaptive `factor`.
     fn charge_of<'k>(&'k self, key: Option<&'k KeyInfo>, cost: u32) -> Charge<'k> {
         Charge {
             client_ip: self.req.client_ip,
             key,
+            route: None,
+            customs: &[],
             cost,
             mode: Mode::Enforce,
             factor: Factor::ONE,
@@ -188,11 +223,14 @@ impl Step<'_> {
         runtime: &Arc<Runtime>,
         route: Option<Arc<RouteEntry>>,
         key: Option<Arc<KeyInfo>>,
+        customs: Identities,
     ) -> Result<Admission, Rejection> {
         let (core, rt) = (self.core, self.rt);
         let r = route.as_ref().map(|r| &r.route);
         let cost = self.req.cost.or(r.map(|r| r.cost)).unwrap_or(1).max(1);
         let charge = Charge {
+            route: r,
+            customs: &customs,
             mode: r.map_or(Mode::Enforce, |r| r.mode),
             // An adaptive route's limits follow its upstream's health (see `adaptive`).
             factor: route.as_ref().map_or(Factor::ONE, |r| r.factor()),
@@ -200,7 +238,7 @@ impl Step<'_> {
         };
         let ip = self.req.client_ip;
         let slots =
-            concurrency::acquire(core, rt, ip, key.as_deref(), charge.mode, charge.factor).await?;
+            concurrency::acquire(core, rt, charge.who(), charge.mode, charge.factor).await?;
         // From here the slots are held by a guard: if this future is dropped while the
         // rate windows are checked (a gRPC deadline, a client gone, a timeout layer), its
         // drop gives them back; a refusal gives them back at once.
@@ -224,7 +262,7 @@ impl Step<'_> {
         Ok(admitted(
             core,
             runtime.clone(),
-            (ip, route, key),
+            (ip, route, key, customs),
             out,
             held,
             (factor, now_ms),
@@ -236,7 +274,12 @@ impl Step<'_> {
 fn admitted(
     core: &Core,
     runtime: Arc<Runtime>,
-    (client_ip, route, key): (IpAddr, Option<Arc<RouteEntry>>, Option<Arc<KeyInfo>>),
+    (client_ip, route, key, customs): (
+        IpAddr,
+        Option<Arc<RouteEntry>>,
+        Option<Arc<KeyInfo>>,
+        Identities,
+    ),
     out: LimitOutcome,
     held: Held,
     (factor, now_ms): (Factor, u64),
@@ -252,6 +295,7 @@ fn admitted(
         shadow_rejected: out.shadow_rejected,
         rate_policy: out.policy,
         decided_at: out.verdict.decided_at,
+        customs,
         now_ms,
         factor,
         charged,

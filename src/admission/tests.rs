@@ -155,6 +155,7 @@ fn req<'a>(client: &str, path: &'a str, key: Option<&'a str>) -> AdmitRequest<'a
         cost: None,
         also_charge: None,
         origin: Origin::Proxy,
+        attrs: Default::default(),
     }
 }
 
@@ -176,6 +177,8 @@ fn kind(r: &Result<Admission, Refusal>) -> String {
             Rejection::InvalidHost => "400 host".into(),
             Rejection::AmbiguousCredentials => "400 credentials".into(),
             Rejection::MethodNotAllowed => "405 method".into(),
+            Rejection::InvalidIdentity(s) => format!("400 invalid {}", s.as_str()),
+            Rejection::MissingIdentity(s) => format!("400 missing {}", s.as_str()),
             Rejection::Unavailable => "503".into(),
         },
     }

@@ -20,6 +20,8 @@ pub(crate) struct File {
     #[serde(default)]
     pub(crate) limits: LimitsFile,
     #[serde(default)]
+    pub(crate) scopes: BTreeMap<String, Spanned<CustomScopeFile>>,
+    #[serde(default)]
     pub(crate) auth: AuthSectionFile,
     #[serde(default)]
     pub(crate) tiers: BTreeMap<String, Spanned<TierFile>>,
@@ -144,12 +146,33 @@ pub(crate) struct DatabaseFile {
     pub(crate) events_retention_months: Option<Spanned<u32>>,
 }
 
+/// `[limits.<scope>]`: `ip`, `global`, `auth` or a custom scope's name (checked by
+/// `validate`, which names the table of an unknown one).
 #[derive(Debug, Default, Deserialize)]
+#[serde(transparent)]
+pub(crate) struct LimitsFile(pub(crate) BTreeMap<String, Spanned<ScopeFile>>);
+
+impl LimitsFile {
+    /// The table of `scope`, if given.
+    pub(crate) fn table(&self, scope: &str) -> Option<&ScopeFile> {
+        self.0.get(scope).map(Spanned::get_ref)
+    }
+}
+
+/// `[scopes.<name>]`: a custom scope on a request attribute.
+#[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct LimitsFile {
-    pub(crate) ip: Option<ScopeFile>,
-    pub(crate) global: Option<ScopeFile>,
-    pub(crate) auth: Option<ScopeFile>,
+pub(crate) struct CustomScopeFile {
+    /// `header:<Name>`, `query:<param>`, `cookie:<name>`, `path:<n>` or `jwt:<claim>`.
+    pub(crate) from: Spanned<String>,
+    pub(crate) missing: Option<MissingFile>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum MissingFile {
+    Skip,
+    Reject,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize)]
@@ -247,6 +270,9 @@ pub(crate) struct RouteFile {
     pub(crate) methods: Option<Spanned<Vec<Spanned<String>>>>,
     /// `hide_credentials = true`: the API key (header or query) is not forwarded.
     pub(crate) hide_credentials: Option<bool>,
+    /// `limits`: the route's own scope tables (`ip`, `key`, `tenant`, `global`, custom).
+    #[serde(default)]
+    pub(crate) limits: LimitsFile,
 }
 
 /// `[auth]`: where API keys are read from.

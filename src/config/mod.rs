@@ -17,9 +17,9 @@ pub use limits::{
     BURST_RANGE, MAX_LIMIT, MAX_SLIDING_LOG,
 };
 pub use model::{
-    method_forwarded, Auth, Backend, BlockEntry, BlockTarget, ClientIpHeader, Config, HealthCheck,
-    KeyEntry, KeySources, Mode, PathParameters, RateLimitHeaders, Route, Secret, Server, Store,
-    Tier, Tls,
+    method_forwarded, Attribute, Auth, Backend, BlockEntry, BlockTarget, ClientIpHeader, Config,
+    Counts, CustomScope, HealthCheck, KeyEntry, KeySources, Missing, Mode, PathParameters,
+    RateLimitHeaders, Route, RouteLimit, Secret, Server, Store, Tier, Tls,
 };
 pub use validate::{format_rfc3339, rfc3339_ms};
 

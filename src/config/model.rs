@@ -9,7 +9,7 @@ use std::time::Duration;
 use ipnet::IpNet;
 
 use super::limits::WindowSettings;
-use crate::limiter::{OnFailure, ScopeLimits};
+use crate::limiter::{OnFailure, Scope, ScopeLimits};
 
 /// The whole validated `gateway.toml`.
 #[derive(Debug, Clone)]
@@ -38,6 +38,8 @@ pub struct Config {
     pub global_limits: Option<Arc<ScopeLimits>>,
     /// `[limits.auth]`: failed key lookups per client IP.
     pub auth_limits: Option<Arc<ScopeLimits>>,
+    /// `[scopes.<name>]` by name (with `[limits.<name>]`).
+    pub scopes: Vec<CustomScope>,
     /// `[auth]`: where API keys are read from.
     pub auth: KeySources,
     /// `[tiers.NAME]` by name.
@@ -328,6 +330,71 @@ pub struct Route {
     pub methods: Option<Arc<[http::Method]>>,
     /// `hide_credentials`: the API key (header, Bearer or query) is not forwarded.
     pub hide_credentials: bool,
+    /// `limits`: the route's own scope tables, counted for its requests alone.
+    pub limits: Vec<RouteLimit>,
+}
+
+/// One of a route's scope tables (`[routes.limits.ip]`).
+#[derive(Debug, Clone)]
+pub struct RouteLimit {
+    /// The named scope (`login.ip`): its own counters.
+    pub scope: Scope,
+    /// What it counts.
+    pub counts: Counts,
+    /// Its windows.
+    pub limits: Arc<ScopeLimits>,
+}
+
+/// What a route's scope table counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Counts {
+    /// The client address (as the ip scope does).
+    Ip,
+    /// The key id.
+    Key,
+    /// The tenant id.
+    Tenant,
+    /// The route's traffic as a whole.
+    Global,
+    /// The custom scope `Config::scopes[i]`'s identity.
+    Custom(usize),
+}
+
+/// `[scopes.<name>]`: a scope on a request attribute.
+#[derive(Debug, Clone)]
+pub struct CustomScope {
+    /// The named scope (`user`).
+    pub scope: Scope,
+    /// Where the identity is read.
+    pub from: Attribute,
+    /// Without the attribute: leave the scope out, or answer 400.
+    pub missing: Missing,
+    /// `[limits.<name>]`, for every request that carries the attribute.
+    pub limits: Option<Arc<ScopeLimits>>,
+}
+
+/// Where a custom scope reads its identity (`from`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Attribute {
+    /// `header:<Name>` (lower case).
+    Header(http::HeaderName),
+    /// `query:<param>`.
+    Query(String),
+    /// `cookie:<name>`.
+    Cookie(String),
+    /// `path:<n>`: the n-th (1-based) segment of the normalized path.
+    Path(usize),
+    /// `jwt:<claim>`: a claim of the verified token.
+    Jwt(String),
+}
+
+/// `missing` of a custom scope.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Missing {
+    /// The scope is left out for that request (never one shared bucket).
+    Skip,
+    /// 400 `missing_identity`.
+    Reject,
 }
 
 // === impl Route ===

@@ -52,6 +52,8 @@ pub struct Ask<'a> {
     pub key: Presented<'a>,
     /// The cost the request spends (None: the route's).
     pub cost: Option<u32>,
+    /// What custom scopes read.
+    pub attrs: admission::Attrs<'a>,
 }
 
 /// A socket peer as the address the limits key on (`client_ip::canonical`: an IPv4-mapped
@@ -104,6 +106,11 @@ pub async fn admit_http<T: Destination>(
             method,
             key,
             cost: None,
+            attrs: admission::Attrs {
+                headers: Some(headers),
+                query: target.query(),
+                claims: None,
+            },
         })
         .map_err(|_| Rejection::AmbiguousCredentials);
     let a = admit_asked(core, (rt, now_ms), client_ip, ask).await;
@@ -153,6 +160,7 @@ pub async fn admit_asked(
         cost: ask.cost,
         also_charge: None,
         origin: Origin::Proxy,
+        attrs: ask.attrs,
     };
     admission::admit_at(core, at.0, at.1, &request).await
 }

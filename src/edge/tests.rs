@@ -100,6 +100,7 @@ fn one_runtime_snapshot_per_request() {
         method: &http::Method::GET,
         key: Presented::Missing,
         cost: None,
+        attrs: Default::default(),
     };
     let ip: IpAddr = "198.51.100.8".parse().unwrap();
     let at = (strict.clone(), NOW);

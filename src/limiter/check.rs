@@ -20,6 +20,10 @@ pub enum Ident {
     Global,
 }
 
+/// Most scopes one request meets: the four built-in ones, a route's tables and custom
+/// scopes together.
+pub const MAX_SCOPES: usize = 8;
+
 /// One scope of a check.
 #[derive(Debug, Clone)]
 pub struct ScopeCheck<'a> {
@@ -34,9 +38,10 @@ pub struct ScopeCheck<'a> {
 /// Everything a store needs to decide one request. Holds at most one entry per scope.
 #[derive(Debug, Clone, Default)]
 pub struct Check<'a> {
-    /// The scopes, in evaluation order (ip, key, tenant, global; or auth alone). Sized
-    /// from the type: one entry per scope at most.
-    pub scopes: ArrayVec<ScopeCheck<'a>, { Scope::COUNT }>,
+    /// The scopes, in evaluation order (ip, key, tenant, global, then the route's and
+    /// custom scopes; or auth alone). One entry per scope at most, [`MAX_SCOPES`] in all
+    /// (`throttle check` refuses a route that could meet more).
+    pub scopes: ArrayVec<ScopeCheck<'a>, MAX_SCOPES>,
     /// Units the request spends in every window (route `cost`); at least 1.
     pub cost: u32,
     /// Decide without charging anything (a look at the state).
@@ -177,10 +182,14 @@ impl<'a> Check<'a> {
         }
     }
 
-    /// Adds a scope; ignored when the scope has no windows or is already present (so
-    /// there is always room: at most one entry per scope).
+    /// Adds a scope; ignored when the scope has no windows or is already present, or
+    /// when the check is full (the config validation keeps a request under
+    /// [`MAX_SCOPES`]).
     pub fn push(&mut self, scope: Scope, ident: Ident, limits: &'a ScopeLimits) {
-        if limits.windows.is_empty() || self.scopes.iter().any(|s| s.scope == scope) {
+        if limits.windows.is_empty()
+            || self.scopes.is_full()
+            || self.scopes.iter().any(|s| s.scope == scope)
+        {
             return;
         }
         self.scopes.push(ScopeCheck {
@@ -188,6 +197,11 @@ impl<'a> Check<'a> {
             ident,
             limits,
         });
+    }
+
+    /// Where `scope` is in the check.
+    pub fn position(&self, scope: Scope) -> Option<usize> {
+        self.scopes.iter().position(|s| s.scope == scope)
     }
 
     /// Whether no scope applies.

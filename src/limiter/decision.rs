@@ -3,6 +3,7 @@
 //! Durations are relative milliseconds (`reset_after`, `retry_after`) so that a decision
 //! made on Redis time never mixes clocks with the gateway's header rendering.
 
+use super::check::{Check, MAX_SCOPES};
 use super::policy::{Scope, Window};
 
 /// The outcome of one window for one request.
@@ -43,11 +44,11 @@ pub struct Verdict {
     /// On a reject: the rejecting window with the longest retry (ties: the first scope).
     /// `None` when no limit applied.
     pub governing: Option<WindowDecision>,
-    /// Bit `1 << scope as u8` for each scope that was checked.
+    /// Bit `1 << i` for each scope `check.scopes[i]` that was checked.
     pub scopes_checked: u8,
     /// True when the shared store could not decide and each scope's `on_failure` did.
     pub fallback: bool,
-    /// With `fallback`: bit `1 << scope as u8` for each scope skipped (`on_failure =
+    /// With `fallback`: bit `1 << i` for each scope `check.scopes[i]` skipped (`on_failure =
     /// "open"`); the other checked scopes were decided by the local fallback store.
     pub failed_open: u8,
     /// When the store decided each scope, on the store's own clock: what a settle of
@@ -61,27 +62,38 @@ pub struct Verdict {
 /// these times, so a refund finds the window or log entry the charge went to whatever
 /// the gateway's clock says. 0: not decided by a store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct DecidedAt([u64; Scope::COUNT]);
+/// Indexed like the check's scopes.
+pub struct DecidedAt([u64; MAX_SCOPES]);
 
 // === impl DecidedAt ===
 
 impl DecidedAt {
     /// Every scope decided at `ms`.
     pub const fn all(ms: u64) -> DecidedAt {
-        DecidedAt([ms; Scope::COUNT])
+        DecidedAt([ms; MAX_SCOPES])
     }
 
-    /// When `scope` was decided (0: not by a store).
-    pub fn of(&self, scope: Scope) -> u64 {
-        self.0[scope as usize]
+    /// When the check's scope `i` was decided (0: not by a store).
+    pub fn of(&self, i: usize) -> u64 {
+        self.0.get(i).copied().unwrap_or(0)
     }
 
     /// Records that `scope` was (also) decided at `ms`: the earliest time counts, the
     /// safe one for a refund (a bucket gives back less the longer ago; a counter or log
     /// entry not found gives back nothing).
-    pub fn add(&mut self, scope: Scope, ms: u64) {
-        let t = &mut self.0[scope as usize];
-        *t = if *t == 0 { ms } else { (*t).min(ms) };
+    pub fn add(&mut self, i: usize, ms: u64) {
+        if let Some(t) = self.0.get_mut(i) {
+            *t = if *t == 0 { ms } else { (*t).min(ms) };
+        }
+    }
+}
+
+impl DecidedAt {
+    /// Records that `check`'s `scope` was (also) decided at `ms` (see `add`).
+    pub fn add_for(&mut self, check: &Check<'_>, scope: Scope, ms: u64) {
+        if let Some(i) = check.position(scope) {
+            self.add(i, ms);
+        }
     }
 }
 
@@ -104,14 +116,20 @@ impl Verdict {
         decided_at: DecidedAt::all(0),
     };
 
-    /// Folds per-window decisions into the layered verdict (see `Verdict::governing`).
-    pub fn from_decisions(decisions: impl IntoIterator<Item = WindowDecision>) -> Verdict {
+    /// Folds per-window decisions of `check`'s scopes into the layered verdict (see
+    /// `Verdict::governing`).
+    pub fn from_decisions(
+        check: &Check<'_>,
+        decisions: impl IntoIterator<Item = WindowDecision>,
+    ) -> Verdict {
         let mut allowed = true;
         let mut scopes_checked = 0u8;
         let mut pass: Option<WindowDecision> = None;
         let mut reject: Option<WindowDecision> = None;
         for wd in decisions {
-            scopes_checked |= 1 << wd.scope as u8;
+            if let Some(i) = check.position(wd.scope) {
+                scopes_checked |= 1 << i;
+            }
             let d = &wd.decision;
             if !d.allowed {
                 allowed = false;
@@ -134,24 +152,44 @@ impl Verdict {
         }
     }
 
-    /// The verdict with each of `scopes` decided at `ms` (a store with one clock).
-    pub fn at(self, scopes: impl IntoIterator<Item = Scope>, ms: u64) -> Verdict {
+    /// The verdict with each of the check's `n` scopes decided at `ms` (a store with one
+    /// clock).
+    pub fn at(self, n: usize, ms: u64) -> Verdict {
         let mut decided_at = DecidedAt::default();
-        for s in scopes {
-            decided_at.add(s, ms);
+        for i in 0..n {
+            decided_at.add(i, ms);
         }
         Verdict { decided_at, ..self }
-    }
-
-    /// Whether `scope` took part in the decision.
-    pub fn checked(&self, scope: Scope) -> bool {
-        self.scopes_checked & (1 << scope as u8) != 0
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A check of ip, key, tenant and global (one window each; only the scopes matter).
+    fn four() -> Check<'static> {
+        use crate::limiter::{Ident, ScopeLimits};
+        let limits: &'static ScopeLimits = Box::leak(Box::new(ScopeLimits {
+            windows: vec![crate::limiter::WindowLimit {
+                window: Window::Second,
+                limit: 10,
+                algorithm: crate::limiter::Algorithm::FixedWindow,
+                capacity: 10,
+                jitter_ms: 0,
+                admission: crate::limiter::Admission::Auto,
+            }],
+            on_failure: crate::limiter::OnFailure::Local,
+            message: None,
+            concurrent: None,
+            ban: None,
+        }));
+        let mut c = Check::new(1);
+        for s in [Scope::Ip, Scope::Key, Scope::Tenant, Scope::Global] {
+            c.push(s, Ident::Global, limits);
+        }
+        c
+    }
 
     fn wd(
         scope: Scope,
@@ -178,32 +216,44 @@ mod tests {
     /// On a pass the fewest-remaining window governs, ties going to the earliest reset.
     #[test]
     fn pass_picks_fewest_remaining_then_earliest_reset() {
-        let v = Verdict::from_decisions([
-            wd(Scope::Ip, Window::Second, true, 5, 100, 0),
-            wd(Scope::Key, Window::Minute, true, 3, 9000, 0),
-            wd(Scope::Key, Window::Hour, true, 3, 500, 0),
-        ]);
+        let check = four();
+        let v = Verdict::from_decisions(
+            &check,
+            [
+                wd(Scope::Ip, Window::Second, true, 5, 100, 0),
+                wd(Scope::Key, Window::Minute, true, 3, 9000, 0),
+                wd(Scope::Key, Window::Hour, true, 3, 500, 0),
+            ],
+        );
         assert!(v.allowed);
         assert_eq!(v.governing.unwrap().window, Window::Hour);
-        assert!(v.checked(Scope::Ip) && v.checked(Scope::Key) && !v.checked(Scope::Tenant));
+        // Positions 0 (ip) and 1 (key) were checked, not 2 (tenant).
+        assert_eq!(v.scopes_checked, 0b11);
     }
 
     /// On a reject the longest retry governs, ties going to the first scope.
     #[test]
     fn reject_picks_longest_retry() {
-        let v = Verdict::from_decisions([
-            wd(Scope::Ip, Window::Second, false, 0, 100, 700),
-            wd(Scope::Key, Window::Minute, true, 3, 9000, 0),
-            wd(Scope::Tenant, Window::Hour, false, 0, 500, 700),
-            wd(Scope::Global, Window::Day, false, 0, 500, 900),
-        ]);
+        let check = four();
+        let v = Verdict::from_decisions(
+            &check,
+            [
+                wd(Scope::Ip, Window::Second, false, 0, 100, 700),
+                wd(Scope::Key, Window::Minute, true, 3, 9000, 0),
+                wd(Scope::Tenant, Window::Hour, false, 0, 500, 700),
+                wd(Scope::Global, Window::Day, false, 0, 500, 900),
+            ],
+        );
         assert!(!v.allowed);
         let g = v.governing.unwrap();
         assert_eq!((g.scope, g.window), (Scope::Global, Window::Day));
-        let v = Verdict::from_decisions([
-            wd(Scope::Ip, Window::Second, false, 0, 100, 700),
-            wd(Scope::Tenant, Window::Hour, false, 0, 500, 700),
-        ]);
+        let v = Verdict::from_decisions(
+            &check,
+            [
+                wd(Scope::Ip, Window::Second, false, 0, 100, 700),
+                wd(Scope::Tenant, Window::Hour, false, 0, 500, 700),
+            ],
+        );
         assert_eq!(v.governing.unwrap().scope, Scope::Ip);
     }
 }

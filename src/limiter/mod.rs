@@ -11,10 +11,12 @@
 pub mod algorithm;
 pub mod check;
 pub mod decision;
+pub mod named;
 pub mod policy;
 
-pub use check::{canonical, canonical_net, network, Check, Ident, Quota, ScopeCheck};
+pub use check::{canonical, canonical_net, network, Check, Ident, Quota, ScopeCheck, MAX_SCOPES};
 pub use decision::{DecidedAt, Decision, Verdict, WindowDecision};
 pub use policy::{
-    Admission, Algorithm, BanRule, OnFailure, Scope, ScopeLimits, Window, WindowLimit,
+    Admission, Algorithm, BanRule, Base, Named, OnFailure, Scope, ScopeLimits, Window, WindowLimit,
+    MAX_NAMED,
 };

@@ -4,6 +4,8 @@
 
 use std::fmt;
 
+pub use super::named::{Base, Named, NamedInfo, TooMany, MAX_NAMED};
+
 /// Who a limit counts: the client IP, the API key, the key's tenant, or the whole fleet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Scope {
@@ -17,6 +19,9 @@ pub enum Scope {
     Global,
     /// Failed API key lookups, keyed by client IP (brute-force protection).
     Auth,
+    /// A scope the config names: a route's table (`login.ip`) or a custom scope on a
+    /// request attribute (see `limiter::named`).
+    Named(Named),
 }
 
 /// The length of a limit's window.
@@ -124,10 +129,10 @@ pub struct BanRule {
 // === impl Scope ===
 
 impl Scope {
-    /// How many scopes there are: a check holds at most one of each.
+    /// How many built-in scopes there are (metrics keep one series of each).
     pub const COUNT: usize = Scope::ALL.len();
 
-    /// Every scope: the four request scopes in evaluation order, then `Auth`.
+    /// Every built-in scope: the four request scopes in evaluation order, then `Auth`.
     pub const ALL: [Scope; 5] = [
         Scope::Ip,
         Scope::Key,
@@ -144,12 +149,66 @@ impl Scope {
             Scope::Tenant => "tenant",
             Scope::Global => "global",
             Scope::Auth => "auth",
+            Scope::Named(n) => n.info().name,
         }
     }
 
-    /// The scope `as_str` names (as Redis keys, ban records and query strings spell it).
+    /// The scope `as_str` names (as Redis keys, ban records and query strings spell it);
+    /// a named scope only once the config interned it.
     pub fn parse(name: &str) -> Option<Scope> {
-        Scope::ALL.into_iter().find(|s| s.as_str() == name)
+        Scope::ALL
+            .into_iter()
+            .find(|s| s.as_str() == name)
+            .or_else(|| Named::lookup(name).map(Scope::Named))
+    }
+
+    /// The index of a built-in scope in `Scope::ALL`; `None` for a named one.
+    pub fn builtin_index(self) -> Option<usize> {
+        match self {
+            Scope::Ip => Some(0),
+            Scope::Key => Some(1),
+            Scope::Tenant => Some(2),
+            Scope::Global => Some(3),
+            Scope::Auth => Some(4),
+            Scope::Named(_) => None,
+        }
+    }
+
+    /// The route whose requests alone this scope counts (a route's scope table).
+    pub fn route(self) -> Option<&'static str> {
+        match self {
+            Scope::Named(n) => n.info().route,
+            _ => None,
+        }
+    }
+
+    /// The scope a ban struck by this one is recorded under: a route's `login.ip` bans
+    /// the address (`ip`), a custom scope (on a route or not) bans the attribute's value
+    /// in that custom scope.
+    pub fn ban_scope(self) -> Scope {
+        let Scope::Named(n) = self else { return self };
+        match n.info().base {
+            Base::Ip => Scope::Ip,
+            Base::Key => Scope::Key,
+            Base::Tenant => Scope::Tenant,
+            Base::Global => Scope::Global,
+            Base::Custom(name) => Named::lookup(name).map_or(self, Scope::Named),
+        }
+    }
+
+    /// The name a 429 body gives the scope: `ip` for a route's `login.ip` (the body names
+    /// the route beside it), the custom scope's name for `login.user`.
+    pub fn short_name(self) -> &'static str {
+        match self {
+            Scope::Named(n) => match n.info().base {
+                Base::Ip => "ip",
+                Base::Key => "key",
+                Base::Tenant => "tenant",
+                Base::Global => "global",
+                Base::Custom(name) => name,
+            },
+            s => s.as_str(),
+        }
     }
 }
 

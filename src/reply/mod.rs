@@ -130,6 +130,8 @@ impl Rejection {
             Rejection::InvalidHost => "invalid_host",
             Rejection::MethodNotAllowed => "method_not_allowed",
             Rejection::AmbiguousCredentials => "ambiguous_credentials",
+            Rejection::InvalidIdentity(_) => "invalid_identity",
+            Rejection::MissingIdentity(_) => "missing_identity",
             Rejection::Unavailable => "rate_limiter_unavailable",
         }
     }
@@ -180,6 +182,12 @@ pub fn render(rejection: &Rejection, now_ms: u64, style: RateLimitHeaders) -> Re
             error_reply(400, code)
         }
         Rejection::MethodNotAllowed => error_reply(405, code),
+        // Custom scope names are [a-z][a-z0-9_]*: nothing to escape.
+        Rejection::InvalidIdentity(scope) | Rejection::MissingIdentity(scope) => json(
+            400,
+            format!(r#"{{"error":"{code}","scope":"{}"}}"#, scope.as_str()),
+            Vec::new(),
+        ),
     }
 }
 
@@ -194,7 +202,13 @@ fn rate_limited_body(code: &str, g: &WindowDecision, template: &str) -> Vec<u8> 
     out.extend_from_slice(br#"{"error":""#);
     out.extend_from_slice(code.as_bytes());
     out.extend_from_slice(br#"","scope":""#);
-    out.extend_from_slice(g.scope.as_str().as_bytes());
+    out.extend_from_slice(g.scope.short_name().as_bytes());
+    if let Some(route) = g.scope.route() {
+        // A route's own window: its name beside the scope (route names with limits are
+        // [A-Za-z0-9_-], nothing to escape).
+        out.extend_from_slice(br#"","route":""#);
+        out.extend_from_slice(route.as_bytes());
+    }
     out.extend_from_slice(br#"","limit":"#);
     out.extend_from_slice(num.format(d.limit).as_bytes());
     out.extend_from_slice(br#","current":"#);
@@ -237,7 +251,7 @@ fn fill(template: &str, limit: u32, window: &str, retry_secs: u64, scope: Scope)
         } else if tail.starts_with("{retry_after}") {
             (num.format(retry_secs), 13)
         } else if tail.starts_with("{scope}") {
-            (scope.as_str(), 7)
+            (scope.short_name(), 7)
         } else {
             ("{", 1)
         };

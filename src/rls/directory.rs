@@ -225,7 +225,8 @@ tier = "pro"
         let caller = i.tenants["acme"].clone().unwrap();
         assert!(caller.key_id.is_empty());
         let rt = i.runtime.clone();
-        let check = build_check(&rt, "10.0.0.1".parse().unwrap(), Some(&caller), 1);
+        let who = crate::admission::Who::of("10.0.0.1".parse().unwrap(), Some(&caller));
+        let check = build_check(&rt, who, 1);
         let scopes: Vec<Scope> = check.scopes.iter().map(|s| s.scope).collect();
         assert_eq!(scopes, [Scope::Tenant]);
         assert_eq!(check.scopes[0].limits.windows.len(), 1);

@@ -129,6 +129,7 @@ impl Rls {
             cost: asked.cost,
             also_charge: None,
             origin: Origin::Check,
+            attrs: Default::default(),
         };
         match admission::admit(&self.core, &request).await {
             Ok(a) => {

@@ -200,6 +200,11 @@ impl Replay {
                 method: &row.method,
                 key,
                 cost: row.cost,
+                attrs: admission::Attrs {
+                    headers: row.headers.as_ref(),
+                    query: row.query.as_deref(),
+                    claims: None,
+                },
             }),
             Err(rejection) => Err(rejection.clone()),
         };
@@ -211,7 +216,7 @@ impl Replay {
             Ok(a) => {
                 let shadow = a.rate.filter(|_| a.shadow_rejected).map(|g| g.scope);
                 let key = a.key.as_deref();
-                let checked = admission::build_check(&rt, a.client_ip, key, 1);
+                let checked = admission::build_check(&rt, a.who(), 1);
                 let scopes = checked.scopes.iter().map(|s| s.scope);
                 report.admitted(scopes, key.map(|k| &*k.tenant), shadow);
                 drop(checked);
@@ -247,7 +252,7 @@ impl Replay {
             }
             Rejection::NoRoute(_) => {
                 // The ip and global limits passed (and were charged) before the 404.
-                let passed = admission::build_check(rt, row.ip, None, 1);
+                let passed = admission::build_check(rt, admission::Who::of(row.ip, None), 1);
                 report.refused("no_route", passed.scopes.iter().map(|s| s.scope));
                 return;
             }

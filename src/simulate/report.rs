@@ -54,9 +54,10 @@ pub struct Counts {
     pub shadow_rejected: u64,
 }
 
-/// `Counts` per scope, serialized in pipeline order, scopes that decided nothing left out.
+/// `Counts` per scope, serialized in pipeline order (the built-in scopes, then named ones
+/// as first met), scopes that decided nothing left out.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ScopeCounts([Counts; Scope::COUNT]);
+pub struct ScopeCounts([Counts; Scope::COUNT], Vec<(Scope, Counts)>);
 
 fn is_zero(n: &u64) -> bool {
     *n == 0
@@ -185,18 +186,38 @@ fn table(
 impl ScopeCounts {
     /// The counts of `scope`.
     pub fn get(&self, scope: Scope) -> Counts {
-        self.0[scope as usize]
+        match scope.builtin_index() {
+            Some(i) => self.0[i],
+            None => self
+                .1
+                .iter()
+                .find(|(s, _)| *s == scope)
+                .map_or_else(Counts::default, |(_, c)| *c),
+        }
     }
 
     fn get_mut(&mut self, scope: Scope) -> &mut Counts {
-        &mut self.0[scope as usize]
+        if let Some(i) = scope.builtin_index() {
+            return &mut self.0[i];
+        }
+        let i = match self.1.iter().position(|(s, _)| *s == scope) {
+            Some(i) => i,
+            None => {
+                self.1.push((scope, Counts::default()));
+                self.1.len() - 1
+            }
+        };
+        &mut self.1[i].1
     }
 
     /// Scopes that decided at least one request, in pipeline order.
     pub fn iter(&self) -> impl Iterator<Item = (&'static str, Counts)> + '_ {
+        let named = self.1.iter().map(|(s, c)| (*s, *c));
         Scope::ALL
             .into_iter()
-            .map(|s| (s.as_str(), self.get(s)))
+            .map(|s| (s, self.get(s)))
+            .chain(named)
+            .map(|(s, c)| (s.as_str(), c))
             .filter(|(_, c)| *c != Counts::default())
     }
 }

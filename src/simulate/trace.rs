@@ -2,7 +2,10 @@
 //!
 //! Columns (any order, names case-insensitive): `time` (RFC 3339 or Unix milliseconds),
 //! `ip`, `path` (required); `api_key` and/or `key_id`, `host`, `cost`, `method` (optional;
-//! `GET` when absent: a route's `methods` may not take it). An
+//! `GET` when absent: a route's `methods` may not take it), `query` (the query string
+//! custom scopes' `query:` read; else the part of `path` after `?`) and any number of
+//! `header:<Name>` columns (a request header, for custom scopes' `header:` and
+//! `cookie:`). An
 //! unknown or repeated column is an error at line 1, so a misspelt `apikey` cannot make
 //! every row anonymous. Empty cells mean "absent" (no key, no host, the route's cost).
 //! Every error names the line the row starts on (the header is line 1).
@@ -39,6 +42,10 @@ pub(super) struct Row {
     pub(super) cost: Option<u32>,
     /// The request method (`GET` when the trace has none).
     pub(super) method: http::Method,
+    /// The query string, if any.
+    pub(super) query: Option<String>,
+    /// The `header:<Name>` cells that are not empty (None: no such column set).
+    pub(super) headers: Option<http::HeaderMap>,
 }
 
 /// The key of a row.
@@ -63,6 +70,8 @@ struct Columns {
     host: Option<usize>,
     cost: Option<usize>,
     method: Option<usize>,
+    query: Option<usize>,
+    headers: Vec<(usize, http::HeaderName)>,
 }
 
 /// Reads every row of `trace`, in file order (tests; the replay streams with `Rows`).
@@ -216,9 +225,19 @@ impl Columns {
                 "host" => &mut c.host,
                 "cost" => &mut c.cost,
                 "method" => &mut c.method,
+                "query" => &mut c.query,
+                lower if lower.starts_with("header:") => {
+                    let h = http::HeaderName::from_bytes(&lower.as_bytes()["header:".len()..])
+                        .map_err(|_| at_header(format!("column {name:?}: not a header name")))?;
+                    if c.headers.iter().any(|(_, n)| *n == h) {
+                        return Err(at_header(format!("column {name:?} appears twice")));
+                    }
+                    c.headers.push((i, h));
+                    continue;
+                }
                 _ => {
                     return Err(at_header(format!(
-                        "unknown column {name:?} (columns: time, ip, path, api_key, key_id, host, cost, method)"
+                        "unknown column {name:?} (columns: time, ip, path, api_key, key_id, host, cost, method, query, header:<Name>)"
                     )))
                 }
             };
@@ -242,7 +261,29 @@ impl Columns {
             return Err("empty path".into());
         }
         // Routes match the path alone, as the proxy matches `uri.path()`.
-        let path = path.split(['?', '#']).next().unwrap_or(path);
+        let (path, in_path) = match path.split('#').next().unwrap_or(path).split_once('?') {
+            Some((p, q)) => (p, Some(q)),
+            None => (path.split('#').next().unwrap_or(path), None),
+        };
+        let query = Some(cell(self.query))
+            .filter(|q| !q.is_empty())
+            .or(in_path)
+            .map(str::to_string);
+        let headers = if self.headers.is_empty() {
+            None
+        } else {
+            let mut map = http::HeaderMap::new();
+            for (i, name) in &self.headers {
+                let v = cell(Some(*i));
+                if v.is_empty() {
+                    continue;
+                }
+                let v = http::HeaderValue::from_str(v)
+                    .map_err(|_| format!("header {name} value {v:?} is not a header value"))?;
+                map.append(name.clone(), v);
+            }
+            Some(map)
+        };
         let key = match (cell(self.api_key), cell(self.key_id)) {
             ("", "") => Key::None,
             (k, "") => Key::Api(k.to_string()),
@@ -259,6 +300,8 @@ impl Columns {
             host: host.map(str::to_string),
             cost: cost(cell(self.cost))?,
             method: method(cell(self.method))?,
+            query,
+            headers,
         })
     }
 }

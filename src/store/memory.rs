@@ -26,6 +26,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::limiter::algorithm::{self, step, State};
 use crate::limiter::{
     Check, DecidedAt, Ident, Scope, ScopeCheck, Verdict, Window, WindowDecision, WindowLimit,
+    MAX_SCOPES,
 };
 use crate::sharded::Sharded;
 
@@ -33,7 +34,7 @@ const SHARDS: usize = 64;
 /// A shard below this size is never swept inline.
 const INLINE_SWEEP_MIN: usize = 4_096;
 /// Upper bound of windows in one check: 4 scopes x 5 windows.
-const MAX_WINDOWS: usize = Scope::COUNT * Window::COUNT;
+const MAX_WINDOWS: usize = MAX_SCOPES * Window::COUNT;
 
 /// The embedded limit store.
 pub struct MemoryStore<C: Clock = SystemClock> {
@@ -114,27 +115,27 @@ impl<C: Clock> MemoryStore<C> {
         if check.is_empty() {
             return Verdict::UNLIMITED;
         }
-        let mut shard_of = [0usize; Scope::COUNT];
+        let mut shard_of = [0usize; MAX_SCOPES];
         for (i, s) in check.scopes.iter().enumerate() {
             shard_of[i] = self.shards.index_of((s.scope, &s.ident));
         }
         // Indexed by scope: `shards[i]` is the shard of `check.scopes[i]`.
         let mut shards = self
             .shards
-            .lock_each::<{ Scope::COUNT }>(&shard_of[..check.scopes.len()]);
+            .lock_each::<MAX_SCOPES>(&shard_of[..check.scopes.len()]);
         let total_windows: usize = check.scopes.iter().map(|s| s.limits.windows.len()).sum();
         if total_windows == 1 && !check.peek {
             // One window: charging is decided by that window alone, no dry run needed.
             let d = shards[0].charge(&check.scopes[0], now_ms, check.cost);
-            return Verdict::from_decisions(d).at(check.scopes.iter().map(|s| s.scope), now_ms);
+            return Verdict::from_decisions(check, d).at(check.scopes.len(), now_ms);
         }
         let mut decisions: ArrayVec<WindowDecision, MAX_WINDOWS> = ArrayVec::new();
         let mut nexts: ArrayVec<Option<State>, MAX_WINDOWS> = ArrayVec::new();
         for (i, s) in check.scopes.iter().enumerate() {
             shards[i].dry_run(s, now_ms, check.cost, &mut decisions, &mut nexts);
         }
-        let verdict = Verdict::from_decisions(decisions.iter().copied())
-            .at(check.scopes.iter().map(|s| s.scope), now_ms);
+        let verdict = Verdict::from_decisions(check, decisions.iter().copied())
+            .at(check.scopes.len(), now_ms);
         if verdict.allowed && !check.peek {
             let mut at = 0;
             for (i, s) in check.scopes.iter().enumerate() {
@@ -167,8 +168,8 @@ impl<C: Clock> MemoryStore<C> {
             return;
         }
         let decided_at = decided_at.into();
-        for s in &check.scopes {
-            let admitted_at_ms = decided_at.of(s.scope);
+        for (i, s) in check.scopes.iter().enumerate() {
+            let admitted_at_ms = decided_at.of(i);
             self.shards.lock_for((s.scope, &s.ident)).settle(
                 s,
                 now_ms,

@@ -34,7 +34,7 @@ use async_trait::async_trait;
 use super::breaker::{BreakerState, CircuitBreaker};
 use super::slots::{self, Acquired, Origin, SlotRequest};
 use super::{LimitStore, MemoryStore, StoreError};
-use crate::limiter::{Check, DecidedAt, OnFailure, Scope, ScopeLimits, Verdict, WindowLimit};
+use crate::limiter::{Check, DecidedAt, OnFailure, ScopeLimits, Verdict, WindowLimit, MAX_SCOPES};
 use crate::metrics::Metrics;
 
 /// Consecutive failures that open the breaker.
@@ -82,7 +82,7 @@ impl TieredStore {
 
     /// The limits of `check`'s `on_failure = "local"` scopes (by index), divided by the
     /// live instance count.
-    fn divided(&self, check: &Check<'_>) -> ArrayVec<(usize, ScopeLimits), { Scope::COUNT }> {
+    fn divided(&self, check: &Check<'_>) -> ArrayVec<(usize, ScopeLimits), MAX_SCOPES> {
         let n = self.instances.load(Ordering::Relaxed).max(1);
         check
             .scopes
@@ -112,11 +112,13 @@ impl TieredStore {
             let s = &check.scopes[*i];
             local.push(s.scope, s.ident.clone(), limits);
         }
+        // Positions in `check` (the local verdict's own bits are positions in `local`).
         let failed_open = check
             .scopes
             .iter()
-            .filter(|s| s.limits.on_failure == OnFailure::Open)
-            .fold(0u8, |bits, s| bits | 1 << s.scope as u8);
+            .enumerate()
+            .filter(|(_, s)| s.limits.on_failure == OnFailure::Open)
+            .fold(0u8, |bits, (i, _)| bits | 1 << i);
         let mut verdict = self.fallback.decide(&local);
         verdict.fallback = true;
         verdict.failed_open = failed_open;

@@ -31,6 +31,7 @@ mod rediss;
 mod reload;
 mod rls;
 mod routes;
+mod scopes;
 mod seams;
 mod sentinel_failover;
 mod settle;

@@ -23,6 +23,7 @@ mod auth;
 mod client_ip;
 mod keys;
 mod routes;
+mod scopes;
 mod server;
 mod store;
 mod tiers;
@@ -32,6 +33,7 @@ use self::client_ip::*;
 use self::keys::*;
 pub use self::keys::{format_rfc3339, rfc3339_ms};
 use self::routes::*;
+use self::scopes::*;
 use self::server::*;
 use self::store::*;
 use self::tiers::*;
@@ -87,7 +89,17 @@ pub(super) fn validate(
         known_tier(&cx, &t.tier, &tiers)?;
         tenants.insert(t.id.clone(), t.tier.get_ref().clone());
     }
-    let routes = routes(&cx, &raw.routes)?;
+    let scopes = custom_scopes(&cx, &raw, store.on_failure)?;
+    let mut routes = routes(&cx, &raw.routes)?;
+    let builtin = usize::from(ip_limits.is_some()) + 2 + usize::from(global_limits.is_some());
+    route_limits(
+        &cx,
+        &raw.routes,
+        &mut routes,
+        &scopes,
+        builtin,
+        store.on_failure,
+    )?;
     let auth = key_sources(&cx, &raw.auth)?;
     let retention = raw
         .database
@@ -120,6 +132,7 @@ pub(super) fn validate(
         ip_limits,
         global_limits,
         auth_limits,
+        scopes,
         auth,
         tiers,
         routes,

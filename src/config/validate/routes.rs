@@ -72,6 +72,7 @@ fn route(cx: &Ctx<'_>, r: &RouteFile) -> Result<Route, ConfigError> {
         upgrade: r.upgrade.unwrap_or(false),
         methods: methods(cx, r)?,
         hide_credentials: r.hide_credentials.unwrap_or(false),
+        limits: Vec::new(),
     })
 }
 

@@ -17,19 +17,19 @@ pub(super) fn limits(
     raw: &File,
     on_failure: OnFailure,
 ) -> Result<Limits, ConfigError> {
-    let ip_limits = match &raw.limits.ip {
+    let ip_limits = match raw.limits.table("ip") {
         Some(s) => Some(Arc::new(scope(cx, s, None, None, on_failure)?)),
         None => None,
     };
-    if let Some(b) = raw.limits.global.as_ref().and_then(|g| g.ban.as_ref()) {
+    if let Some(b) = raw.limits.table("global").and_then(|g| g.ban.as_ref()) {
         let msg = "ban applies to [limits.ip], [limits.auth] and tier key / tenant tables, not [limits.global] (it would block everyone)";
         return Err(cx.err(b.span(), msg));
     }
-    let global_limits = match &raw.limits.global {
+    let global_limits = match raw.limits.table("global") {
         Some(s) => Some(Arc::new(rate_only(cx, s, "[limits.global]", on_failure)?)),
         None => None,
     };
-    let auth_limits = match &raw.limits.auth {
+    let auth_limits = match raw.limits.table("auth") {
         Some(s) => Some(Arc::new(rate_only(cx, s, "[limits.auth]", on_failure)?)),
         None => None,
     };

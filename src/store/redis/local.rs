@@ -286,13 +286,13 @@ impl Local {
                     return Outcome::Remote;
                 };
                 let l = &mut slot.leases[i];
-                decided_at.add(s.scope, l.granted_at);
+                decided_at.add_for(check, s.scope, l.granted_at);
                 decisions.push(l.spend(s.scope, w.window, check.cost, now));
             }
         }
         Outcome::Leased(Verdict {
             decided_at,
-            ..Verdict::from_decisions(decisions)
+            ..Verdict::from_decisions(check, decisions)
         })
     }
 
@@ -508,7 +508,7 @@ fn want(per_second: u64, len_ms: u64, limit: &WindowLimit) -> u64 {
 }
 
 fn scopes_bits(check: &Check<'_>) -> u8 {
-    check.scopes.iter().fold(0, |b, s| b | 1 << s.scope as u8)
+    (1u16 << check.scopes.len()).wrapping_sub(1) as u8
 }
 
 #[cfg(test)]

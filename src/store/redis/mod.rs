@@ -248,7 +248,7 @@ impl RedisStore {
             call.await.map(|reply| {
                 record(&scopes, &reply);
                 for s in &scopes {
-                    decided_at.add(s.scope, reply.now);
+                    decided_at.add_for(check, s.scope, reply.now);
                 }
                 decisions.extend(reply.decisions);
             })
@@ -269,7 +269,7 @@ impl RedisStore {
         };
         let verdict = called.map(|()| Verdict {
             decided_at,
-            ..Verdict::from_decisions(decisions)
+            ..Verdict::from_decisions(check, decisions)
         });
         // A request not admitted (refused, or the call failed) gives back the leased
         // tokens it spent on covered windows.
@@ -334,7 +334,7 @@ impl RedisStore {
                         .collect::<Vec<_>>(),
                 ));
             }
-            decided_at.add(s.scope, r.now);
+            decided_at.add_for(check, s.scope, r.now);
             decisions.extend(r.decisions);
         }
         let allowed = failed.is_none() && decisions.iter().all(|d| d.decision.allowed);
@@ -433,7 +433,7 @@ impl RedisStore {
             return;
         };
         let now = self.now_arg();
-        let settle = |scopes: &[ScopeCheck<'_>]| {
+        let settle = |scopes: &[ScopeCheck<'_>], decided_at: DecidedAt| {
             wire::settle_command(
                 self.script.get_hash(),
                 &now,
@@ -445,13 +445,16 @@ impl RedisStore {
             )
         };
         let cmds: Vec<redis::Cmd> = if matches!(*conn, Conn::Cluster(_)) {
+            // One call per scope: that scope's time at index 0.
+            let one = |i| DecidedAt::all(decided_at.of(i));
             check
                 .scopes
                 .iter()
-                .map(|s| settle(std::slice::from_ref(s)))
+                .enumerate()
+                .map(|(i, s)| settle(std::slice::from_ref(s), one(i)))
                 .collect()
         } else {
-            vec![settle(&check.scopes)]
+            vec![settle(&check.scopes, decided_at)]
         };
         for _ in &cmds {
             self.count_call();

@@ -41,7 +41,7 @@ impl<'a> Remote<'a> {
                         ..
                     } => {
                         out.covered.push(*decision);
-                        out.granted_at.add(s.scope, *granted_at);
+                        out.granted_at.add_for(check, s.scope, *granted_at);
                     }
                     WindowPlan::Remote(a) => {
                         windows.push(*w);

@@ -278,7 +278,7 @@ pub fn command(
 
 /// An `EVALSHA` settling a request whose scopes were decided at `decided_at` (the store
 /// clock, per scope) with reserved `cost` on every window of `scopes`: `delta` = true
-/// cost - `cost` (see `LimitStore::settle`).
+/// cost - `cost` (see `LimitStore::settle`). `decided_at` is indexed like `scopes`.
 /// The reply is "now 1".
 #[allow(clippy::too_many_arguments)]
 pub fn settle_command(
@@ -290,10 +290,7 @@ pub fn settle_command(
     prefix: &str,
     scopes: &[ScopeCheck<'_>],
 ) -> redis::Cmd {
-    let at = move |i: usize, _| {
-        let scope = scopes.get(i).map_or(Scope::Global, |s| s.scope);
-        (decided_at.of(scope), LeaseArgs::default())
-    };
+    let at = move |i: usize, _| (decided_at.of(i), LeaseArgs::default());
     let header = (now, cost, Mode::Settle);
     evalsha(sha, prefix, header, delta, scope_windows(scopes, at))
 }

@@ -332,7 +332,8 @@ fn leased_verdicts_name_the_grant_time() {
     let Outcome::Leased(v) = local.decide(&c, 10_100) else {
         panic!("not leased")
     };
-    assert_eq!(v.decided_at.of(Scope::Key), 500);
+    // The check's scope 0 (its only one, key).
+    assert_eq!(v.decided_at.of(0), 500);
     let plan = local.prepare(&c, 10_200);
     let WindowPlan::Covered { granted_at, .. } = plan.scopes[0][0] else {
         panic!("not covered")

@@ -1,0 +1,212 @@
+//! The identities of custom scopes (`[scopes.<name>] from = ...`): read once per request,
+//! before any limit, from the request's attributes.
+//!
+//! A value is the attribute as sent (a header's bytes, a query parameter or cookie
+//! decoded, a path segment as normalized), at most [`MAX_IDENTITY`] bytes of UTF-8
+//! without control characters; sent twice (two headers, two parameters or two cookies of
+//! the name) it is ambiguous. Either is 400 `invalid_identity`: there is no fallback to a
+//! shared bucket or to the client address. An absent or empty attribute is `missing`:
+//! the scope is left out (`skip`), or 400 `missing_identity` (`reject`).
+
+use smallvec::SmallVec;
+
+use super::{AdmitRequest, Rejection, Target};
+use crate::config::{Attribute, Counts, CustomScope, Missing, Route};
+use crate::limiter::Ident;
+
+/// Longest identity (bytes).
+pub const MAX_IDENTITY: usize = 256;
+
+/// What custom scopes read of a request: transport-neutral views of its headers and
+/// query (the path comes from the target).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Attrs<'a> {
+    /// The request headers, as received.
+    pub headers: Option<&'a http::HeaderMap>,
+    /// The raw query string (after `?`).
+    pub query: Option<&'a str>,
+    /// The verified JWT's claims (`jwt:<claim>`), when one was presented.
+    pub claims: Option<&'a serde_json::Map<String, serde_json::Value>>,
+}
+
+/// Each custom scope's identity, indexed like `scopes` (None: skipped).
+pub(super) type Identities = SmallVec<[Option<Ident>; 4]>;
+
+/// The identities of `scopes` for `req` on `route`: a scope applies (is read, and may
+/// reject) where it has limits: `[limits.<name>]` for every request, a route's
+/// `limits.<name>` on that route; elsewhere it is None.
+///
+/// # Errors
+/// 400 `invalid_identity` or `missing_identity` (see the module docs).
+pub(super) fn identities(
+    scopes: &[CustomScope],
+    route: Option<&Route>,
+    req: &AdmitRequest<'_>,
+) -> Result<Identities, Rejection> {
+    let path = match req.target {
+        Target::Match { path, .. } => Some(path),
+        Target::Named(_) | Target::Any => None,
+    };
+    let on_route =
+        |i: usize| route.is_some_and(|r| r.limits.iter().any(|t| t.counts == Counts::Custom(i)));
+    scopes
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            if c.limits.is_none() && !on_route(i) {
+                return Ok(None);
+            }
+            let value = match read(&c.from, &req.attrs, path) {
+                Ok(v) => v,
+                Err(Invalid) => return Err(Rejection::InvalidIdentity(c.scope)),
+            };
+            match value {
+                Some(v) if v.len() > MAX_IDENTITY || v.chars().any(char::is_control) => {
+                    Err(Rejection::InvalidIdentity(c.scope))
+                }
+                Some(v) if !v.is_empty() => Ok(Some(Ident::Name(v.into()))),
+                _ if c.missing == Missing::Reject => Err(Rejection::MissingIdentity(c.scope)),
+                _ => Ok(None),
+            }
+        })
+        .collect()
+}
+
+/// An attribute that cannot be an identity (sent twice, not UTF-8).
+struct Invalid;
+
+/// The attribute's value, if the request carries it.
+fn read(
+    from: &Attribute,
+    attrs: &Attrs<'_>,
+    path: Option<&str>,
+) -> Result<Option<String>, Invalid> {
+    match from {
+        Attribute::Header(name) => {
+            let Some(headers) = attrs.headers else {
+                return Ok(None);
+            };
+            let mut values = headers.get_all(name).iter();
+            let Some(v) = values.next() else {
+                return Ok(None);
+            };
+            if values.next().is_some() {
+                return Err(Invalid);
+            }
+            std::str::from_utf8(v.as_bytes())
+                .map(|s| Some(s.trim().to_string()))
+                .map_err(|_| Invalid)
+        }
+        Attribute::Query(name) => {
+            let Some(query) = attrs.query else {
+                return Ok(None);
+            };
+            let mut found = None;
+            for (n, v) in form_urlencoded::parse(query.as_bytes()) {
+                if n == name.as_str() && found.replace(v.into_owned()).is_some() {
+                    return Err(Invalid);
+                }
+            }
+            Ok(found)
+        }
+        Attribute::Cookie(name) => cookie(attrs.headers, name),
+        Attribute::Path(n) => Ok(path
+            .and_then(|p| p.split('/').filter(|s| !s.is_empty()).nth(n - 1))
+            .map(str::to_string)),
+        Attribute::Jwt(claim) => {
+            Ok(attrs
+                .claims
+                .and_then(|c| c.get(claim.as_str()))
+                .and_then(|v| match v {
+                    serde_json::Value::String(s) => Some(s.clone()),
+                    serde_json::Value::Number(n) => Some(n.to_string()),
+                    _ => None,
+                }))
+        }
+    }
+}
+
+/// The cookie `name` over every `Cookie` header (RFC 6265 `name=value; ...`).
+fn cookie(headers: Option<&http::HeaderMap>, name: &str) -> Result<Option<String>, Invalid> {
+    let Some(headers) = headers else {
+        return Ok(None);
+    };
+    let mut found = None;
+    for h in headers.get_all(http::header::COOKIE) {
+        let Ok(s) = std::str::from_utf8(h.as_bytes()) else {
+            continue;
+        };
+        for pair in s.split(';') {
+            let Some((n, v)) = pair.trim().split_once('=') else {
+                continue;
+            };
+            if n == name {
+                if found.is_some() {
+                    return Err(Invalid);
+                }
+                found = Some(v.trim_matches('"').to_string());
+            }
+        }
+    }
+    Ok(found)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&str, &str)]) -> http::HeaderMap {
+        let mut h = http::HeaderMap::new();
+        for (n, v) in pairs {
+            h.append(
+                http::HeaderName::from_bytes(n.as_bytes()).unwrap(),
+                http::HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        h
+    }
+
+    #[test]
+    fn each_attribute_kind() {
+        let h = headers(&[
+            ("x-user", "alice"),
+            ("cookie", "a=1; session=s3"),
+            ("cookie", "b=2"),
+        ]);
+        let attrs = Attrs {
+            headers: Some(&h),
+            query: Some("org=acme&x=1"),
+            claims: None,
+        };
+        let path = Some("/v1/orgs/acme/items");
+        let read = |from| read(&from, &attrs, path).ok().flatten();
+        let header = Attribute::Header(http::HeaderName::from_static("x-user"));
+        assert_eq!(read(header).as_deref(), Some("alice"));
+        assert_eq!(
+            read(Attribute::Query("org".into())).as_deref(),
+            Some("acme")
+        );
+        assert_eq!(read(Attribute::Query("none".into())), None);
+        assert_eq!(
+            read(Attribute::Cookie("session".into())).as_deref(),
+            Some("s3")
+        );
+        assert_eq!(read(Attribute::Cookie("b".into())).as_deref(), Some("2"));
+        assert_eq!(read(Attribute::Path(3)).as_deref(), Some("acme"));
+        assert_eq!(read(Attribute::Path(9)), None);
+    }
+
+    #[test]
+    fn twice_is_invalid() {
+        let h = headers(&[("x-user", "a"), ("x-user", "b"), ("cookie", "s=1; s=2")]);
+        let attrs = Attrs {
+            headers: Some(&h),
+            query: Some("u=1&u=2"),
+            claims: None,
+        };
+        let header = Attribute::Header(http::HeaderName::from_static("x-user"));
+        assert!(read(&header, &attrs, None).is_err());
+        assert!(read(&Attribute::Query("u".into()), &attrs, None).is_err());
+        assert!(read(&Attribute::Cookie("s".into()), &attrs, None).is_err());
+    }
+}

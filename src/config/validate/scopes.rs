@@ -1,0 +1,239 @@
+//! `[scopes.<name>]` (custom scopes on request attributes), `[limits.<name>]` beyond the
+//! built-in tables, and each route's `limits`.
+
+use super::*;
+use crate::limiter::{Base, Named, Scope, MAX_SCOPES};
+
+/// Names a custom scope may not take: the built-in scopes, and `concurrent` (the scope a
+/// 429 of the concurrency slots names).
+const RESERVED: [&str; 6] = ["ip", "key", "tenant", "global", "auth", "concurrent"];
+
+/// `[scopes.*]` with their `[limits.<name>]`, in name order; any other `[limits.*]` table
+/// than `ip`, `global`, `auth` or a custom scope's is an error at that table.
+pub(super) fn custom_scopes(
+    cx: &Ctx<'_>,
+    raw: &File,
+    on_failure: OnFailure,
+) -> Result<Vec<CustomScope>, ConfigError> {
+    let mut out = Vec::with_capacity(raw.scopes.len());
+    for (name, def) in &raw.scopes {
+        if let Err(why) = custom_name(name) {
+            return Err(cx.err(def.span(), format!("[scopes.{name}]: {why}")));
+        }
+        let d = def.get_ref();
+        let from = attribute(d.from.get_ref()).map_err(|e| cx.err(d.from.span(), e))?;
+        let scope = Named::custom(name)
+            .map(Scope::Named)
+            .map_err(|e| cx.err(def.span(), e.to_string()))?;
+        let limits = match raw.limits.table(name) {
+            Some(s) => Some(Arc::new(scope_table(cx, s, on_failure)?)),
+            None => None,
+        };
+        out.push(CustomScope {
+            scope,
+            from,
+            missing: match d.missing {
+                Some(MissingFile::Reject) => Missing::Reject,
+                Some(MissingFile::Skip) | None => Missing::Skip,
+            },
+            limits,
+        });
+    }
+    for (name, table) in &raw.limits.0 {
+        if !matches!(name.as_str(), "ip" | "global" | "auth") && !raw.scopes.contains_key(name) {
+            return Err(cx.err(
+                table.span(),
+                unknown_table(&format!("[limits.{name}]"), name),
+            ));
+        }
+    }
+    Ok(out)
+}
+
+/// A scope table of a custom scope or a route: every key of `[limits.ip]` applies.
+fn scope_table(
+    cx: &Ctx<'_>,
+    s: &ScopeFile,
+    on_failure: OnFailure,
+) -> Result<ScopeLimits, ConfigError> {
+    scope(cx, s, None, None, on_failure)
+}
+
+fn unknown_table(table: &str, name: &str) -> String {
+    match name {
+        "key" | "tenant" => format!(
+            "{table}: key and tenant limits are set per tier ([tiers.<name>] {name} = {{ ... }})"
+        ),
+        _ => format!("{table}: no scope {name:?} (ip, key, tenant, global, or a [scopes.{name}] custom scope)"),
+    }
+}
+
+/// `[a-z][a-z0-9_]{0,31}`, not a reserved name.
+fn custom_name(name: &str) -> Result<(), String> {
+    if RESERVED.contains(&name) {
+        return Err(format!("{name:?} is a built-in scope; pick another name"));
+    }
+    let mut bytes = name.bytes();
+    let first_ok = bytes.next().is_some_and(|b| b.is_ascii_lowercase());
+    let rest_ok = bytes.all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+    if !first_ok || !rest_ok || name.len() > 32 {
+        return Err(format!(
+            "{name:?} is not a scope name (a lower-case letter, then up to 31 of a-z, 0-9, _)"
+        ));
+    }
+    Ok(())
+}
+
+/// `from`: `header:<Name>`, `query:<param>`, `cookie:<name>`, `path:<n>`, `jwt:<claim>`.
+pub(super) fn attribute(from: &str) -> Result<Attribute, String> {
+    let bad = || {
+        format!("from = {from:?}: expected \"header:<Name>\", \"query:<param>\", \"cookie:<name>\", \"path:<n>\" or \"jwt:<claim>\"")
+    };
+    let (kind, arg) = from.split_once(':').ok_or_else(bad)?;
+    if arg.is_empty() || arg.len() > 128 || arg.bytes().any(|b| b.is_ascii_control() || b == b' ') {
+        return Err(bad());
+    }
+    Ok(match kind {
+        "header" => Attribute::Header(
+            http::HeaderName::from_bytes(arg.to_ascii_lowercase().as_bytes())
+                .map_err(|_| format!("from = {from:?}: {arg:?} is not a header name"))?,
+        ),
+        "query" => Attribute::Query(arg.to_string()),
+        "cookie" => Attribute::Cookie(arg.to_string()),
+        "path" => match arg.parse::<usize>() {
+            Ok(n) if (1..=64).contains(&n) => Attribute::Path(n),
+            _ => return Err(format!("from = {from:?}: the segment must be from 1 to 64")),
+        },
+        "jwt" => Attribute::Jwt(arg.to_string()),
+        _ => return Err(bad()),
+    })
+}
+
+/// Each route's `limits`, resolved against the custom scopes; also bounds the scopes one
+/// request of the route can meet by [`MAX_SCOPES`].
+pub(super) fn route_limits(
+    cx: &Ctx<'_>,
+    raw: &[Spanned<RouteFile>],
+    routes: &mut [Route],
+    customs: &[CustomScope],
+    builtin: usize,
+    on_failure: OnFailure,
+) -> Result<(), ConfigError> {
+    let global_customs = customs.iter().filter(|c| c.limits.is_some()).count();
+    for (route, r) in routes.iter_mut().zip(raw) {
+        let r = r.get_ref();
+        if r.limits.0.is_empty() {
+            continue;
+        }
+        let name = route.name.to_string();
+        if name.is_empty()
+            || name.len() > 64
+            || !name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        {
+            return Err(cx.err(
+                r.name.span(),
+                format!("route {name:?} has limits: its name must be 1 to 64 of A-Z, a-z, 0-9, _ and - (it names the route's counters)"),
+            ));
+        }
+        for (scope_name, table) in &r.limits.0 {
+            let label = format!("[routes.limits.{scope_name}] of route {name:?}");
+            let (base, counts) = match scope_name.as_str() {
+                "ip" => (Base::Ip, Counts::Ip),
+                "key" => (Base::Key, Counts::Key),
+                "tenant" => (Base::Tenant, Counts::Tenant),
+                "global" => (Base::Global, Counts::Global),
+                other => match customs.iter().position(|c| c.scope.as_str() == other) {
+                    Some(i) => (Base::Custom(customs[i].scope.as_str()), Counts::Custom(i)),
+                    None => return Err(cx.err(table.span(), unknown_table(&label, other))),
+                },
+            };
+            let s = table.get_ref();
+            if counts == Counts::Global {
+                if let Some(b) = &s.ban {
+                    let msg = format!(
+                        "{label}: ban does not apply to a global table (it would block everyone)"
+                    );
+                    return Err(cx.err(b.span(), msg));
+                }
+            }
+            let limits = scope_table(cx, s, on_failure)?;
+            if let Err(e) = crate::config::check_cost(&limits, route.cost) {
+                return Err(cx.err(table.span(), format!("{label}: {e}")));
+            }
+            let scope = Named::intern(Some(&name), base)
+                .map(Scope::Named)
+                .map_err(|e| cx.err(table.span(), e.to_string()))?;
+            route.limits.push(RouteLimit {
+                scope,
+                counts,
+                limits: Arc::new(limits),
+            });
+        }
+        let most = builtin + global_customs + route.limits.len();
+        if most > MAX_SCOPES {
+            return Err(cx.err(
+                r.name.span(),
+                format!("route {name:?}: a request could meet {most} scopes (built-in, custom and the route's own); at most {MAX_SCOPES}"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn attributes_parse_or_say_why() {
+        let ok = [
+            (
+                "header:X-User",
+                Attribute::Header(http::HeaderName::from_static("x-user")),
+            ),
+            ("query:user", Attribute::Query("user".into())),
+            ("cookie:session", Attribute::Cookie("session".into())),
+            ("path:2", Attribute::Path(2)),
+            ("jwt:org", Attribute::Jwt("org".into())),
+        ];
+        for (from, want) in ok {
+            assert_eq!(attribute(from).unwrap(), want, "{from}");
+        }
+        for bad in [
+            "header",
+            "header:",
+            "body:x",
+            "path:0",
+            "path:x",
+            "header:a b",
+            "header:é",
+        ] {
+            assert!(attribute(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn custom_names() {
+        for ok in ["user", "u", "org_id", "a1234567890123456789012345678901"] {
+            assert!(custom_name(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "ip",
+            "key",
+            "tenant",
+            "global",
+            "auth",
+            "concurrent",
+            "User",
+            "1a",
+            "_a",
+            "a-b",
+            "",
+            "a12345678901234567890123456789012",
+        ] {
+            assert!(custom_name(bad).is_err(), "{bad}");
+        }
+    }
+}
