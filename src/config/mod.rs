@@ -18,8 +18,8 @@ pub use limits::{
 };
 pub use model::{
     method_forwarded, Auth, Backend, BlockEntry, BlockTarget, ClientIpHeader, Config, HealthCheck,
-    KeyEntry, KeySources, Mode, PathParameters, RateLimitHeaders, Route, Secret, Server, Store,
-    Tier, Tls,
+    Jwt, KeyEntry, KeySources, Mode, PathParameters, RateLimitHeaders, Route, Secret, Server,
+    Store, Tier, Tls,
 };
 pub use validate::{format_rfc3339, rfc3339_ms};
 

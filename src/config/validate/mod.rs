@@ -21,6 +21,7 @@ use crate::limiter::{Admission, Algorithm, BanRule, OnFailure, ScopeLimits, Wind
 
 mod auth;
 mod client_ip;
+mod jwt;
 mod keys;
 mod routes;
 mod server;
@@ -29,6 +30,7 @@ mod tiers;
 
 use self::auth::*;
 use self::client_ip::*;
+use self::jwt::*;
 use self::keys::*;
 pub use self::keys::{format_rfc3339, rfc3339_ms};
 use self::routes::*;
@@ -89,6 +91,10 @@ pub(super) fn validate(
     }
     let routes = routes(&cx, &raw.routes)?;
     let auth = key_sources(&cx, &raw.auth)?;
+    let jwt = match &raw.auth.jwt {
+        Some(j) => Some(jwt(&cx, j, &tiers)?),
+        None => None,
+    };
     let retention = raw
         .database
         .as_ref()
@@ -121,6 +127,7 @@ pub(super) fn validate(
         global_limits,
         auth_limits,
         auth,
+        jwt,
         tiers,
         routes,
         keys,
