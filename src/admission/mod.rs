@@ -339,3 +339,5 @@ pub async fn admit(core: &Core, req: &AdmitRequest<'_>) -> Result<Admission, Ref
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_jwt;
