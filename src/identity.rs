@@ -26,6 +26,11 @@ pub enum Presented<'a> {
     Key(&'a [u8]),
     /// A key header that cannot hold a valid key (empty Bearer, too long, bad bytes).
     Malformed,
+    /// A Bearer credential shaped like a JWT (`auth::looks_like_jwt`: two dots), read as
+    /// one only when `[auth.jwt]` is configured (`api_key_from`'s `jwt`); any length (the
+    /// verifier refuses what is too long). Without a verifier it is an API key again
+    /// (`validate_key`).
+    Token(&'a [u8]),
     /// A caller a trusted adapter has already identified (the Envoy rate-limit service's
     /// `key_id` and `tenant` entries): used as is, nothing is looked up.
     Known(&'a Arc<KeyInfo>),
@@ -35,7 +40,7 @@ impl PartialEq for Presented<'_> {
     fn eq(&self, other: &Self) -> bool {
         match (self, other) {
             (Self::Missing, Self::Missing) | (Self::Malformed, Self::Malformed) => true,
-            (Self::Key(a), Self::Key(b)) => a == b,
+            (Self::Key(a), Self::Key(b)) | (Self::Token(a), Self::Token(b)) => a == b,
             (Self::Known(a), Self::Known(b)) => Arc::ptr_eq(a, b),
             _ => false,
         }
@@ -62,6 +67,9 @@ pub struct KeyInfo {
     /// `X-Throttle-Tenant` and `X-Throttle-Key-Id` values, built once (None: an id that
     /// cannot be a header value).
     pub headers: Option<(http::HeaderValue, http::HeaderValue)>,
+    /// A JWT caller's claims that custom scopes read (`jwt:<claim>`), by name; empty for
+    /// an API key.
+    pub claims: Box<[(String, String)]>,
 }
 
 /// Digest -> key, swapped whole on refresh.
@@ -94,7 +102,20 @@ impl KeyInfo {
             tenant,
             tier,
             tenant_tier,
+            claims: Box::default(),
         })
+    }
+
+    /// `new`, with the claims custom scopes read.
+    pub fn with_claims(
+        id: &str,
+        tenant: &str,
+        (tier, tenant_tier): (Arc<Tier>, Arc<Tier>),
+        claims: Vec<(String, String)>,
+    ) -> Arc<Self> {
+        let mut info = Arc::unwrap_or_clone(Self::new(id, tenant, tier, tenant_tier));
+        info.claims = claims.into_boxed_slice();
+        Arc::new(info)
     }
 }
 
@@ -279,13 +300,16 @@ pub struct AmbiguousCredentials;
 
 /// The API key of a request: `Authorization: Bearer <key>`, else `<key_header>: <key>`
 /// (`[auth] key_header`, `X-API-Key` by default). A non-Bearer `Authorization` (e.g.
-/// Basic) is left for the upstream and is no key.
+/// Basic) is left for the upstream and is no key. With `jwt` (`[auth.jwt]` is
+/// configured), a Bearer value shaped like a JWT is a `Presented::Token`; without it
+/// nothing here looks at the value's shape.
 ///
 /// # Errors
 /// `AmbiguousCredentials` when the request carries more than one credential.
 pub fn api_key_from<'h>(
     headers: &'h HeaderMap,
     key_header: &http::HeaderName,
+    jwt: bool,
 ) -> Result<Presented<'h>, AmbiguousCredentials> {
     let mut auth = headers.get_all(http::header::AUTHORIZATION).iter();
     let mut api = headers.get_all(key_header).iter();
@@ -297,6 +321,9 @@ pub fn api_key_from<'h>(
     match (bearer, api) {
         (Some(b), Some(k)) if b.trim_ascii() != k.as_bytes().trim_ascii() => {
             Err(AmbiguousCredentials)
+        }
+        (Some(b), _) if jwt && crate::auth::looks_like_jwt(b.trim_ascii()) => {
+            Ok(Presented::Token(b.trim_ascii()))
         }
         (Some(b), _) => Ok(validate_key(b)),
         (None, Some(k)) => Ok(validate_key(k.as_bytes())),
@@ -405,7 +432,11 @@ mod tests {
         ];
         for (i, (h, want)) in cases.iter().enumerate() {
             let x_api_key = http::HeaderName::from_static("x-api-key");
-            assert_eq!(api_key_from(&headers(h), &x_api_key), *want, "case {i}");
+            assert_eq!(
+                api_key_from(&headers(h), &x_api_key, false),
+                *want,
+                "case {i}"
+            );
         }
     }
 
@@ -431,8 +462,54 @@ mod tests {
             ),
         ];
         for (i, (h, want)) in cases.iter().enumerate() {
-            assert_eq!(api_key_from(&headers(h), &custom), *want, "case {i}");
+            assert_eq!(api_key_from(&headers(h), &custom, false), *want, "case {i}");
         }
+    }
+
+    /// With `[auth.jwt]`, a Bearer value with two dots is a token whatever its length;
+    /// without it, the same value is an API key (or malformed when too long), and other
+    /// values are keys either way.
+    #[test]
+    fn jwt_shaped_bearer_is_a_token_only_with_jwt() {
+        let x_api_key = http::HeaderName::from_static("x-api-key");
+        let long = format!("Bearer {}.{}.{}", "a".repeat(200), "b".repeat(300), "c");
+        let h = headers(&[("authorization", long.as_bytes())]);
+        let token = &long.as_bytes()[7..];
+        assert_eq!(
+            api_key_from(&h, &x_api_key, true),
+            Ok(Presented::Token(token))
+        );
+        assert_eq!(
+            api_key_from(&h, &x_api_key, false),
+            Ok(Presented::Malformed)
+        );
+        let h = headers(&[("authorization", b"Bearer  a.b.c ")]);
+        assert_eq!(
+            api_key_from(&h, &x_api_key, true),
+            Ok(Presented::Token(b"a.b.c"))
+        );
+        assert_eq!(
+            api_key_from(&h, &x_api_key, false),
+            Ok(Presented::Key(b"a.b.c"))
+        );
+        for key in [&b"Bearer a.b"[..], b"Bearer a.b.c.d", b"Bearer abc"] {
+            let h = headers(&[("authorization", key)]);
+            assert_eq!(
+                api_key_from(&h, &x_api_key, true),
+                Ok(Presented::Key(&key[7..]))
+            );
+        }
+        // An X-API-Key is never a token, and a different one beside a token is ambiguous.
+        let h = headers(&[("x-api-key", b"a.b.c")]);
+        assert_eq!(
+            api_key_from(&h, &x_api_key, true),
+            Ok(Presented::Key(b"a.b.c"))
+        );
+        let h = headers(&[("authorization", b"Bearer a.b.c"), ("x-api-key", b"k1")]);
+        assert_eq!(
+            api_key_from(&h, &x_api_key, true),
+            Err(AmbiguousCredentials)
+        );
     }
 
     /// custom_override replaces, adds and removes windows field by field.

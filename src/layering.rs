@@ -9,6 +9,9 @@ const LAYERS: &[&[&str]] = &[
     &["clock", "sharded"],
     &["limiter"],
     &["adaptive"],
+    // JWT verification: self-contained, it imports nothing of the gateway; the config
+    // builds its settings and identity reads its token shape.
+    &["auth"],
     &["config"],
     &[
         "metrics",
@@ -19,8 +22,6 @@ const LAYERS: &[&[&str]] = &[
         "lifecycle",
         "demo",
         "top",
-        // JWT verification: self-contained, it imports nothing of the gateway.
-        "auth",
     ],
     &["store", "db", "routing"],
     &["admission"],

@@ -5,13 +5,13 @@
 //!
 //! 1. `clock` and `sharded` (one table as mutex-guarded shards picked by hash), then
 //!    `limiter` (policies, the five algorithms as pure functions, the layered verdict)
-//!    and `adaptive` (the adaptive-limit window and controller), then `config`
-//!    (`gateway.toml`, validated once).
+//!    and `adaptive` (the adaptive-limit window and controller), then `auth` (JWT
+//!    verification: keys, JWKS refresh, the verified-token cache; it imports nothing of
+//!    the gateway), then `config` (`gateway.toml`, validated once).
 //! 2. `metrics`, `client_ip` (trusted-proxy address resolution), `blocklist`, `bans`
-//!    (automatic temporary bans), `identity` (API key -> key id, tenant, tier),
+//!    (automatic temporary bans), `identity` (API key or JWT -> key id, tenant, tier),
 //!    `lifecycle` (connections and shutdown work), `demo` (the echo upstream), `top` (the
-//!    heavy-hitter sketch behind `GET /v1/top`), `auth` (JWT verification: keys, JWKS
-//!    refresh, the verified-token cache).
+//!    heavy-hitter sketch behind `GET /v1/top`).
 //! 3. `store` (where limiter state lives: memory, Redis, failure policy), `db`
 //!    (PostgreSQL records: keys, tenants, policies, blocks, the violation log) and
 //!    `routing` (host + path prefix + method -> route and upstreams).

@@ -42,8 +42,8 @@ pub async fn reload(core: &Core, db: &Database) -> Result<Reloaded, ConfigError>
         point_routes_at(&mut loaded, addr); // `throttle demo` keeps its in-process upstream
     }
     let needs_restart = fixed_at_start(&old.config, &loaded);
-    let runtime = Runtime::from_config(loaded)
-        .map_err(|e| ConfigError::file(&source, format!("upstreams: {e}")))?;
+    let runtime = Runtime::succeeding(loaded, Some(&old))
+        .map_err(|e| ConfigError::file(&source, e.to_string()))?;
     core.swap_runtime(runtime);
     if let Some(pool) = db.pool() {
         // A tier new in the file gets its rate_limit_policies row (existing rows stay the

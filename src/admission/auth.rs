@@ -1,5 +1,5 @@
-//! Who is calling: the presented key under the route's `auth` rule, guarded by
-//! `[limits.auth]` (failed lookups per address).
+//! Who is calling: the presented key (or, with `[auth.jwt]`, Bearer JWT) under the route's
+//! `auth` rule, guarded by `[limits.auth]` (failed lookups and refused tokens per address).
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -7,8 +7,9 @@ use std::sync::Arc;
 use super::core::{Core, Dynamic, Runtime};
 use super::limits::{decide, record};
 use super::Rejection;
+use crate::auth::JwtVerifier;
 use crate::config::Auth;
-use crate::identity::{KeyInfo, Presented};
+use crate::identity::{validate_key, KeyInfo, Presented};
 use crate::limiter::{Check, Ident, Scope};
 use crate::metrics::Outcome;
 
@@ -45,7 +46,10 @@ pub(super) async fn identify(
     now_ms: u64,
 ) -> Result<Option<Arc<KeyInfo>>, Rejection> {
     // A `Known` caller is looked up by no secret: nothing to guess, nothing to count.
-    let attempt = matches!(presented, Presented::Key(_) | Presented::Malformed);
+    let attempt = matches!(
+        presented,
+        Presented::Key(_) | Presented::Malformed | Presented::Token(_)
+    );
     if attempt && rt.config.auth_limits.is_some() {
         for ip in charged.addresses() {
             if core.is_suspect(ip, now_ms) {
@@ -54,15 +58,77 @@ pub(super) async fn identify(
             }
         }
     }
-    match lookup_key(rt, dynamic, presented, auth) {
-        Err(Rejection::InvalidKey) => {
+    // Without `[auth.jwt]` no credential is a `Token` (`identity::api_key_from`).
+    let found = match (presented, &rt.jwt) {
+        (Presented::Token(token), Some(verifier)) => {
+            token_caller(rt, dynamic, verifier, token, now_ms).map(Some)
+        }
+        _ => lookup_key(rt, dynamic, presented, auth),
+    };
+    match found {
+        Err(refused @ (Rejection::InvalidKey | Rejection::InvalidToken)) => {
             for ip in charged.addresses() {
                 auth_limit(core, rt, ip, false, now_ms, charged.origin).await?;
             }
-            Err(Rejection::InvalidKey)
+            Err(refused)
         }
         other => other,
     }
+}
+
+/// The caller a Bearer JWT names, as the key it stands in for: key id the `key_claim`
+/// value, tenant the `tenant_claim` value (else the key id: a caller without a tenant is a
+/// tenant of its own, so tenant limits never pool unrelated callers), tier the
+/// `tier_claim` value (else `default_tier`), resolved as a key's is (the database's
+/// policies, then the config's tiers); the tenant's tier is the tenants table's or
+/// `[[tenants]]`'s, else the token's. Verified at the request's clock reading.
+///
+/// # Errors
+/// 401 `invalid_token`: the token does not verify, or names no configured tier.
+fn token_caller(
+    rt: &Runtime,
+    dynamic: &Dynamic,
+    verifier: &JwtVerifier,
+    token: &[u8],
+    now_ms: u64,
+) -> Result<Arc<KeyInfo>, Rejection> {
+    let caller = verifier.verify(token, now_ms / 1000).map_err(|e| {
+        tracing::debug!(reason = e.as_str(), "bearer token refused");
+        Rejection::InvalidToken
+    })?;
+    let tier_of = |name: &str| {
+        dynamic
+            .tiers
+            .get(name)
+            .or_else(|| rt.config.tiers.get(name))
+            .cloned()
+    };
+    let default = rt
+        .config
+        .jwt
+        .as_ref()
+        .and_then(|j| j.default_tier.as_deref());
+    let Some(tier) = caller.tier.as_deref().or(default).and_then(tier_of) else {
+        tracing::debug!("bearer token refused: its tier is not configured");
+        return Err(Rejection::InvalidToken);
+    };
+    let tenant = caller.tenant.as_deref().unwrap_or(&caller.key_id);
+    let tenant_tier = dynamic
+        .tenants
+        .get(tenant)
+        .or_else(|| rt.config.tenants.get(tenant))
+        .and_then(|t| tier_of(t))
+        .unwrap_or_else(|| tier.clone());
+    if caller.claims.is_empty() {
+        return Ok(KeyInfo::new(&caller.key_id, tenant, tier, tenant_tier));
+    }
+    let tiers = (tier, tenant_tier);
+    Ok(KeyInfo::with_claims(
+        &caller.key_id,
+        tenant,
+        tiers,
+        caller.claims.clone(),
+    ))
 }
 
 /// Resolves a presented key against the database snapshot, then the config's keys.
@@ -80,6 +146,8 @@ pub fn lookup_key(
         Presented::Missing => Ok(None),
         Presented::Malformed => Err(Rejection::InvalidKey),
         Presented::Known(info) => Ok(Some(info.clone())),
+        // A token only where no verifier is: the value is an API key like any other.
+        Presented::Token(t) => lookup_key(rt, dynamic, validate_key(t), auth),
         Presented::Key(k) => match dynamic.keys.lookup(k) {
             // The snapshot holds the config's keys too, with the database's policies.
             Some(info) => Ok(Some(info)),

@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use arc_swap::ArcSwap;
 
+use crate::auth::{JwtConfigError, JwtVerifier};
 use crate::bans::Bans;
 use crate::blocklist::BlockList;
 use crate::client_ip::ClientIpResolver;
@@ -41,6 +42,22 @@ pub struct Runtime {
     pub keys: KeyTable,
     /// The blocks of `[[blocks]]`.
     pub blocks: BlockList,
+    /// The verifier of `[auth.jwt]`: one per process while the section stays, taking each
+    /// reload's settings (`Runtime::succeeding`), so the keys fetched from `jwks_url` and
+    /// its refresher outlive a reload.
+    pub jwt: Option<Arc<JwtVerifier>>,
+}
+
+/// Why a `Runtime` cannot be built from a validated config.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    /// An upstream set cannot be built.
+    #[error("upstreams: {0}")]
+    Upstreams(#[from] std::io::Error),
+    /// The `[auth.jwt]` verifier refused the settings or its `jwks_file` (changed since
+    /// the config was validated).
+    #[error("[auth.jwt] {0}")]
+    Jwt(#[from] JwtConfigError),
 }
 
 /// What changes without a deploy: database keys and blocks (or, without a database, the
@@ -53,6 +70,12 @@ pub struct Dynamic {
     pub blocks: BlockList,
     /// The same blocks as rows (for `GET /v1/blocks`).
     pub block_rows: Vec<BlockRow>,
+    /// The effective tiers (the config's with the database's policies, and the tiers only
+    /// the database defines), which JWT callers' tiers resolve against; empty without a
+    /// database (the config's tiers apply).
+    pub tiers: HashMap<String, Arc<crate::config::Tier>>,
+    /// The tenants table: tenant id -> tier name (empty without a database).
+    pub tenants: HashMap<String, String>,
 }
 
 /// State the pipeline shares across requests, config reloads and snapshots.
@@ -79,6 +102,8 @@ pub struct Core {
     pub clock: Arc<dyn Clock>,
     /// The heaviest identities of the last 60 s per scope (`GET /v1/top`).
     pub top: TopTable,
+    /// Woken when a swap replaces the runtime's JWT verifier.
+    jwt_replaced: tokio::sync::Notify,
 }
 
 /// Builds a `Core` in one go (see `Core::builder`).
@@ -114,14 +139,40 @@ impl Runtime {
     /// # Errors
     /// When an upstream set cannot be built.
     pub fn from_config(config: Config) -> std::io::Result<Self> {
-        Ok(Self {
+        Self::succeeding(config, None).map_err(|e| match e {
+            RuntimeError::Upstreams(e) => e,
+            e @ RuntimeError::Jwt(_) => std::io::Error::other(e.to_string()),
+        })
+    }
+
+    /// The request-path state of `config`, taking over `previous`'s JWT verifier when
+    /// both have `[auth.jwt]` (it takes the new settings and re-reads `jwks_file`; the
+    /// keys fetched from an unchanged `jwks_url` stay). That is the last step, so a
+    /// failure before it leaves the running verifier as it was, and a failure in it keeps
+    /// its settings (`JwtVerifier::reload`).
+    ///
+    /// # Errors
+    /// When an upstream set cannot be built, or the verifier refuses the settings.
+    pub fn succeeding(config: Config, previous: Option<&Runtime>) -> Result<Self, RuntimeError> {
+        let mut rt = Self {
             resolver: ClientIpResolver::new(config.trusted_proxies.clone())
                 .with_header(config.client_ip_header),
             router: Router::new(&config.routes, config.server.case_insensitive_paths)?,
             keys: KeyTable::from_config(&config),
             blocks: BlockList::new(config.blocks.iter().cloned()),
+            jwt: None,
             config,
-        })
+        };
+        let running = previous.and_then(|p| p.jwt.as_ref());
+        rt.jwt = match (&rt.config.jwt, running) {
+            (None, _) => None,
+            (Some(j), Some(verifier)) => {
+                verifier.reload(j.settings.clone())?;
+                Some(verifier.clone())
+            }
+            (Some(j), None) => Some(Arc::new(JwtVerifier::new(j.settings.clone())?)),
+        };
+        Ok(rt)
     }
 }
 
@@ -135,6 +186,8 @@ impl Dynamic {
             keys,
             blocks: BlockList::new(entries),
             block_rows: rows,
+            tiers: HashMap::new(),
+            tenants: HashMap::new(),
         }
     }
 }
@@ -186,8 +239,23 @@ impl Core {
     /// that stays adaptive under the same name keeps its window and factor (a reload does
     /// not reset adaptivity; new `adaptive` settings apply from the next controller tick).
     pub fn swap_runtime(&self, mut runtime: Runtime) {
-        runtime.router.keep_adaptive_state(&self.runtime().router);
+        let old = self.runtime();
+        runtime.router.keep_adaptive_state(&old.router);
+        let same_jwt = match (&old.jwt, &runtime.jwt) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            (a, b) => a.is_none() && b.is_none(),
+        };
         self.runtime.store(Arc::new(runtime));
+        if !same_jwt {
+            self.jwt_replaced.notify_waiters();
+        }
+    }
+
+    /// Completes when a runtime swap replaces the JWT verifier (`[auth.jwt]` added or
+    /// removed): the JWKS refresher then follows the new one. Take it before reading the
+    /// runtime, so no swap in between is missed.
+    pub fn jwt_replaced(&self) -> tokio::sync::futures::Notified<'_> {
+        self.jwt_replaced.notified()
     }
 
     /// The current snapshot of database keys and blocks.
@@ -275,6 +343,7 @@ impl CoreBuilder {
             metrics: self.metrics,
             clock: self.clock,
             top: TopTable::new(),
+            jwt_replaced: tokio::sync::Notify::new(),
         }
     }
 }

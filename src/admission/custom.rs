@@ -12,6 +12,7 @@ use smallvec::SmallVec;
 
 use super::{AdmitRequest, Rejection, Target};
 use crate::config::{Attribute, Counts, CustomScope, Missing, Route};
+use crate::identity::KeyInfo;
 use crate::limiter::Ident;
 
 /// Longest identity (bytes).
@@ -25,8 +26,6 @@ pub struct Attrs<'a> {
     pub headers: Option<&'a http::HeaderMap>,
     /// The raw query string (after `?`).
     pub query: Option<&'a str>,
-    /// The verified JWT's claims (`jwt:<claim>`), when one was presented.
-    pub claims: Option<&'a serde_json::Map<String, serde_json::Value>>,
 }
 
 /// Each custom scope's identity, indexed like `scopes` (None: skipped).
@@ -40,9 +39,13 @@ pub(super) type Identities = SmallVec<[Option<Ident>; 4]>;
 /// 400 `invalid_identity` or `missing_identity` (see the module docs).
 pub(super) fn identities(
     scopes: &[CustomScope],
-    route: Option<&Route>,
+    (route, key): (Option<&Route>, Option<&KeyInfo>),
     req: &AdmitRequest<'_>,
 ) -> Result<Identities, Rejection> {
+    let seen = Seen {
+        attrs: &req.attrs,
+        claims: key.map_or(&[], |k| &k.claims),
+    };
     let path = match req.target {
         Target::Match { path, .. } => Some(path),
         Target::Named(_) | Target::Any => None,
@@ -56,7 +59,7 @@ pub(super) fn identities(
             if c.limits.is_none() && !on_route(i) {
                 return Ok(None);
             }
-            let value = match read(&c.from, &req.attrs, path) {
+            let value = match read(&c.from, &seen, path) {
                 Ok(v) => v,
                 Err(Invalid) => return Err(Rejection::InvalidIdentity(c.scope)),
             };
@@ -75,12 +78,15 @@ pub(super) fn identities(
 /// An attribute that cannot be an identity (sent twice, not UTF-8).
 struct Invalid;
 
+/// What a request shows: its attributes, and the claims of its verified JWT.
+struct Seen<'a> {
+    attrs: &'a Attrs<'a>,
+    claims: &'a [(String, String)],
+}
+
 /// The attribute's value, if the request carries it.
-fn read(
-    from: &Attribute,
-    attrs: &Attrs<'_>,
-    path: Option<&str>,
-) -> Result<Option<String>, Invalid> {
+fn read(from: &Attribute, seen: &Seen<'_>, path: Option<&str>) -> Result<Option<String>, Invalid> {
+    let attrs = seen.attrs;
     match from {
         Attribute::Header(name) => {
             let Some(headers) = attrs.headers else {
@@ -113,16 +119,11 @@ fn read(
         Attribute::Path(n) => Ok(path
             .and_then(|p| p.split('/').filter(|s| !s.is_empty()).nth(n - 1))
             .map(str::to_string)),
-        Attribute::Jwt(claim) => {
-            Ok(attrs
-                .claims
-                .and_then(|c| c.get(claim.as_str()))
-                .and_then(|v| match v {
-                    serde_json::Value::String(s) => Some(s.clone()),
-                    serde_json::Value::Number(n) => Some(n.to_string()),
-                    _ => None,
-                }))
-        }
+        Attribute::Jwt(claim) => Ok(seen
+            .claims
+            .iter()
+            .find(|(name, _)| name == claim)
+            .map(|(_, v)| v.clone())),
     }
 }
 
@@ -176,10 +177,16 @@ mod tests {
         let attrs = Attrs {
             headers: Some(&h),
             query: Some("org=acme&x=1"),
-            claims: None,
+        };
+        let claims = [("org".to_string(), "o-7".to_string())];
+        let seen = Seen {
+            attrs: &attrs,
+            claims: &claims,
         };
         let path = Some("/v1/orgs/acme/items");
-        let read = |from| read(&from, &attrs, path).ok().flatten();
+        let read = |from| read(&from, &seen, path).ok().flatten();
+        assert_eq!(read(Attribute::Jwt("org".into())).as_deref(), Some("o-7"));
+        assert_eq!(read(Attribute::Jwt("sub".into())), None);
         let header = Attribute::Header(http::HeaderName::from_static("x-user"));
         assert_eq!(read(header).as_deref(), Some("alice"));
         assert_eq!(
@@ -202,11 +209,14 @@ mod tests {
         let attrs = Attrs {
             headers: Some(&h),
             query: Some("u=1&u=2"),
-            claims: None,
+        };
+        let seen = Seen {
+            attrs: &attrs,
+            claims: &[],
         };
         let header = Attribute::Header(http::HeaderName::from_static("x-user"));
-        assert!(read(&header, &attrs, None).is_err());
-        assert!(read(&Attribute::Query("u".into()), &attrs, None).is_err());
-        assert!(read(&Attribute::Cookie("s".into()), &attrs, None).is_err());
+        assert!(read(&header, &seen, None).is_err());
+        assert!(read(&Attribute::Query("u".into()), &seen, None).is_err());
+        assert!(read(&Attribute::Cookie("s".into()), &seen, None).is_err());
     }
 }

@@ -8,8 +8,10 @@
 //! 2. the route: matched by host and path (no match: the ip and global limits still
 //!    apply, then 404, so probing for routes is rate limited too), or named;
 //! 3. the key, under the route's `auth` (401 before any limit, so an unauthenticated
-//!    caller spends no key or tenant budget); failed lookups count against the client
-//!    address in `[limits.auth]`, and past that limit no key is looked at (429 `auth`);
+//!    caller spends no key or tenant budget), or with `[auth.jwt]` a Bearer JWT, whose
+//!    claims stand in for a key; failed lookups and tokens that do not verify count
+//!    against the client address in `[limits.auth]`, and past that limit no key or token
+//!    is looked at (429 `auth`);
 //! 4. key and tenant blocks (403);
 //! 5. concurrency slots (`concurrent = N` on ip, key, tenant), all-or-nothing (429
 //!    `concurrent`); a request refused here charges no rate window;
@@ -46,7 +48,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 pub use self::auth::lookup_key;
-pub use self::core::{block_entry, parse_net, Core, Dynamic, Runtime};
+pub use self::core::{block_entry, parse_net, Core, Dynamic, Runtime, RuntimeError};
 pub use self::custom::Attrs;
 pub use self::limits::{build_check, Who};
 pub use self::pipeline::{admit_at, blocked_ip, ip_blocked, ip_blocked_at};
@@ -142,6 +144,9 @@ pub enum Rejection {
     MissingKey,
     /// 401: the key is unknown or malformed.
     InvalidKey,
+    /// 401: a Bearer JWT did not verify (signature, time, issuer, audience, algorithm,
+    /// claims, or a tier no `[tiers.NAME]` defines).
+    InvalidToken,
     /// 404: no route matched (after the ip and global limits passed).
     NoRoute(Option<WindowDecision>),
     /// 404: `Target::Named` names no route.
@@ -359,3 +364,5 @@ pub async fn admit(core: &Core, req: &AdmitRequest<'_>) -> Result<Admission, Ref
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_jwt;

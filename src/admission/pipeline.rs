@@ -116,7 +116,7 @@ async fn pipeline(
         step.screen_key(k).map_err(refused)?;
     }
     let customs = step
-        .customs(route.as_deref().map(|r| &r.route))
+        .customs(route.as_deref().map(|r| &r.route), key.as_deref())
         .map_err(refused)?;
     if !customs.is_empty() {
         seen.customs.clone_from(&customs);
@@ -186,12 +186,16 @@ impl Step<'_> {
     }
 
     /// The custom scopes' identities (none configured: nothing read), and their bans.
-    fn customs(&self, route: Option<&Route>) -> Result<Identities, Rejection> {
+    fn customs(
+        &self,
+        route: Option<&Route>,
+        key: Option<&KeyInfo>,
+    ) -> Result<Identities, Rejection> {
         let scopes = &self.rt.config.scopes;
         if scopes.is_empty() {
             return Ok(Identities::new());
         }
-        let ids = custom::identities(scopes, route, self.req)?;
+        let ids = custom::identities(scopes, (route, key), self.req)?;
         for (c, ident) in scopes.iter().zip(&ids) {
             if let Some(ident) = ident {
                 bans::check(self.core, c.scope, ident, self.now_ms)?;

@@ -150,7 +150,11 @@ pub fn build(
         keys.insert(*sha256, info.clone());
     }
     keys.set_refused(refusals.seen);
-    Dynamic::new(keys, records.blocks)
+    Dynamic {
+        tiers,
+        tenants,
+        ..Dynamic::new(keys, records.blocks)
+    }
 }
 
 /// The tiers keys resolve against: every tier of `config`, with the key windows, burst

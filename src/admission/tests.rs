@@ -171,6 +171,7 @@ fn kind(r: &Result<Admission, Refusal>) -> String {
             Rejection::Banned(b) => format!("403 ban {}", b.scope.as_str()),
             Rejection::MissingKey => "401 missing".into(),
             Rejection::InvalidKey => "401 invalid".into(),
+            Rejection::InvalidToken => "401 token".into(),
             Rejection::NoRoute(_) => "404".into(),
             Rejection::UnknownRoute(_) => "404 unknown".into(),
             Rejection::InvalidPath => "400 path".into(),

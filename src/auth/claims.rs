@@ -46,6 +46,18 @@ pub(super) fn caller(
         tenant: optional(claims, settings.tenant_claim.as_deref())?,
         tier: optional(claims, settings.tier_claim.as_deref())?,
         expires_at: exp,
+        claims: settings
+            .scope_claims
+            .iter()
+            .filter_map(|name| {
+                let value = match claims.get(name)? {
+                    Value::String(s) => s.clone(),
+                    Value::Number(n) => n.to_string(),
+                    _ => return None,
+                };
+                Some((name.clone(), value))
+            })
+            .collect(),
     })
 }
 

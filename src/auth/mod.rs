@@ -79,6 +79,9 @@ pub struct Caller {
     pub tier: Option<String>,
     /// The token's `exp` (Unix seconds).
     pub expires_at: u64,
+    /// The `scope_claims` the token carries as a string or a number, by name (a claim of
+    /// another type counts as absent); their length is the custom scope's to check.
+    pub claims: Vec<(String, String)>,
 }
 
 /// Whether a credential is meant as a JWT: a value with exactly two dots, how a `Bearer`

@@ -56,6 +56,8 @@ pub struct JwtSettings {
     pub tenant_claim: Option<String>,
     /// The claim that names the tier, if any.
     pub tier_claim: Option<String>,
+    /// Claims custom scopes read (`from = "jwt:<claim>"`), kept in `Caller::claims`.
+    pub scope_claims: Vec<String>,
 }
 
 /// The default `jwks_refresh`.
@@ -80,6 +82,7 @@ impl Default for JwtSettings {
             key_claim: "sub".into(),
             tenant_claim: None,
             tier_claim: None,
+            scope_claims: Vec::new(),
         }
     }
 }

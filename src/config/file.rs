@@ -283,6 +283,27 @@ pub(crate) struct AuthSectionFile {
     pub(crate) key_header: Option<Spanned<String>>,
     /// A query parameter that also carries the key (stripped from the forwarded URI).
     pub(crate) key_query: Option<Spanned<String>>,
+    /// `[auth.jwt]`: Bearer JWTs as callers.
+    pub(crate) jwt: Option<Spanned<JwtFile>>,
+}
+
+/// `[auth.jwt]`: how Bearer JWTs are verified and what their claims mean.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct JwtFile {
+    pub(crate) algorithms: Spanned<Vec<Spanned<String>>>,
+    pub(crate) jwks_file: Option<Spanned<String>>,
+    pub(crate) jwks_url: Option<Spanned<String>>,
+    pub(crate) jwks_refresh_secs: Option<Spanned<u64>>,
+    /// The name of the environment variable holding the HS256 secret.
+    pub(crate) hs256_secret_env: Option<Spanned<String>>,
+    pub(crate) issuer: Option<Spanned<String>>,
+    pub(crate) audience: Option<Spanned<String>>,
+    pub(crate) leeway_secs: Option<Spanned<u64>>,
+    pub(crate) key_claim: Option<Spanned<String>>,
+    pub(crate) tenant_claim: Option<Spanned<String>>,
+    pub(crate) tier_claim: Option<Spanned<String>>,
+    pub(crate) default_tier: Option<Spanned<String>>,
 }
 
 /// A route's `adaptive = { target_p99_ms, max_error_rate, min_factor }`.

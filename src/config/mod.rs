@@ -18,7 +18,7 @@ pub use limits::{
 };
 pub use model::{
     method_forwarded, Attribute, Auth, Backend, BlockEntry, BlockTarget, ClientIpHeader, Config,
-    Counts, CustomScope, HealthCheck, KeyEntry, KeySources, Missing, Mode, PathParameters,
+    Counts, CustomScope, HealthCheck, Jwt, KeyEntry, KeySources, Missing, Mode, PathParameters,
     RateLimitHeaders, Route, RouteLimit, Secret, Server, Store, Tier, Tls,
 };
 pub use validate::{format_rfc3339, rfc3339_ms};

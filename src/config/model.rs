@@ -42,6 +42,8 @@ pub struct Config {
     pub scopes: Vec<CustomScope>,
     /// `[auth]`: where API keys are read from.
     pub auth: KeySources,
+    /// `[auth.jwt]`: Bearer JWTs as callers (None: a Bearer value is always an API key).
+    pub jwt: Option<Jwt>,
     /// `[tiers.NAME]` by name.
     pub tiers: HashMap<String, Arc<Tier>>,
     /// `[[routes]]` in file order.
@@ -433,6 +435,18 @@ impl Default for KeySources {
             key_query: None,
         }
     }
+}
+
+/// `[auth.jwt]`: how Bearer JWTs are verified and whose limits they spend.
+#[derive(Debug, Clone)]
+pub struct Jwt {
+    /// What the verifier checks (the HS256 secret already read from the environment,
+    /// `jwks_file` resolved against the config's directory).
+    pub settings: crate::auth::JwtSettings,
+    /// The tier of a token that carries no `tier_claim` value; validation makes sure a
+    /// token always has one of the two (`tier_claim` or `default_tier` is set) and that
+    /// this names a `[tiers.NAME]`.
+    pub default_tier: Option<String>,
 }
 
 /// A route's active upstream health check: `GET path` on every upstream each

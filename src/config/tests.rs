@@ -460,3 +460,110 @@ fn ban_from_check_and_forced_blocks() {
     .unwrap();
     assert!(!c.ip_limits.unwrap().ban.unwrap().from_check);
 }
+
+/// An `[auth.jwt]` table for the tests below: a tier to name, `extra` lines added.
+fn jwt_config(extra: &str) -> String {
+    with_route(&format!(
+        "[tiers.free]\nkey = {{ per_minute = 10 }}\n[tiers.pro]\nkey = {{ per_minute = 100 }}\n\n[auth.jwt]\n{extra}\n"
+    ))
+}
+
+/// `[auth.jwt]` gets DESIGN's defaults (refresh 300 s, leeway 30 s, `sub`), reads the
+/// HS256 secret from the variable it names, and a config without it has no JWT.
+#[test]
+fn jwt_defaults_and_secret_from_the_environment() {
+    let secret = "0123456789abcdef0123456789abcdef";
+    let env = |var: &str| match var {
+        "JWT_SECRET" => Ok(secret.to_string()),
+        "SHORT" => Ok("short".to_string()),
+        "ISSUER" => Ok("https://idp.example.com/".to_string()),
+        _ => Err(std::env::VarError::NotPresent),
+    };
+    let load = |extra: &str| parse_env("f.toml", &jwt_config(extra), &env);
+    let c = load(
+        "algorithms = [\"HS256\"]\nhs256_secret_env = \"JWT_SECRET\"\ndefault_tier = \"free\"\nissuer = \"${ISSUER}\"",
+    )
+    .unwrap();
+    let j = c.jwt.unwrap();
+    let s = &j.settings;
+    assert_eq!(s.algorithms, [crate::auth::Algorithm::HS256]);
+    assert_eq!(s.hs256_secret.as_deref(), Some(secret.as_bytes()));
+    assert_eq!(s.jwks_refresh, Duration::from_secs(300));
+    assert_eq!(s.leeway_secs, 30);
+    assert_eq!(s.key_claim, "sub");
+    assert_eq!(s.issuer.as_deref(), Some("https://idp.example.com/"));
+    assert_eq!(
+        (s.tenant_claim.as_ref(), s.tier_claim.as_ref()),
+        (None, None)
+    );
+    assert_eq!(j.default_tier.as_deref(), Some("free"));
+    assert!(
+        !format!("{s:?}").contains(secret),
+        "the secret is never printed"
+    );
+
+    let e = load("algorithms = [\"HS256\"]\nhs256_secret_env = \"SHORT\"\ndefault_tier = \"free\"")
+        .unwrap_err();
+    assert!(
+        e.to_string()
+            .starts_with("f.toml:8:20: the HS256 secret is 5 bytes"),
+        "{e}"
+    );
+    let e = load("algorithms = [\"HS256\"]\nhs256_secret_env = \"JWT_SECRET\"\ntier_claim = \"\"")
+        .unwrap_err();
+    assert!(
+        e.to_string()
+            .starts_with("f.toml:9:14: tier_claim must be 1 to 64"),
+        "{e}"
+    );
+    let e = load("algorithms = []\ndefault_tier = \"free\"").unwrap_err();
+    assert!(
+        e.to_string()
+            .starts_with("f.toml:7:14: algorithms must name"),
+        "{e}"
+    );
+    let e = load("algorithms = [\"RS256\", \"RS256\"]\njwks_url = \"http://127.0.0.1:1/\"\ntier_claim = \"plan\"\njwks_refresh_secs = 0")
+        .unwrap_err();
+    assert!(
+        e.to_string()
+            .starts_with("f.toml:7:24: algorithms: RS256 is listed twice"),
+        "{e}"
+    );
+    assert!(parse("f.toml", &with_route("")).unwrap().jwt.is_none());
+}
+
+/// `jwks_file` is taken from the config file's directory and read at load; every claim
+/// setting is kept as written.
+#[test]
+fn jwt_jwks_file_is_relative_to_the_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let x = "11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo";
+    let jwks = format!(r#"{{"keys":[{{"kty":"OKP","crv":"Ed25519","kid":"k1","x":"{x}"}}]}}"#);
+    std::fs::write(dir.path().join("jwks.json"), jwks).unwrap();
+    let path = dir.path().join("gateway.toml");
+    let extra = "algorithms = [\"EdDSA\"]\njwks_file = \"jwks.json\"\nkey_claim = \"client_id\"\ntenant_claim = \"org\"\ntier_claim = \"plan\"\naudience = \"api\"\nleeway_secs = 5\njwks_refresh_secs = 60";
+    std::fs::write(&path, jwt_config(extra)).unwrap();
+    let c = load(&path).unwrap();
+    let s = c.jwt.unwrap().settings;
+    assert_eq!(
+        s.jwks_file.as_deref(),
+        Some(dir.path().join("jwks.json").as_path())
+    );
+    assert_eq!(
+        (
+            s.key_claim.as_str(),
+            s.tenant_claim.as_deref(),
+            s.tier_claim.as_deref()
+        ),
+        ("client_id", Some("org"), Some("plan"))
+    );
+    assert_eq!((s.audience.as_deref(), s.leeway_secs), (Some("api"), 5));
+    assert_eq!(s.jwks_refresh, Duration::from_secs(60));
+    // A JWKS without a key usable with the algorithms is refused at its line.
+    std::fs::write(dir.path().join("jwks.json"), r#"{"keys":[]}"#).unwrap();
+    let e = load(&path).unwrap_err().to_string();
+    assert!(
+        e.contains(":8:13: jwks_file ") && e.contains("none of its 0 keys"),
+        "{e}"
+    );
+}

@@ -125,6 +125,7 @@ impl Rejection {
             Rejection::Banned(_) | Rejection::Blocked(_) => "blocked",
             Rejection::MissingKey => "missing_api_key",
             Rejection::InvalidKey => "invalid_api_key",
+            Rejection::InvalidToken => "invalid_token",
             Rejection::NoRoute(_) | Rejection::UnknownRoute(_) => "no_route",
             Rejection::InvalidPath => "invalid_path",
             Rejection::InvalidHost => "invalid_host",
@@ -178,6 +179,14 @@ pub fn render(rejection: &Rejection, now_ms: u64, style: RateLimitHeaders) -> Re
             reply
         }
         Rejection::MissingKey | Rejection::InvalidKey => error_reply(401, code),
+        // RFC 6750 3.1: the Bearer challenge names the error.
+        Rejection::InvalidToken => Reply {
+            headers: vec![(
+                "www-authenticate",
+                HeaderValue::from_static(r#"Bearer error="invalid_token""#),
+            )],
+            ..error_reply(401, code)
+        },
         Rejection::InvalidPath | Rejection::InvalidHost | Rejection::AmbiguousCredentials => {
             error_reply(400, code)
         }
@@ -401,6 +410,7 @@ mod tests {
             ),
             (Rejection::MissingKey, 401, r#"{"error":"missing_api_key"}"#),
             (Rejection::InvalidKey, 401, r#"{"error":"invalid_api_key"}"#),
+            (Rejection::InvalidToken, 401, r#"{"error":"invalid_token"}"#),
             (Rejection::NoRoute(None), 404, r#"{"error":"no_route"}"#),
             (
                 Rejection::UnknownRoute("a\"b".into()),
@@ -433,5 +443,15 @@ mod tests {
             render(&Rejection::Unavailable, 0, RateLimitHeaders::Ietf).headers[0].0,
             "retry-after"
         );
+        let token = render(&Rejection::InvalidToken, 0, RateLimitHeaders::Both);
+        assert_eq!(
+            token.headers,
+            [(
+                "www-authenticate",
+                HeaderValue::from_static(r#"Bearer error="invalid_token""#)
+            )]
+        );
+        let key = render(&Rejection::InvalidKey, 0, RateLimitHeaders::Both);
+        assert!(key.headers.is_empty(), "an API key is no Bearer challenge");
     }
 }

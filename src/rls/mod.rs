@@ -175,7 +175,7 @@ impl Rls {
                     .ok()
                     .flatten()
             }
-            Presented::Missing | Presented::Malformed => None,
+            Presented::Missing | Presented::Malformed | Presented::Token(_) => None,
         };
         // The owner of a raw `api_key` is never named: the answer must not tell a caller
         // whose key it guessed (a `key_id` is an identity Envoy vouches for).

@@ -1,7 +1,8 @@
 //! Assembles the Pingora server from a validated `Config`: the proxy and admin listeners,
 //! the Envoy rate-limit service, the demo upstream, and the background services (the
 //! periodic ones are in `services`: sweeper, heartbeat, lease returns, ban sync, adaptive
-//! controller; besides them the SIGHUP reloader, health checks and the database's).
+//! controller; besides them the SIGHUP reloader, the JWKS refresher (`jwks`), health
+//! checks and the database's).
 
 use std::sync::atomic::AtomicU32;
 use std::sync::Arc;
@@ -29,6 +30,7 @@ use crate::rls::RlsListener;
 use crate::store::{LimitStore, MemoryStore, RedisStore, TieredStore};
 use crate::sync::{EventRetention, EventWriter, Refresher};
 
+mod jwks;
 mod services;
 
 use crate::lifecycle::Every;
@@ -48,6 +50,9 @@ pub enum StartError {
     /// A listener of the gateway's own could not be bound.
     #[error("{0}")]
     Listen(String),
+    /// The request-path state could not be built (upstreams, the JWT verifier).
+    #[error("{0}")]
+    Runtime(#[from] crate::admission::RuntimeError),
 }
 
 /// Extra pieces for `throttle demo`, `throttle run --upgrade` and in-process tests.
@@ -125,7 +130,7 @@ pub fn build(mut config: Config, extras: Extras) -> Result<Built, StartError> {
         let dropped = metrics.events_dropped_total.clone();
         Arc::new(EventQueue::new(EVENT_QUEUE, dropped))
     });
-    let core = Core::builder(Runtime::from_config(config)?, stores.store, metrics)
+    let core = Core::builder(Runtime::succeeding(config, None)?, stores.store, metrics)
         .upstream_override(demo_addr)
         .shared_bans(stores.redis.clone())
         .events(events)
@@ -313,6 +318,10 @@ fn add_background(
         "adaptive limits",
         services::adaptive_controller(core.clone()),
     );
+    server.add_service(background_service(
+        "jwks refresher",
+        jwks::JwksRefresher { core: core.clone() },
+    ));
     server.add_service(background_service(
         "reload on SIGHUP",
         Reloader {

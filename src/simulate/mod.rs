@@ -203,7 +203,6 @@ impl Replay {
                 attrs: admission::Attrs {
                     headers: row.headers.as_ref(),
                     query: row.query.as_deref(),
-                    claims: None,
                 },
             }),
             Err(rejection) => Err(rejection.clone()),

@@ -24,6 +24,7 @@ mod edge_round2;
 mod events;
 mod hardening;
 mod health;
+mod jwt;
 mod lifetime;
 mod proxy_e2e;
 mod ratelimit_headers;

@@ -84,6 +84,7 @@ fn caller(exp: u64) -> Caller {
         tenant: None,
         tier: None,
         expires_at: exp,
+        claims: Vec::new(),
     }
 }
 

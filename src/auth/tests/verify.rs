@@ -59,6 +59,7 @@ fn caller(sub: &str) -> Caller {
         tenant: None,
         tier: None,
         expires_at: NOW + 3600,
+        claims: Vec::new(),
     }
 }
 

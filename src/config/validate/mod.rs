@@ -21,6 +21,7 @@ use crate::limiter::{Admission, Algorithm, BanRule, OnFailure, ScopeLimits, Wind
 
 mod auth;
 mod client_ip;
+mod jwt;
 mod keys;
 mod routes;
 mod scopes;
@@ -30,6 +31,7 @@ mod tiers;
 
 use self::auth::*;
 use self::client_ip::*;
+use self::jwt::*;
 use self::keys::*;
 pub use self::keys::{format_rfc3339, rfc3339_ms};
 use self::routes::*;
@@ -101,6 +103,11 @@ pub(super) fn validate(
         store.on_failure,
     )?;
     let auth = key_sources(&cx, &raw.auth)?;
+    let mut jwt = match &raw.auth.jwt {
+        Some(j) => Some(jwt(&cx, j, &tiers)?),
+        None => None,
+    };
+    jwt_scope_claims(&cx, &raw, &scopes, jwt.as_mut())?;
     let retention = raw
         .database
         .as_ref()
@@ -134,6 +141,7 @@ pub(super) fn validate(
         auth_limits,
         scopes,
         auth,
+        jwt,
         tiers,
         routes,
         keys,

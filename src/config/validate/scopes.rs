@@ -50,6 +50,37 @@ pub(super) fn custom_scopes(
     Ok(out)
 }
 
+/// The claims `jwt:<claim>` scopes read go to the verifier's settings; such a scope
+/// without `[auth.jwt]` is an error at its `from`.
+pub(super) fn jwt_scope_claims(
+    cx: &Ctx<'_>,
+    raw: &File,
+    scopes: &[CustomScope],
+    jwt: Option<&mut Jwt>,
+) -> Result<(), ConfigError> {
+    let claims: Vec<String> = scopes
+        .iter()
+        .filter_map(|c| match &c.from {
+            Attribute::Jwt(claim) => Some(claim.clone()),
+            _ => None,
+        })
+        .collect();
+    match jwt {
+        Some(j) => j.settings.scope_claims = claims,
+        None => {
+            let needs = raw.scopes.values().map(|d| &d.get_ref().from);
+            if let Some(from) = needs.into_iter().find(|f| f.get_ref().starts_with("jwt:")) {
+                let msg = format!(
+                    "from = {:?} reads a JWT claim: it needs [auth.jwt]",
+                    from.get_ref()
+                );
+                return Err(cx.err(from.span(), msg));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// A scope table of a custom scope or a route: every key of `[limits.ip]` applies.
 fn scope_table(
     cx: &Ctx<'_>,

@@ -1,0 +1,146 @@
+//! Bearer JWTs in the pipeline, without a gateway process: the token verified at the
+//! request's clock reading, its claims as the caller's key id, tenant and tiers, and
+//! refused tokens charged in `[limits.auth]`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use jsonwebtoken::{EncodingKey, Header};
+use serde_json::json;
+
+use super::*;
+use crate::auth::{Algorithm, JwtSettings};
+use crate::clock::ManualClock;
+use crate::config::Jwt;
+use crate::metrics::Metrics;
+use crate::store::MemoryStore;
+
+/// A clock far from the system's: a token checked against the system clock would fail.
+const NOW_MS: u64 = 1_700_000_000_000;
+const SECRET: &[u8] = b"0123456789abcdef0123456789abcdef";
+
+const CONFIG: &str = r#"
+[limits.auth]
+per_minute = 2
+
+[tiers.free]
+key = { per_minute = 10 }
+
+[tiers.gold]
+key = { per_minute = 50 }
+
+[[tenants]]
+id = "big-org"
+tier = "gold"
+
+[[routes]]
+name = "api"
+path_prefix = "/"
+upstreams = ["127.0.0.1:9000"]
+auth = "required"
+"#;
+
+fn core(clock: Arc<ManualClock>) -> Core {
+    let mut c = crate::config::parse("t.toml", CONFIG).unwrap();
+    c.jwt = Some(Jwt {
+        settings: JwtSettings {
+            algorithms: vec![Algorithm::HS256],
+            hs256_secret: Some(SECRET.to_vec()),
+            tenant_claim: Some("org".into()),
+            tier_claim: Some("plan".into()),
+            ..JwtSettings::default()
+        },
+        default_tier: Some("free".into()),
+    });
+    let store = Arc::new(MemoryStore::with_clock(clock.clone()));
+    let metrics = Arc::new(Metrics::new().unwrap());
+    Core::with_clock(Runtime::from_config(c).unwrap(), store, metrics, clock)
+}
+
+fn token(claims: serde_json::Value) -> String {
+    let key = EncodingKey::from_secret(SECRET);
+    jsonwebtoken::encode(&Header::new(Algorithm::HS256), &claims, &key).unwrap()
+}
+
+async fn admit_token(core: &Core, ip: &str, token: &str) -> Result<Admission, Refusal> {
+    let req = AdmitRequest {
+        client_ip: ip.parse().unwrap(),
+        target: Target::Match {
+            host: None,
+            path: "/x",
+            method: &http::Method::GET,
+        },
+        key: Presented::Token(token.as_bytes()),
+        cost: None,
+        also_charge: None,
+        origin: Origin::Proxy,
+        attrs: Default::default(),
+    };
+    admit(core, &req).await
+}
+
+fn refused(r: Result<Admission, Refusal>) -> Rejection {
+    r.unwrap_err().rejection
+}
+
+/// Claims become the caller: key id, tenant (else the key id), tier (else the default),
+/// the tenant's tier from `[[tenants]]`; the token is checked at the request's clock.
+#[tokio::test]
+async fn claims_become_the_caller_at_the_request_clock() {
+    let clock = Arc::new(ManualClock::at(NOW_MS));
+    let core = core(clock.clone());
+    let exp = NOW_MS / 1000 + 60;
+    let a = admit_token(
+        &core,
+        "192.0.2.1",
+        &token(json!({"sub": "u1", "org": "big-org", "exp": exp})),
+    )
+    .await
+    .unwrap();
+    let k = a.key.clone().unwrap();
+    assert_eq!((&*k.key_id, &*k.tenant), ("u1", "big-org"));
+    assert_eq!(
+        (k.tier.name.as_str(), k.tenant_tier.name.as_str()),
+        ("free", "gold")
+    );
+    drop(a);
+    let solo = token(json!({"sub": "u2", "plan": "gold", "exp": exp}));
+    let k = admit_token(&core, "192.0.2.1", &solo)
+        .await
+        .unwrap()
+        .key
+        .clone()
+        .unwrap();
+    assert_eq!((&*k.tenant, k.tier.name.as_str()), ("u2", "gold"));
+    // Past exp and the 30 s leeway on the request's clock: refused.
+    clock.advance(Duration::from_secs(91));
+    assert!(matches!(
+        refused(admit_token(&core, "192.0.2.1", &solo).await),
+        Rejection::InvalidToken
+    ));
+}
+
+/// A tier no config names makes the token invalid; refused tokens count in
+/// `[limits.auth]` per address, and past the limit even a valid token gets 429 `auth`.
+#[tokio::test]
+async fn refused_tokens_count_in_limits_auth() {
+    let core = core(Arc::new(ManualClock::at(NOW_MS)));
+    let exp = NOW_MS / 1000 + 60;
+    let unknown_tier = token(json!({"sub": "u", "plan": "platinum", "exp": exp}));
+    let valid = token(json!({"sub": "u", "exp": exp}));
+    for _ in 0..2 {
+        let r = refused(admit_token(&core, "192.0.2.9", &unknown_tier).await);
+        assert!(matches!(r, Rejection::InvalidToken), "{r:?}");
+    }
+    let r = refused(admit_token(&core, "192.0.2.9", &unknown_tier).await);
+    assert!(
+        matches!(&r, Rejection::RateLimited { governing, .. } if governing.scope == crate::limiter::Scope::Auth),
+        "{r:?}"
+    );
+    let r = refused(admit_token(&core, "192.0.2.9", &valid).await);
+    assert!(matches!(r, Rejection::RateLimited { .. }), "{r:?}");
+    assert!(
+        admit_token(&core, "192.0.2.10", &valid).await.is_ok(),
+        "another address"
+    );
+}
