@@ -61,6 +61,11 @@ const IDLE_MS: u64 = 2_000;
 /// How often a full shard may scan itself for idle entries to make room.
 const ROOM_SWEEP_MS: u64 = 100;
 
+/// How long after a lease's leftovers are handed to a background return its window's
+/// rejections are not cached (see `Slot::returning_until`): well past a return call's
+/// deadline on a loaded machine.
+const RETURN_GRACE_MS: u64 = 2_000;
+
 /// One shard of the table: an identity's windows, and when the expiry pass must look.
 #[derive(Default)]
 struct Shard {
@@ -403,7 +408,7 @@ impl Local {
                 let slot = e.slot(w.window);
                 slot.asking_until = 0;
                 let d = wd.decision;
-                if !d.allowed && d.retry_after_ms > 0 {
+                if !d.allowed && d.retry_after_ms > 0 && now >= slot.returning_until {
                     slot.blocked = Some(Blocked {
                         until: now.saturating_add(d.retry_after_ms),
                         cost,
@@ -468,14 +473,21 @@ impl Local {
             let mut next_due = u64::MAX;
             for ((scope, ident), e) in m.map.iter_mut() {
                 for slot in &mut e.windows {
+                    let mut returning = false;
                     slot.leases.retain(|l| {
                         if !due(l) {
                             next_due = next_due.min(l.due());
                             return true;
                         }
-                        out.extend(l.returned(*scope, ident));
+                        let back = l.returned(*scope, ident);
+                        returning |= back.as_ref().is_some_and(|r| r.lease.ret > 0);
+                        out.extend(back);
                         false
                     });
+                    if let (true, Some(now)) = (returning, prune_at) {
+                        // A check racing the return call could reach Redis first.
+                        slot.returning_until = now.saturating_add(RETURN_GRACE_MS);
+                    }
                 }
             }
             m.next_due = next_due;

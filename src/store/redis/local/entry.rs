@@ -23,6 +23,10 @@ pub(super) struct Slot {
     /// A call asking for a lease of this window is in flight until then: others do not
     /// ask too (they would strand tokens).
     pub(super) asking_until: u64,
+    /// Leftovers of a lease of this window were handed to a background return until
+    /// then: a rejection decided meanwhile may predate their arrival in Redis, so it is
+    /// answered but not repeated from the cache.
+    pub(super) returning_until: u64,
 }
 
 /// A lease in hand.
@@ -75,6 +79,7 @@ impl Entry {
                     leases: SmallVec::new(),
                     blocked: None,
                     asking_until: 0,
+                    returning_until: 0,
                 });
                 self.windows.len() - 1
             }

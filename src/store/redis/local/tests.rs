@@ -232,6 +232,50 @@ fn aging_leases_renew_with_a_call() {
     assert_eq!(a.ret, 4, "the 4 left go back; Redis decides this request");
 }
 
+/// A rejection decided while an ended lease's leftovers are on their way back to Redis
+/// may predate their arrival (the check overtook the background return): it is answered,
+/// not cached, so the next request asks Redis again and gets the returned tokens. Without
+/// this a fleet at its limit could strand those tokens for the whole retry.
+#[test]
+fn a_rejection_racing_a_return_is_not_cached() {
+    let local = Local::new(1_000);
+    let l = limits(100, Admission::Auto);
+    let c = check(&l, 1);
+    local.record(
+        &c.scopes,
+        1,
+        &[decision(true, 50, 0)],
+        &[grant(5, 1_000)],
+        0,
+        0,
+    );
+    let r = local.expired(1_500);
+    assert_eq!(r[0].lease.ret, 5, "5 leftovers handed to a return call");
+    // A check sent meanwhile was rejected by Redis (the 5 were not back yet).
+    local.record(
+        &c.scopes,
+        1,
+        &[decision(false, 0, 60_000)],
+        &[Grant::default()],
+        1_600,
+        1_600,
+    );
+    assert!(
+        matches!(local.decide(&c, 1_700), Outcome::Remote),
+        "the racing rejection is not repeated from the cache"
+    );
+    // Past the grace, rejections are cached again.
+    local.record(
+        &c.scopes,
+        1,
+        &[decision(false, 0, 60_000)],
+        &[Grant::default()],
+        4_000,
+        4_000,
+    );
+    assert!(matches!(local.decide(&c, 4_100), Outcome::OverLimit(_)));
+}
+
 /// Ended leases are collected once; idle identities are forgotten; drain takes all.
 #[test]
 fn expiry_and_drain_collect_leftovers() {
