@@ -567,3 +567,63 @@ fn times_out_of_range_or_order_are_named() {
     let small = format!("time,ip,path\n{},10.0.0.1,/a\n{T0},10.0.0.1,/a\n", T0 + 5);
     assert_eq!(simulate(&cfg, small.as_bytes()).unwrap().requests, 2);
 }
+
+/// Custom scopes replay from the trace's `header:<Name>` and `query` columns (and the
+/// query part of `path`), route tables count their route alone, and each is reported
+/// under its own name.
+#[test]
+fn custom_scopes_and_route_tables_replay() {
+    let c = config::parse(
+        "test.toml",
+        r#"
+[scopes.user]
+from = "header:X-User"
+[scopes.org]
+from = "query:org"
+[limits.user]
+per_minute = 2
+[limits.org]
+per_minute = 1
+
+[[routes]]
+name = "login"
+path_prefix = "/login"
+upstreams = ["127.0.0.1:1"]
+auth = "none"
+limits = { ip = { per_minute = 1 } }
+
+[[routes]]
+name = "public"
+path_prefix = "/"
+upstreams = ["127.0.0.1:1"]
+auth = "none"
+"#,
+    )
+    .unwrap();
+    let rows = [
+        (0, "/a", "alice", ""),     // allowed
+        (1, "/a", "alice", ""),     // allowed
+        (2, "/a", "alice", ""),     // 429 user
+        (3, "/a", "bob", ""),       // allowed: bob's own bucket
+        (4, "/a", "", ""),          // allowed: no user, no shared bucket
+        (5, "/a", "", "acme"),      // allowed
+        (6, "/a?org=acme", "", ""), // 429 org (from the path's query)
+        (7, "/login", "", ""),      // allowed
+        (8, "/login", "", ""),      // 429 login.ip
+    ];
+    let mut t = String::from("time,ip,path,header:X-User,query\n");
+    for (at, path, user, org) in rows {
+        let query = if org.is_empty() {
+            String::new()
+        } else {
+            format!("org={org}")
+        };
+        t.push_str(&format!("{},10.0.0.1,{path},{user},{query}\n", T0 + at));
+    }
+    let r = run_ok(&c, &t);
+    assert_eq!((r.requests, r.allowed, r.rejected), (9, 6, 3));
+    let by_name: BTreeMap<&str, Counts> = r.scopes.iter().collect();
+    assert_eq!(by_name["user"], counts(3, 1), "{by_name:?}");
+    assert_eq!(by_name["org"], counts(1, 1), "{by_name:?}");
+    assert_eq!(by_name["login.ip"], counts(1, 1), "{by_name:?}");
+}
