@@ -30,6 +30,9 @@ struct CheckRequest {
 struct CheckResponse {
     allowed: bool,
     scope: Option<&'static str>,
+    /// The route of a route's own window (beside `scope`, as the proxy's 429 names it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    route: Option<&'static str>,
     limit: Option<u32>,
     remaining: Option<u32>,
     reset: Option<u64>,
@@ -85,7 +88,8 @@ pub(super) async fn check(core: &Core, session: &mut ServerSession) -> Reply {
             Rejection::Concurrent { full, .. } => {
                 let body = CheckResponse {
                     allowed: false,
-                    scope: Some(full.scope.as_str()),
+                    scope: Some(full.scope.short_name()),
+                    route: full.scope.route(),
                     limit: Some(full.limit),
                     remaining: Some(0),
                     reset: None,
@@ -106,7 +110,8 @@ fn decision(wd: Option<&WindowDecision>, now_ms: u64, allowed: bool, shadow: boo
     let headers = wd.map(|wd| RateHeaders::new(wd, now_ms, !allowed || shadow));
     let body = CheckResponse {
         allowed,
-        scope: wd.map(|w| w.scope.as_str()),
+        scope: wd.map(|w| w.scope.short_name()),
+        route: wd.and_then(|w| w.scope.route()),
         limit: headers.map(|h| h.limit),
         remaining: headers.map(|h| h.remaining),
         reset: headers.map(|h| h.reset),

@@ -50,15 +50,18 @@ const DEFAULT_CONCURRENT_MESSAGE: &str =
 fn concurrent(code: &str, full: &Full, template: Option<&str>) -> Reply {
     let template = template.unwrap_or(DEFAULT_CONCURRENT_MESSAGE);
     let message = fill(template, full.limit, "concurrent", 1, full.scope);
-    let body = serde_json::json!({
+    let mut body = serde_json::json!({
         "error": code,
-        "scope": full.scope.as_str(),
+        "scope": full.scope.short_name(),
         "limit": full.limit,
         "current": full.current,
         "window": "concurrent",
         "retry_after": 1.0,
         "message": message,
     });
+    if let (Some(route), Some(map)) = (full.scope.route(), body.as_object_mut()) {
+        map.insert("route".into(), route.into());
+    }
     json(
         429,
         body.to_string(),

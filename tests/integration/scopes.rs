@@ -243,6 +243,10 @@ timeout_ms = 2000
 on_failure = "closed"
 key_prefix = "rw"
 
+# The same window length as the route's table: separate counters all the same.
+[limits.global]
+per_hour = 100000
+
 [[routes]]
 name = "search"
 path_prefix = "/search"

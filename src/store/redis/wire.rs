@@ -100,7 +100,8 @@ pub fn key(prefix: &str, scope: Scope, ident: &Ident, window: Window) -> String 
 /// tag, so every key of an identity lives in one Cluster slot.
 pub fn identity_key(prefix: &str, scope: Scope, ident: &Ident, suffix: &str) -> String {
     match ident {
-        Ident::Global => format!("{prefix}:{{global}}:{suffix}"),
+        // `{global}` for `[limits.global]`; a route's table `{<route>.global}`.
+        Ident::Global => format!("{prefix}:{{{}}}:{suffix}", scope.as_str()),
         Ident::Ip(ip) => format!("{prefix}:{{{}:{ip}}}:{suffix}", scope.as_str()),
         Ident::Net(n) => format!("{prefix}:{{{}:{n}}}:{suffix}", scope.as_str()),
         Ident::Name(n) => format!("{prefix}:{{{}:{n}}}:{suffix}", scope.as_str()),
@@ -465,6 +466,18 @@ mod tests {
         assert_eq!(
             key("x", Scope::Global, &Ident::Global, Window::Second),
             "x:{global}:1s"
+        );
+        // A route's tables are counters of their own, `global` included.
+        let named =
+            |base| Scope::Named(crate::limiter::Named::intern(Some("w_login"), base).unwrap());
+        use crate::limiter::Base;
+        assert_eq!(
+            key("x", named(Base::Global), &Ident::Global, Window::Second),
+            "x:{w_login.global}:1s"
+        );
+        assert_eq!(
+            key("thr", named(Base::Ip), &ip, Window::Minute),
+            "thr:{w_login.ip:203.0.113.7}:1m"
         );
     }
 }
