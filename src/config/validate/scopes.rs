@@ -191,7 +191,13 @@ pub(super) fn route_limits(
             }
             let limits = scope_table(cx, s, on_failure)?;
             if let Err(e) = crate::config::check_cost(&limits, route.cost) {
-                return Err(cx.err(table.span(), format!("{label}: {e}")));
+                let why = match e {
+                    crate::config::LimitError::BelowCost {
+                        field, capacity, cost,
+                    } => format!("{field} = {capacity} is below the route's cost {cost}: no request could ever pass"),
+                    other => other.to_string(),
+                };
+                return Err(cx.err(table.span(), format!("{label}: {why}")));
             }
             let scope = Named::intern(Some(&name), base)
                 .map(Scope::Named)
