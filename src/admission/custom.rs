@@ -8,8 +8,6 @@
 //! shared bucket or to the client address. An absent or empty attribute is `missing`:
 //! the scope is left out (`skip`), or 400 `missing_identity` (`reject`).
 
-use smallvec::SmallVec;
-
 use super::{AdmitRequest, Rejection, Target};
 use crate::config::{Attribute, Counts, CustomScope, Missing, Route};
 use crate::identity::KeyInfo;
@@ -28,8 +26,9 @@ pub struct Attrs<'a> {
     pub query: Option<&'a str>,
 }
 
-/// Each custom scope's identity, indexed like `scopes` (None: skipped).
-pub(super) type Identities = SmallVec<[Option<Ident>; 4]>;
+/// Each custom scope's identity, indexed like `scopes` (None: skipped). A `Vec`: empty
+/// (no allocation, three words in the `Admission`) without custom scopes.
+pub(super) type Identities = Vec<Option<Ident>>;
 
 /// The identities of `scopes` for `req` on `route`: a scope applies (is read, and may
 /// reject) where it has limits: `[limits.<name>]` for every request, a route's
