@@ -911,3 +911,67 @@ auth = "none"
     assert_eq!(core.metrics.bans_dropped_total.get(), 2);
     assert_eq!(core.bans.list(NOW).len(), 2);
 }
+
+/// A settle refunds every window the request was charged in, the route's own tables and
+/// custom scopes included (their times are found by position in the re-derived check):
+/// after a settle from 10 to 3 each window holds 3 of the request, not 10.
+#[tokio::test]
+async fn a_settle_refunds_route_tables_and_custom_scopes() {
+    let config = r#"
+[scopes.user]
+from = "header:X-User"
+[limits.user]
+per_hour = 100
+algorithm = "sliding_log"
+
+[tiers.t]
+key = { per_hour = 100, algorithm = "sliding_log" }
+
+[[keys]]
+id = "k1"
+key = "good-key"
+tenant = "acme"
+tier = "t"
+
+[[routes]]
+name = "llm"
+path_prefix = "/v1"
+upstreams = ["127.0.0.1:1"]
+cost = 10
+limits = { key = { per_hour = 50, algorithm = "sliding_log" }, user = { per_hour = 30, algorithm = "sliding_log" } }
+"#;
+    let c = crate::config::parse("t.toml", config).unwrap();
+    let metrics = Arc::new(Metrics::new().unwrap());
+    let store = Arc::new(MemoryStore::with_clock(ManualClock::at(NOW + 1)));
+    let core = Core::with_clock(
+        Runtime::from_config(c).unwrap(),
+        store,
+        metrics.clone(),
+        Arc::new(ManualClock::at(NOW)),
+    );
+    let mut headers = http::HeaderMap::new();
+    headers.insert("x-user", http::HeaderValue::from_static("alice"));
+    let request = || AdmitRequest {
+        attrs: Attrs {
+            headers: Some(&headers),
+            query: None,
+        },
+        ..req("198.51.100.1", "/v1/x", Some("good-key"))
+    };
+    let mut a = admit(&core, &request()).await.unwrap();
+    // The tightest window governs: the route's table of the user scope (30), 20 left.
+    assert_eq!(a.rate.unwrap().decision.remaining, 20);
+    assert_eq!(a.rate.unwrap().scope.as_str(), "llm.user");
+    assert_eq!(a.settle(3, &metrics), -7);
+    a.finish(Ending::Completed { status: 200 });
+    let b = admit(&core, &request()).await.unwrap();
+    // 3 used + 10 reserved in llm.user: 17 left (a refund lost there: 10).
+    assert_eq!(b.rate.unwrap().decision.remaining, 17);
+    let names: Vec<&str> = build_check(&b.runtime, b.who(), 1)
+        .scopes
+        .iter()
+        .map(|s| s.scope.as_str())
+        .collect();
+    assert_eq!(names, ["key", "user", "llm.key", "llm.user"]);
+    b.finish(Ending::Completed { status: 200 });
+}
