@@ -40,7 +40,9 @@ pub(super) struct Offender<'a> {
 }
 
 /// Counts a rejection of `ident` by `scope` under `rule`, whose `retry_after` was
-/// `retry_after_ms`; bans it on the `after`-th of the span (at most one ban per span).
+/// `retry_after_ms`; bans it on the `after`-th of the span (at most one ban per span),
+/// under `scope.ban_scope()`. Each scope counts its own strikes: a route's `login.ip`
+/// rule is not pooled with `[limits.ip]`'s, though both ban the address.
 /// Only a ban formats anything: a rejection that does not ban costs the count alone.
 ///
 /// On Redis the rejections go to the fleet's count in batches: at most one call per
@@ -122,8 +124,12 @@ async fn publish(redis: Arc<RedisStore>, ban: Pending) {
     let published = ban.ban();
     match redis.publish_ban(&published, ban.now_ms).await {
         Ok(Published::Set) => {
-            let quiet =
-                redis.quiet_strikes(ban.scope, &ban.ident, published.expires_at_ms, ban.now_ms);
+            let quiet = redis.quiet_strikes(
+                ban.struck_by,
+                &ban.ident,
+                published.expires_at_ms,
+                ban.now_ms,
+            );
             if let Err(e) = quiet.await {
                 tracing::debug!(error = %e, "quieting the strikes of a banned identity failed");
             }
@@ -159,7 +165,10 @@ impl Drop for Call {
 
 /// A rejection that may become a ban: what imposing it needs, none of it formatted yet.
 struct Pending {
+    /// The scope the ban is recorded under (`Scope::ban_scope` of the rejecting one).
     scope: Scope,
+    /// The rejecting scope, whose strikes counted towards it.
+    struck_by: Scope,
     ident: Ident,
     rule: BanRule,
     now_ms: u64,
@@ -182,7 +191,8 @@ impl Pending {
         who: &Offender<'_>,
     ) -> Self {
         Pending {
-            scope,
+            scope: scope.ban_scope(),
+            struck_by: scope,
             ident: ident.clone(),
             rule,
             now_ms,

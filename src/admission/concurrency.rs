@@ -19,7 +19,8 @@ pub fn slot_requests(rt: &Runtime, who: Who<'_>) -> SlotRequests {
     let mut out = SlotRequests::new();
     let mut push = |scope: Scope, ident: &Ident, limits: &ScopeLimits| {
         if let Some(limit) = limits.concurrent {
-            out.push(SlotRequest {
+            // Never full: `throttle check` bounds the `concurrent` scopes of a request.
+            let _ = out.try_push(SlotRequest {
                 scope,
                 ident: ident.clone(),
                 limit,

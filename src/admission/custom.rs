@@ -37,13 +37,14 @@ pub(super) type Identities = Vec<Option<Ident>>;
 /// # Errors
 /// 400 `invalid_identity` or `missing_identity` (see the module docs).
 pub(super) fn identities(
-    scopes: &[CustomScope],
+    (scopes, fold): (&[CustomScope], bool),
     (route, key): (Option<&Route>, Option<&KeyInfo>),
     req: &AdmitRequest<'_>,
 ) -> Result<Identities, Rejection> {
     let seen = Seen {
         attrs: &req.attrs,
         claims: key.map_or(&[], |k| &k.claims),
+        fold,
     };
     let path = match req.target {
         Target::Match { path, .. } => Some(path),
@@ -81,6 +82,8 @@ struct Invalid;
 struct Seen<'a> {
     attrs: &'a Attrs<'a>,
     claims: &'a [(String, String)],
+    /// `[server] case_insensitive_paths`: path segments are folded.
+    fold: bool,
 }
 
 /// The attribute's value, if the request carries it.
@@ -108,16 +111,25 @@ fn read(from: &Attribute, seen: &Seen<'_>, path: Option<&str>) -> Result<Option<
             };
             let mut found = None;
             for (n, v) in form_urlencoded::parse(query.as_bytes()) {
-                if n == name.as_str() && found.replace(v.into_owned()).is_some() {
+                // Decoding is lossy: a value that was not UTF-8 comes back with U+FFFD.
+                if n == name.as_str()
+                    && (v.contains('\u{FFFD}') || found.replace(v.into_owned()).is_some())
+                {
                     return Err(Invalid);
                 }
             }
             Ok(found)
         }
         Attribute::Cookie(name) => cookie(attrs.headers, name),
-        Attribute::Path(n) => Ok(path
-            .and_then(|p| p.split('/').filter(|s| !s.is_empty()).nth(n - 1))
-            .map(str::to_string)),
+        Attribute::Path(n) => {
+            let segment = path.and_then(|p| p.split('/').filter(|s| !s.is_empty()).nth(n - 1));
+            // With `case_insensitive_paths` the upstream resolves `/orgs/ACME` and
+            // `/orgs/acme` alike: one identity, as the router folds them.
+            Ok(segment.map(|s| match seen.fold {
+                true => crate::routing::fold_path(s),
+                false => s.to_string(),
+            }))
+        }
         Attribute::Jwt(claim) => Ok(seen
             .claims
             .iter()
@@ -133,14 +145,13 @@ fn cookie(headers: Option<&http::HeaderMap>, name: &str) -> Result<Option<String
     };
     let mut found = None;
     for h in headers.get_all(http::header::COOKIE) {
-        let Ok(s) = std::str::from_utf8(h.as_bytes()) else {
-            continue;
-        };
+        // Not skipped when not UTF-8: a second cookie of the name could hide there.
+        let s = std::str::from_utf8(h.as_bytes()).map_err(|_| Invalid)?;
         for pair in s.split(';') {
             let Some((n, v)) = pair.trim().split_once('=') else {
                 continue;
             };
-            if n == name {
+            if n.trim() == name {
                 if found.is_some() {
                     return Err(Invalid);
                 }
@@ -181,6 +192,7 @@ mod tests {
         let seen = Seen {
             attrs: &attrs,
             claims: &claims,
+            fold: false,
         };
         let path = Some("/v1/orgs/acme/items");
         let read = |from| read(&from, &seen, path).ok().flatten();
@@ -212,10 +224,39 @@ mod tests {
         let seen = Seen {
             attrs: &attrs,
             claims: &[],
+            fold: false,
         };
         let header = Attribute::Header(http::HeaderName::from_static("x-user"));
         assert!(read(&header, &seen, None).is_err());
         assert!(read(&Attribute::Query("u".into()), &seen, None).is_err());
         assert!(read(&Attribute::Cookie("s".into()), &seen, None).is_err());
+        // Not UTF-8: a cookie header cannot hide a second value, a parameter is not
+        // decoded into U+FFFD.
+        let mut h = headers(&[("cookie", "s=1")]);
+        h.append("cookie", http::HeaderValue::from_bytes(b"s=\xff").unwrap());
+        let attrs = Attrs {
+            headers: Some(&h),
+            query: Some("u=%FF"),
+        };
+        let seen = Seen {
+            attrs: &attrs,
+            claims: &[],
+            fold: false,
+        };
+        assert!(read(&Attribute::Cookie("s".into()), &seen, None).is_err());
+        assert!(read(&Attribute::Query("u".into()), &seen, None).is_err());
+    }
+
+    #[test]
+    fn path_segments_fold_with_case_insensitive_paths() {
+        let attrs = Attrs::default();
+        let seen = |fold| Seen {
+            attrs: &attrs,
+            claims: &[],
+            fold,
+        };
+        let at = |fold| read(&Attribute::Path(2), &seen(fold), Some("/orgs/ACME./x"));
+        assert_eq!(at(false).ok().flatten().as_deref(), Some("ACME."));
+        assert_eq!(at(true).ok().flatten().as_deref(), Some("acme"));
     }
 }

@@ -149,7 +149,7 @@ fn rejected(
                 now_ms,
             };
             let retry_after = governing.decision.retry_after_ms;
-            bans::strike(core, s.scope.ban_scope(), &s.ident, rule, retry_after, &who);
+            bans::strike(core, s.scope, &s.ident, rule, retry_after, &who);
         }
     }
     let message = rejecting.and_then(|s| s.limits.message.clone());

@@ -9,7 +9,7 @@ use super::core::{Core, Dynamic, Runtime};
 use super::custom::{self, Identities};
 use super::limits::{self, Charge, LimitOutcome};
 use super::{auth, bans, concurrency};
-use super::{Admission, AdmitRequest, Lifetime, Refusal, Rejection, Target};
+use super::{Admission, AdmitRequest, Lifetime, Origin, Refusal, Rejection, Target};
 use crate::adaptive::Factor;
 use crate::config::{Auth, Mode, Route};
 use crate::identity::{KeyInfo, Presented};
@@ -192,10 +192,16 @@ impl Step<'_> {
         key: Option<&KeyInfo>,
     ) -> Result<Identities, Rejection> {
         let scopes = &self.rt.config.scopes;
-        if scopes.is_empty() {
+        // The decision APIs carry no request attributes: their custom scopes are absent
+        // (a `reject` scope does not refuse them).
+        if scopes.is_empty() || self.req.origin == Origin::Check {
             return Ok(Identities::new());
         }
-        let ids = custom::identities(scopes, (route, key), self.req)?;
+        let ids = custom::identities(
+            (scopes, self.rt.config.server.case_insensitive_paths),
+            (route, key),
+            self.req,
+        )?;
         for (c, ident) in scopes.iter().zip(&ids) {
             if let Some(ident) = ident {
                 bans::check(self.core, c.scope, ident, self.now_ms)?;

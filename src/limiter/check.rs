@@ -24,6 +24,10 @@ pub enum Ident {
 /// scopes together.
 pub const MAX_SCOPES: usize = 8;
 
+/// Most concurrency slots one request takes (scopes with `concurrent`, built-in and
+/// named together; `throttle check` refuses a config where a request could need more).
+pub const MAX_SLOTS: usize = 3;
+
 /// One scope of a check.
 #[derive(Debug, Clone)]
 pub struct ScopeCheck<'a> {

@@ -14,7 +14,9 @@ pub mod decision;
 pub mod named;
 pub mod policy;
 
-pub use check::{canonical, canonical_net, network, Check, Ident, Quota, ScopeCheck, MAX_SCOPES};
+pub use check::{
+    canonical, canonical_net, network, Check, Ident, Quota, ScopeCheck, MAX_SCOPES, MAX_SLOTS,
+};
 pub use decision::{DecidedAt, Decision, Verdict, WindowDecision};
 pub use policy::{
     Admission, Algorithm, BanRule, Base, Named, OnFailure, Scope, ScopeLimits, Window, WindowLimit,

@@ -20,8 +20,7 @@ use hashbrown::HashMap;
 use crate::limiter::{Ident, OnFailure, Scope};
 use crate::sharded::Sharded;
 
-/// Scopes that take `concurrent`: ip, key, tenant.
-pub const MAX_SLOTS: usize = 3;
+pub use crate::limiter::MAX_SLOTS;
 const SHARDS: usize = 16;
 
 /// One slot a request asks for.

@@ -239,11 +239,14 @@ impl LimitStore for TieredStore {
         }
         let divided = self.divided(check);
         let mut local = Check::new(check.cost);
-        for (i, limits) in &divided {
+        // The times by position in `local`, not `check`.
+        let mut local_at = DecidedAt::default();
+        for (j, (i, limits)) in divided.iter().enumerate() {
             let s = &check.scopes[*i];
             local.push(s.scope, s.ident.clone(), limits);
+            local_at.add(j, decided_at.of(*i));
         }
-        self.fallback.settle(&local, delta, decided_at);
+        self.fallback.settle(&local, delta, local_at);
     }
 
     fn finish(&self, held: super::Held, ending: super::Ending) {

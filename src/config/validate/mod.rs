@@ -94,12 +94,17 @@ pub(super) fn validate(
     let scopes = custom_scopes(&cx, &raw, store.on_failure)?;
     let mut routes = routes(&cx, &raw.routes)?;
     let builtin = usize::from(ip_limits.is_some()) + 2 + usize::from(global_limits.is_some());
+    // The scopes with `concurrent` a request may meet: ip, and a tier's key and tenant.
+    let tier_slots = |f: fn(&Tier) -> bool| usize::from(tiers.values().any(|t| f(t)));
+    let builtin_slots = usize::from(ip_limits.as_ref().is_some_and(|l| l.concurrent.is_some()))
+        + tier_slots(|t| t.key.concurrent.is_some())
+        + tier_slots(|t| t.tenant.concurrent.is_some());
     route_limits(
         &cx,
         &raw.routes,
         &mut routes,
         &scopes,
-        builtin,
+        (builtin, builtin_slots),
         store.on_failure,
     )?;
     let auth = key_sources(&cx, &raw.auth)?;

@@ -2,7 +2,7 @@
 //! built-in tables, and each route's `limits`.
 
 use super::*;
-use crate::limiter::{Base, Named, Scope, MAX_SCOPES};
+use crate::limiter::{Base, Named, Scope, MAX_SCOPES, MAX_SLOTS};
 
 /// Names a custom scope may not take: the built-in scopes, and `concurrent` (the scope a
 /// 429 of the concurrency slots names).
@@ -147,10 +147,24 @@ pub(super) fn route_limits(
     raw: &[Spanned<RouteFile>],
     routes: &mut [Route],
     customs: &[CustomScope],
-    builtin: usize,
+    (builtin, builtin_slots): (usize, usize),
     on_failure: OnFailure,
 ) -> Result<(), ConfigError> {
     let global_customs = customs.iter().filter(|c| c.limits.is_some()).count();
+    let slotted = |l: &ScopeLimits| l.concurrent.is_some();
+    let global_slots = customs
+        .iter()
+        .filter(|c| c.limits.as_deref().is_some_and(slotted))
+        .count()
+        + builtin_slots;
+    // A request that matches no route meets the built-in and custom scopes alone.
+    if builtin + global_customs > MAX_SCOPES || global_slots > MAX_SLOTS {
+        let at = raw.first().map_or(0..0, |r| r.get_ref().name.span());
+        return Err(cx.err(
+            at,
+            too_many("a request", builtin + global_customs, global_slots),
+        ));
+    }
     for (route, r) in routes.iter_mut().zip(raw) {
         let r = r.get_ref();
         if r.limits.0.is_empty() {
@@ -209,14 +223,21 @@ pub(super) fn route_limits(
             });
         }
         let most = builtin + global_customs + route.limits.len();
-        if most > MAX_SCOPES {
-            return Err(cx.err(
-                r.name.span(),
-                format!("route {name:?}: a request could meet {most} scopes (built-in, custom and the route's own); at most {MAX_SCOPES}"),
-            ));
+        let slots = global_slots + route.limits.iter().filter(|t| slotted(&t.limits)).count();
+        if most > MAX_SCOPES || slots > MAX_SLOTS {
+            let what = format!("route {name:?}: a request");
+            return Err(cx.err(r.name.span(), too_many(&what, most, slots)));
         }
     }
     Ok(())
+}
+
+fn too_many(what: &str, scopes: usize, slots: usize) -> String {
+    if scopes > MAX_SCOPES {
+        format!("{what} could meet {scopes} scopes (built-in, custom and the route's own); at most {MAX_SCOPES}")
+    } else {
+        format!("{what} could need {slots} concurrency slots (scopes with `concurrent`); at most {MAX_SLOTS}")
+    }
 }
 
 #[cfg(test)]
