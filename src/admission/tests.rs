@@ -975,3 +975,47 @@ limits = { key = { per_hour = 50, algorithm = "sliding_log" }, user = { per_hour
     assert_eq!(names, ["key", "user", "llm.key", "llm.user"]);
     b.finish(Ending::Completed { status: 200 });
 }
+
+/// Each scope counts its own ban strikes: a rejection by `[limits.ip]` does not count
+/// towards a route's `login.ip` rule (pooled, it would ban one rejection early, or, past
+/// the rule's `after`, never), though the ban it imposes is an `ip` ban.
+#[tokio::test]
+async fn each_scope_counts_its_own_strikes() {
+    let config = r#"
+[limits.ip]
+per_minute = 100
+ban = { after = 3, within_secs = 60, for_secs = 600 }
+
+[[routes]]
+name = "login"
+path_prefix = "/login"
+upstreams = ["127.0.0.1:1"]
+auth = "none"
+limits = { ip = { per_minute = 1, ban = { after = 2, within_secs = 60, for_secs = 600 } } }
+
+[[routes]]
+name = "api"
+path_prefix = "/"
+upstreams = ["127.0.0.1:1"]
+auth = "none"
+"#;
+    let core = core_with(
+        config,
+        Arc::new(MemoryStore::with_clock(ManualClock::at(NOW))),
+        Arc::new(Metrics::new().unwrap()),
+    );
+    let huge = AdmitRequest {
+        cost: Some(1_000),
+        ..req("192.0.2.9", "/x", None)
+    };
+    assert_eq!(kind(&admit(&core, &huge).await), "429 ip");
+    let mut seen = Vec::new();
+    for _ in 0..4 {
+        let r = admit(&core, &req("192.0.2.9", "/login", None)).await;
+        seen.push(kind(&r));
+        if let Ok(a) = r {
+            a.finish(Ending::Completed { status: 200 });
+        }
+    }
+    assert_eq!(seen, ["ok", "429 login.ip", "429 login.ip", "403 ban ip"]);
+}
