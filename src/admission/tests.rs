@@ -1019,3 +1019,52 @@ auth = "none"
     }
     assert_eq!(seen, ["ok", "429 login.ip", "429 login.ip", "403 ban ip"]);
 }
+
+/// `concurrent` on a custom scope: one request in flight per header value; another value
+/// (or none) is not held back, and the slot comes back when the request ends.
+#[tokio::test]
+async fn a_custom_scope_takes_concurrency_slots() {
+    let config = r#"
+[scopes.user]
+from = "header:X-User"
+[limits.user]
+per_minute = 100
+concurrent = 1
+
+[[routes]]
+name = "api"
+path_prefix = "/"
+upstreams = ["127.0.0.1:1"]
+auth = "none"
+"#;
+    let core = core_with(
+        config,
+        Arc::new(MemoryStore::with_clock(ManualClock::at(NOW))),
+        Arc::new(Metrics::new().unwrap()),
+    );
+    let with_user = |user: &'static str| {
+        let mut h = http::HeaderMap::new();
+        h.insert("x-user", http::HeaderValue::from_static(user));
+        h
+    };
+    let (alice, bob) = (with_user("alice"), with_user("bob"));
+    let as_user = |h| AdmitRequest {
+        attrs: Attrs {
+            headers: Some(h),
+            query: None,
+        },
+        ..req("192.0.2.9", "/x", None)
+    };
+    let first = admit(&core, &as_user(&alice)).await.unwrap();
+    assert_eq!(
+        kind(&admit(&core, &as_user(&alice)).await),
+        "429 concurrent user"
+    );
+    let other = admit(&core, &as_user(&bob)).await.unwrap();
+    let anonymous = admit(&core, &req("192.0.2.9", "/x", None)).await.unwrap();
+    first.finish(Ending::Completed { status: 200 });
+    let again = admit(&core, &as_user(&alice)).await.unwrap();
+    for a in [other, anonymous, again] {
+        a.finish(Ending::Completed { status: 200 });
+    }
+}
