@@ -123,13 +123,11 @@ impl Verdict {
         decisions: impl IntoIterator<Item = WindowDecision>,
     ) -> Verdict {
         let mut allowed = true;
-        let mut scopes_checked = 0u8;
+        let mut decided = false;
         let mut pass: Option<WindowDecision> = None;
         let mut reject: Option<WindowDecision> = None;
         for wd in decisions {
-            if let Some(i) = check.position(wd.scope) {
-                scopes_checked |= 1 << i;
-            }
+            decided = true;
             let d = &wd.decision;
             if !d.allowed {
                 allowed = false;
@@ -142,10 +140,13 @@ impl Verdict {
                 pass = Some(wd);
             }
         }
+        // Every store decides every window of every scope of the check (a window paid from a
+        // lease included): all of them were checked, without a search per decision.
+        let all = (1u16 << check.scopes.len()).wrapping_sub(1) as u8;
         Verdict {
             allowed,
             governing: if allowed { pass } else { reject },
-            scopes_checked,
+            scopes_checked: if decided { all } else { 0 },
             fallback: false,
             failed_open: 0,
             decided_at: DecidedAt::all(0),
@@ -227,8 +228,8 @@ mod tests {
         );
         assert!(v.allowed);
         assert_eq!(v.governing.unwrap().window, Window::Hour);
-        // Positions 0 (ip) and 1 (key) were checked, not 2 (tenant).
-        assert_eq!(v.scopes_checked, 0b11);
+        // Every scope of the check took part.
+        assert_eq!(v.scopes_checked, 0b1111);
     }
 
     /// On a reject the longest retry governs, ties going to the first scope.
