@@ -298,6 +298,29 @@ pub fn apply_override(
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AmbiguousCredentials;
 
+/// The value of the parameter `name` in `query` (`application/x-www-form-urlencoded`), if
+/// present: `[auth] key_query` and custom scopes' `query:` read it.
+///
+/// # Errors
+/// `AmbiguousCredentials` when `name` appears more than once (an upstream reading the
+/// other one would serve a caller the gateway did not identify).
+pub fn query_param<'q>(
+    query: Option<&'q str>,
+    name: &str,
+) -> Result<Option<std::borrow::Cow<'q, str>>, AmbiguousCredentials> {
+    let Some(query) = query else { return Ok(None) };
+    let mut found = None;
+    for (n, v) in form_urlencoded::parse(query.as_bytes()) {
+        if n == name {
+            if found.is_some() {
+                return Err(AmbiguousCredentials);
+            }
+            found = Some(v);
+        }
+    }
+    Ok(found)
+}
+
 /// The API key of a request: `Authorization: Bearer <key>`, else `<key_header>: <key>`
 /// (`[auth] key_header`, `X-API-Key` by default). A non-Bearer `Authorization` (e.g.
 /// Basic) is left for the upstream and is no key. With `jwt` (`[auth.jwt]` is

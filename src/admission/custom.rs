@@ -105,21 +105,12 @@ fn read(from: &Attribute, seen: &Seen<'_>, path: Option<&str>) -> Result<Option<
                 .map(|s| Some(s.trim().to_string()))
                 .map_err(|_| Invalid)
         }
-        Attribute::Query(name) => {
-            let Some(query) = attrs.query else {
-                return Ok(None);
-            };
-            let mut found = None;
-            for (n, v) in form_urlencoded::parse(query.as_bytes()) {
-                // Decoding is lossy: a value that was not UTF-8 comes back with U+FFFD.
-                if n == name.as_str()
-                    && (v.contains('\u{FFFD}') || found.replace(v.into_owned()).is_some())
-                {
-                    return Err(Invalid);
-                }
-            }
-            Ok(found)
-        }
+        Attribute::Query(name) => match crate::identity::query_param(attrs.query, name) {
+            // Decoding is lossy: a value that was not UTF-8 comes back with U+FFFD.
+            Ok(Some(v)) if v.contains('\u{FFFD}') => Err(Invalid),
+            Ok(v) => Ok(v.map(|v| v.into_owned())),
+            Err(_) => Err(Invalid),
+        },
         Attribute::Cookie(name) => cookie(attrs.headers, name),
         Attribute::Path(n) => {
             let segment = path.and_then(|p| p.split('/').filter(|s| !s.is_empty()).nth(n - 1));

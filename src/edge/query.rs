@@ -3,33 +3,9 @@
 //! HTTP clients send them (`%XX` decoded, `+` a space, so a key with a `+` is sent as
 //! `%2B`); the other parameters go upstream byte for byte.
 
-use std::borrow::Cow;
-
 use http::Uri;
 
-use crate::identity::AmbiguousCredentials;
-
-/// The value of the parameter `name` in `query`, if present.
-///
-/// # Errors
-/// `AmbiguousCredentials` when `name` appears more than once (an upstream reading the
-/// other one would serve a caller the gateway did not identify).
-pub fn param<'q>(
-    query: Option<&'q str>,
-    name: &str,
-) -> Result<Option<Cow<'q, str>>, AmbiguousCredentials> {
-    let Some(query) = query else { return Ok(None) };
-    let mut found = None;
-    for (n, v) in form_urlencoded::parse(query.as_bytes()) {
-        if n == name {
-            if found.is_some() {
-                return Err(AmbiguousCredentials);
-            }
-            found = Some(v);
-        }
-    }
-    Ok(found)
-}
+pub use crate::identity::query_param as param;
 
 /// `uri` without every `name` parameter, or None when it has none (nothing to rewrite).
 pub fn strip(uri: &Uri, name: &str) -> Option<Uri> {
@@ -58,6 +34,7 @@ pub fn strip(uri: &Uri, name: &str) -> Option<Uri> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::identity::AmbiguousCredentials;
 
     #[test]
     fn params_are_found_decoded_and_never_twice() {
