@@ -96,7 +96,9 @@ fn unit(w: Window) -> Unit {
         Window::Minute => Unit::Minute,
         Window::Hour => Unit::Hour,
         Window::Day => Unit::Day,
-        Window::Month => Unit::Month,
+        Window::Month | Window::Days30 => Unit::Month,
+        Window::Week => Unit::Week,
+        Window::Year => Unit::Year,
     }
 }
 
