@@ -268,3 +268,5 @@ impl Level {
     }
 }
 
+#[cfg(test)]
+mod tests;
