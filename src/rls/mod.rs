@@ -36,6 +36,7 @@
 //! process binds the port as soon as the old one lets go of it.
 
 mod answer;
+pub mod config;
 mod directory;
 mod request;
 
