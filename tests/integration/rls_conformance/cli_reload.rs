@@ -41,14 +41,16 @@ fn check(toml: &Path) -> (Option<i32>, String) {
     (out.status.code(), text)
 }
 
-/// The `LINE:COL` after `file:` in `out`, and that a message follows.
+/// The `LINE:COL` of the first `file:LINE:COL: message` in `out`.
 fn position(out: &str, file: &str) -> Option<(u32, u32)> {
-    let rest = &out[out.find(&format!("{file}:"))? + file.len() + 1..];
-    let mut parts = rest.splitn(3, ':');
-    let line = parts.next()?.parse().ok()?;
-    let col = parts.next()?.parse().ok()?;
-    let message = parts.next()?.lines().next()?.trim();
-    (!message.is_empty()).then_some((line, col))
+    out.match_indices(&format!("{file}:"))
+        .find_map(|(at, pat)| {
+            let mut parts = out[at + pat.len()..].splitn(3, ':');
+            let line = parts.next()?.parse().ok()?;
+            let col = parts.next()?.parse().ok()?;
+            let message = parts.next()?.lines().next()?.trim();
+            (!message.is_empty()).then_some((line, col))
+        })
 }
 
 const HEAD: &str = "domain: chk\ndescriptors:\n  - key: a\n";
