@@ -20,7 +20,9 @@
 --           charged at now past the limit if need be, < 0 a refund).
 -- Then 12 values per window i (all integers, times in ms):
 --           algorithm (1 token_bucket, 2 sliding_window, 3 fixed_window, 4 sliding_log,
---           5 leaky_bucket), window (1 s, 2 min, 3 h, 4 d, 5 mo), limit, capacity,
+--           5 leaky_bucket), window (1 s, 2 min, 3 h, 4 d, 5 mo, and the rate-limit
+--           service's 6 week, 7 30 days, 8 365 days: all but 5, the calendar month,
+--           are period_ms aligned to the Unix epoch), limit, capacity,
 --           period_ms, offset_ms, current (refund: the charge's `current`; settle: when
 --           the request was admitted, Unix ms),
 --           want (tokens to lease after an admitted 'check'; 0: none),

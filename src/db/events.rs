@@ -469,6 +469,9 @@ fn interval(w: Window) -> &'static str {
         Window::Hour => "1 hour",
         Window::Day => "1 day",
         Window::Month => "1 month",
+        Window::Week => "7 days",
+        Window::Days30 => "30 days",
+        Window::Year => "365 days",
     }
 }
 

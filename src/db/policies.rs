@@ -37,6 +37,8 @@ pub fn column(window: Window) -> &'static str {
         Window::Hour => "req_per_hour",
         Window::Day => "req_per_day",
         Window::Month => "req_per_month",
+        // The rate-limit service's windows have no policy column (never in a tier).
+        Window::Week | Window::Days30 | Window::Year => "",
     }
 }
 

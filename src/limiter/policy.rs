@@ -37,6 +37,14 @@ pub enum Window {
     Day,
     /// The calendar month in UTC for window-aligned algorithms; 30 days for the rate-based ones.
     Month,
+    /// 604 800 s: envoyproxy/ratelimit's `week` (the rate-limit service only).
+    Week,
+    /// 30 days aligned to the Unix epoch: envoyproxy/ratelimit's `month` (the rate-limit
+    /// service only; `Month` is the calendar month).
+    Days30,
+    /// 365 days aligned to the Unix epoch: envoyproxy/ratelimit's `year` (the rate-limit
+    /// service only).
+    Year,
 }
 
 /// How a window counts. Defaults per window: token bucket for second and minute,
@@ -221,10 +229,11 @@ impl fmt::Display for Scope {
 // === impl Window ===
 
 impl Window {
-    /// How many windows there are: a scope has at most one of each.
+    /// How many windows `gateway.toml` has: a scope has at most one of each.
     pub const COUNT: usize = Window::ALL.len();
 
-    /// Every window, shortest first.
+    /// Every window of `gateway.toml`, shortest first (`Week`, `Days30` and `Year` are the
+    /// rate-limit service's, one per descriptor, and not among them).
     pub const ALL: [Window; 5] = [
         Window::Second,
         Window::Minute,
@@ -240,11 +249,13 @@ impl Window {
             Window::Minute => 60_000,
             Window::Hour => 3_600_000,
             Window::Day => 86_400_000,
-            Window::Month => 30 * 86_400_000,
+            Window::Month | Window::Days30 => 30 * 86_400_000,
+            Window::Week => 7 * 86_400_000,
+            Window::Year => 365 * 86_400_000,
         }
     }
 
-    /// The wire label: `1s`, `1m`, `1h`, `1d`, `1mo`.
+    /// The wire label: `1s`, `1m`, `1h`, `1d`, `1mo` (and the service's `1w`, `30d`, `1y`).
     pub fn label(self) -> &'static str {
         match self {
             Window::Second => "1s",
@@ -252,6 +263,9 @@ impl Window {
             Window::Hour => "1h",
             Window::Day => "1d",
             Window::Month => "1mo",
+            Window::Week => "1w",
+            Window::Days30 => "30d",
+            Window::Year => "1y",
         }
     }
 
@@ -262,7 +276,9 @@ impl Window {
             Window::Minute => "minute",
             Window::Hour => "hour",
             Window::Day => "day",
-            Window::Month => "month",
+            Window::Month | Window::Days30 => "month",
+            Window::Week => "week",
+            Window::Year => "year",
         }
     }
 
@@ -274,6 +290,10 @@ impl Window {
             Window::Hour => "per_hour",
             Window::Day => "per_day",
             Window::Month => "per_month",
+            // Not in gateway.toml: the rate-limit service's YAML names these units.
+            Window::Week => "week",
+            Window::Days30 => "month",
+            Window::Year => "year",
         }
     }
 
@@ -282,7 +302,7 @@ impl Window {
         match self {
             Window::Second | Window::Minute => Algorithm::TokenBucket,
             Window::Hour | Window::Day => Algorithm::SlidingWindow,
-            Window::Month => Algorithm::FixedWindow,
+            Window::Month | Window::Week | Window::Days30 | Window::Year => Algorithm::FixedWindow,
         }
     }
 }

@@ -384,6 +384,10 @@ pub fn window_code(w: Window) -> u8 {
         Window::Hour => 3,
         Window::Day => 4,
         Window::Month => 5,
+        // Epoch-aligned like 1..=4 (check.lua treats every code but 5 so).
+        Window::Week => 6,
+        Window::Days30 => 7,
+        Window::Year => 8,
     }
 }
 
