@@ -45,15 +45,6 @@ async fn exactly_the_limit(admission: &str) {
         }
     }
     assert!(errors.is_empty(), "{admission}: {errors:?}");
-    assert_eq!(
-        (ok, over),
-        (50, 150),
-        "{admission}: OK and OVER_LIMIT of 200"
-    );
-    for gw in &mut gws {
-        let r = gw.ask(one("fleet", &[&[("tenant", "acme")]])).await;
-        assert_eq!(r.overall_code(), Code::OverLimit, "{admission}: {r:?}");
-    }
     let mut c = redis.client().await;
     let keys: Vec<String> = redis::cmd("KEYS")
         .arg(format!("{prefix}:{{rls.fleet:*"))
@@ -64,6 +55,20 @@ async fn exactly_the_limit(admission: &str) {
         !keys.is_empty(),
         "{admission}: no {prefix}:{{rls.fleet:* key"
     );
+    let mut counters = Vec::new();
+    for k in &keys {
+        let v: String = redis::cmd("GET").arg(k).query_async(&mut c).await.unwrap();
+        counters.push(format!("{k} = {v}"));
+    }
+    assert_eq!(
+        (ok, over),
+        (50, 150),
+        "{admission}: OK and OVER_LIMIT of 200 (Redis: {counters:?})"
+    );
+    for gw in &mut gws {
+        let r = gw.ask(one("fleet", &[&[("tenant", "acme")]])).await;
+        assert_eq!(r.overall_code(), Code::OverLimit, "{admission}: {r:?}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
