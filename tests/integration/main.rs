@@ -31,6 +31,7 @@ mod ratelimit_headers;
 mod rediss;
 mod reload;
 mod rls;
+mod rls_conformance;
 mod routes;
 mod scopes;
 mod seams;
