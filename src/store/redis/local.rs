@@ -250,6 +250,17 @@ impl Local {
             }
             for w in &s.limits.windows {
                 let slot = e.slot(w.window);
+                let usable =
+                    slot.usable(now, check.cost, w).is_some() && w.admission == Admission::Auto;
+                leased &= usable;
+                // Tokens leased to this gateway are already counted in Redis: a window
+                // holding them pays with them even when a rejection is cached beside them
+                // (a concurrent call of the same identity reached Redis after the lease
+                // took what was left). Refusing then would strand the lease's tokens until
+                // it ends, and the fleet would admit less than its limit.
+                if usable {
+                    continue;
+                }
                 if let Some(b) = slot
                     .blocked
                     .filter(|b| now < b.until && check.cost >= b.cost && b.limit == *w)
@@ -261,8 +272,6 @@ impl Local {
                         rejected = Some(wd);
                     }
                 }
-                let usable = slot.usable(now, check.cost, w).is_some();
-                leased &= usable && w.admission == Admission::Auto;
             }
         }
         if let Some(g) = rejected {

@@ -276,6 +276,40 @@ fn a_rejection_racing_a_return_is_not_cached() {
     assert!(matches!(local.decide(&c, 4_100), Outcome::OverLimit(_)));
 }
 
+/// A rejection cached while this gateway still holds leased tokens of the window (a
+/// concurrent call reached Redis after the lease took what was left) does not refuse
+/// requests the lease can pay: those tokens are counted in Redis already, and refusing
+/// would strand them. Once the lease is spent, the rejection is repeated.
+#[test]
+fn leased_tokens_are_spent_before_a_cached_rejection() {
+    let local = Local::new(1_000);
+    let l = limits(100, Admission::Auto);
+    let c = check(&l, 1);
+    local.record(
+        &c.scopes,
+        1,
+        &[decision(true, 2, 0)],
+        &[grant(2, 1_000)],
+        0,
+        0,
+    );
+    local.record(
+        &c.scopes,
+        1,
+        &[decision(false, 0, 60_000)],
+        &[Grant::default()],
+        10,
+        10,
+    );
+    for at in [20, 30] {
+        assert!(
+            matches!(local.decide(&c, at), Outcome::Leased(v) if v.allowed),
+            "the lease pays at {at}"
+        );
+    }
+    assert!(matches!(local.decide(&c, 40), Outcome::OverLimit(_)));
+}
+
 /// Ended leases are collected once; idle identities are forgotten; drain takes all.
 #[test]
 fn expiry_and_drain_collect_leftovers() {
