@@ -11,7 +11,9 @@ const LAYERS: &[&[&str]] = &[
     &["adaptive"],
     // JWT verification: self-contained, it imports nothing of the gateway; the config
     // builds its settings and identity reads its token shape.
-    &["auth"],
+    // envoyproxy/ratelimit's YAML descriptors, loaded and matched: pure, it imports
+    // nothing of the gateway; the config loads it and the rate-limit service matches it.
+    &["auth", "descriptors"],
     &["config"],
     &[
         "metrics",

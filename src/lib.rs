@@ -60,6 +60,7 @@ pub mod clock;
 pub mod config;
 pub mod db;
 pub mod demo;
+pub mod descriptors;
 pub mod edge;
 pub mod identity;
 pub mod layer;

@@ -169,6 +169,13 @@ fn check(path: &Path) -> ExitCode {
                 c.keys.len(),
                 c.blocks.len()
             );
+            if let Some(d) = &c.rls.descriptors {
+                println!(
+                    "{}: ok ({} rate-limit service domains)",
+                    d.path.display(),
+                    d.scopes.len()
+                );
+            }
             ExitCode::SUCCESS
         }
         Err(e) => {
@@ -218,7 +225,8 @@ fn simulate(config: &Path, trace: &Path, json: bool) -> ExitCode {
 
 fn run(path: &Path, upgrade: bool) -> anyhow::Result<()> {
     init_logging();
-    let config = config::load(path).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mut config = config::load(path).map_err(|e| anyhow::anyhow!("{e}"))?;
+    config::apply_env(&mut config);
     for w in config.warnings() {
         tracing::warn!("{w}");
     }

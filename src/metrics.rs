@@ -91,6 +91,14 @@ pub struct Metrics {
     /// route's `health_check`, 0 while it fails (only routes with a health check; the
     /// address is config, not a client identity).
     pub upstream_healthy: IntGaugeVec,
+    /// `throttle_rls_decisions_total{domain,code}`: rate-limit service answers with
+    /// `[rls] config`, by domain (a configured one, else `unknown`) and overall code
+    /// (`ok`, `over_limit`).
+    pub rls_decisions_total: IntCounterVec,
+    /// `throttle_rls_descriptor_total{domain,descriptor,code}`: descriptors whose limit
+    /// has `detailed_metric`, by the config path that matched (never a runtime value)
+    /// and their own code (`ok`, `over_limit`, `shadow_over_limit`).
+    pub rls_descriptor_total: IntCounterVec,
 }
 
 // === impl Outcome ===
@@ -177,6 +185,9 @@ impl Metrics {
                 UPSTREAM_HEALTHY.opts(),
                 &["route", "upstream"],
             )?)?,
+            rls_decisions_total: r.counter_vec(&RLS_DECISIONS_TOTAL, &["domain", "code"])?,
+            rls_descriptor_total: r
+                .counter_vec(&RLS_DESCRIPTOR_TOTAL, &["domain", "descriptor", "code"])?,
             registry: r.0,
         })
     }
@@ -418,6 +429,16 @@ const BANS_DROPPED_TOTAL: Def = Def {
 const BAN_SYNCS_TOTAL: Def = Def {
     name: "throttle_ban_syncs_total",
     help: "Ban syncs from Redis, by what they read (full: the whole table; changes: what changed since the last).",
+};
+
+const RLS_DECISIONS_TOTAL: Def = Def {
+    name: "throttle_rls_decisions_total",
+    help: "Rate-limit service answers with [rls] config, by domain and overall code.",
+};
+
+const RLS_DESCRIPTOR_TOTAL: Def = Def {
+    name: "throttle_rls_descriptor_total",
+    help: "Rate-limit service descriptors with detailed_metric, by config path and code.",
 };
 
 const UPSTREAM_HEALTHY: Def = Def {

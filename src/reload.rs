@@ -38,6 +38,7 @@ pub async fn reload(core: &Core, db: &Database) -> Result<Reloaded, ConfigError>
     let mut loaded = tokio::task::spawn_blocking(move || config::load(&path))
         .await
         .map_err(|e| ConfigError::file(&source, format!("reload task failed: {e}")))??;
+    config::apply_env(&mut loaded);
     if let Some(addr) = core.upstream_override {
         point_routes_at(&mut loaded, addr); // `throttle demo` keeps its in-process upstream
     }

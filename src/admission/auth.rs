@@ -25,9 +25,11 @@ pub(super) struct Charged {
 }
 
 impl Charged {
+    /// The addresses charged (none for an unaddressed rate-limit descriptor).
     fn addresses(self) -> impl Iterator<Item = IpAddr> + Clone {
+        let client = self.origin.addressed().then_some(self.client_ip);
         let also = self.also.filter(|a| *a != self.client_ip);
-        std::iter::once(self.client_ip).chain(also)
+        client.into_iter().chain(also)
     }
 }
 

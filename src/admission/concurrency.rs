@@ -28,12 +28,8 @@ pub fn slot_requests(rt: &Runtime, who: Who<'_>) -> SlotRequests {
             });
         }
     };
-    if let Some(l) = &rt.config.ip_limits {
-        push(
-            Scope::Ip,
-            &Ident::client(client_ip, rt.config.ipv6_prefix),
-            l,
-        );
+    if let (Some(l), Some(ip)) = (&rt.config.ip_limits, client_ip) {
+        push(Scope::Ip, &Ident::client(ip, rt.config.ipv6_prefix), l);
     }
     if let Some(k) = key {
         push(Scope::Key, &k.key_ident, &k.tier.key);

@@ -71,7 +71,7 @@ impl<'a> Charge<'a> {
     /// Who is charged.
     pub(super) fn who(&self) -> Who<'a> {
         Who {
-            client_ip: self.client_ip,
+            client_ip: self.origin.addressed().then_some(self.client_ip),
             key: self.key,
             route: self.route,
             customs: self.customs,
@@ -162,7 +162,12 @@ fn rejected(
 
 /// The store's verdict: at once when it can decide locally (the memory store always;
 /// Redis on leases or cached rejections), else a round trip.
-pub(super) async fn decide(core: &Core, check: &Check<'_>) -> Result<Verdict, StoreError> {
+/// Decides `check`: at once when the store can (`LimitStore::decide_locally`: memory,
+/// leases, the over-limit cache), else by a store call.
+///
+/// # Errors
+/// The store could not decide.
+pub async fn decide(core: &Core, check: &Check<'_>) -> Result<Verdict, StoreError> {
     match core.store.decide_locally(check) {
         Some(v) => Ok(v),
         None => core.store.check(check).await,
@@ -261,8 +266,9 @@ pub(super) fn record(
 /// Who a request is, as the limits see it: everything a scope's identity comes from.
 #[derive(Debug, Clone, Copy)]
 pub struct Who<'a> {
-    /// The resolved client address.
-    pub client_ip: IpAddr,
+    /// The resolved client address (None: a rate-limit service descriptor without
+    /// `remote_address`; nothing keyed by an address applies).
+    pub client_ip: Option<IpAddr>,
     /// The caller's key, when identified.
     pub key: Option<&'a KeyInfo>,
     /// The route, whose own tables (`limits`) apply.
@@ -276,7 +282,7 @@ impl<'a> Who<'a> {
     /// A caller known by its address and key only (no route tables, no custom scopes).
     pub fn of(client_ip: IpAddr, key: Option<&'a KeyInfo>) -> Who<'a> {
         Who {
-            client_ip,
+            client_ip: Some(client_ip),
             key,
             route: None,
             customs: &[],
@@ -286,7 +292,9 @@ impl<'a> Who<'a> {
     /// The identity a route table or custom scope counting `counts` counts, if any.
     pub(super) fn ident(&self, rt: &Runtime, counts: Counts) -> Option<Ident> {
         match counts {
-            Counts::Ip => Some(Ident::client(self.client_ip, rt.config.ipv6_prefix)),
+            Counts::Ip => self
+                .client_ip
+                .map(|ip| Ident::client(ip, rt.config.ipv6_prefix)),
             Counts::Key => self.key.map(|k| k.key_ident.clone()),
             Counts::Tenant => self.key.map(|k| k.tenant_ident.clone()),
             Counts::Global => Some(Ident::Global),
@@ -300,12 +308,8 @@ impl<'a> Who<'a> {
 /// own tables.
 pub fn build_check<'a>(rt: &'a Runtime, who: Who<'a>, cost: u32) -> Check<'a> {
     let mut check = Check::new(cost);
-    if let Some(l) = &rt.config.ip_limits {
-        check.push(
-            Scope::Ip,
-            Ident::client(who.client_ip, rt.config.ipv6_prefix),
-            l,
-        );
+    if let (Some(l), Some(ip)) = (&rt.config.ip_limits, who.client_ip) {
+        check.push(Scope::Ip, Ident::client(ip, rt.config.ipv6_prefix), l);
     }
     if let Some(k) = who.key {
         check.push(Scope::Key, k.key_ident.clone(), &k.tier.key);

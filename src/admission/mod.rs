@@ -50,7 +50,7 @@ use std::sync::Arc;
 pub use self::auth::lookup_key;
 pub use self::core::{block_entry, parse_net, Core, Dynamic, Runtime, RuntimeError};
 pub use self::custom::Attrs;
-pub use self::limits::{build_check, Who};
+pub use self::limits::{build_check, decide, Who};
 pub use self::pipeline::{admit_at, blocked_ip, ip_blocked, ip_blocked_at};
 use crate::adaptive::Factor;
 use crate::identity::{KeyInfo, Presented};
@@ -89,12 +89,21 @@ pub enum Origin {
     Proxy,
     /// `POST /v1/check` or the Envoy rate-limit service.
     Check,
+    /// A rate-limit service descriptor without `remote_address`: no client address, so
+    /// nothing keyed by one applies (IP blocks and bans, the `ip` scope and a route's `ip`
+    /// table, `[limits.auth]`); `client_ip` is a placeholder.
+    Unaddressed,
 }
 
 impl Origin {
     /// Whether a rejection of this origin counts towards `rule`'s ban.
     pub fn strikes(self, rule: &crate::limiter::BanRule) -> bool {
         self == Origin::Proxy || rule.from_check
+    }
+
+    /// Whether the request names a client address (all but `Unaddressed`).
+    pub fn addressed(self) -> bool {
+        self != Origin::Unaddressed
     }
 }
 
@@ -282,7 +291,7 @@ impl Admission {
             return 0;
         }
         let who = Who {
-            client_ip: self.client_ip,
+            client_ip: Some(self.client_ip),
             key: self.key.as_deref(),
             route: self.route.as_deref().map(|r| &r.route),
             customs: &self.customs,
@@ -312,7 +321,7 @@ impl Admission {
     /// Who the request was charged as (its address, key, route and custom identities).
     pub fn who(&self) -> Who<'_> {
         Who {
-            client_ip: self.client_ip,
+            client_ip: Some(self.client_ip),
             key: self.key.as_deref(),
             route: self.route.as_deref().map(|r| &r.route),
             customs: &self.customs,

@@ -35,7 +35,8 @@ pub async fn admit_at(
         customs: Identities::new(),
     };
     let result = pipeline(core, &runtime, req, &mut seen).await;
-    count_top(core, &runtime, req.client_ip, &seen, &result);
+    let ip = req.origin.addressed().then_some(req.client_ip);
+    count_top(core, &runtime, ip, &seen, &result);
     result.map_err(|r| r.on(runtime, now_ms))
 }
 
@@ -43,7 +44,7 @@ pub async fn admit_at(
 fn count_top(
     core: &Core,
     rt: &Runtime,
-    ip: IpAddr,
+    ip: Option<IpAddr>,
     seen: &Seen,
     result: &Result<Admission, Refusal>,
 ) {
@@ -56,8 +57,10 @@ fn count_top(
     );
     let (top, now_ms) = (&core.top, seen.now_ms);
     // The identity the ip scope counts: an IPv6 client's network.
-    let client = Ident::client(ip, rt.config.ipv6_prefix);
-    top.record(Scope::Ip, &client, rejected, now_ms);
+    if let Some(ip) = ip {
+        let client = Ident::client(ip, rt.config.ipv6_prefix);
+        top.record(Scope::Ip, &client, rejected, now_ms);
+    }
     if let Some(k) = &seen.key {
         top.record(Scope::Key, &k.key_ident, rejected, now_ms);
         top.record(Scope::Tenant, &k.tenant_ident, rejected, now_ms);
@@ -131,6 +134,9 @@ impl Step<'_> {
     /// keys).
     fn screen(&self) -> Result<(), Rejection> {
         let (core, ip, now_ms) = (self.core, self.req.client_ip, self.now_ms);
+        if !self.req.origin.addressed() {
+            return Ok(());
+        }
         if blocked_ip(self.rt, &self.dynamic, ip, now_ms) {
             return Err(Rejection::Blocked(Scope::Ip));
         }
@@ -194,7 +200,7 @@ impl Step<'_> {
         let scopes = &self.rt.config.scopes;
         // The decision APIs carry no request attributes: their custom scopes are absent
         // (a `reject` scope does not refuse them).
-        if scopes.is_empty() || self.req.origin == Origin::Check {
+        if scopes.is_empty() || self.req.origin != Origin::Proxy {
             return Ok(Identities::new());
         }
         let ids = custom::identities(

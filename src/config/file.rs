@@ -33,6 +33,17 @@ pub(crate) struct File {
     pub(crate) tenants: Vec<TenantFile>,
     #[serde(default)]
     pub(crate) blocks: Vec<BlockFile>,
+    pub(crate) rls: Option<RlsFile>,
+}
+
+/// `[rls]`: the rate-limit service's envoyproxy/ratelimit descriptors.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RlsFile {
+    pub(crate) config: Option<Spanned<String>>,
+    pub(crate) response_headers: Option<bool>,
+    pub(crate) on_failure: Option<OnFailureFile>,
+    pub(crate) admission: Option<AdmissionFile>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -57,6 +68,8 @@ pub(crate) struct ServerFile {
     pub(crate) tls: Option<Spanned<TlsFile>>,
     /// `check_token = "${VAR}"`: the bearer token `POST /v1/check` and the RLS require.
     pub(crate) check_token: Option<Spanned<String>>,
+    /// `admin_token_file`: the admin token's file (a mounted secret).
+    pub(crate) admin_token_file: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize)]
@@ -106,8 +119,8 @@ pub(crate) enum ForwardedHeaderFile {
 pub(crate) struct StoreFile {
     #[serde(default)]
     pub(crate) backend: Option<Spanned<BackendFile>>,
-    pub(crate) url: Option<String>,
-    pub(crate) cluster: Option<Vec<String>>,
+    pub(crate) url: Option<Spanned<String>>,
+    pub(crate) cluster: Option<Vec<Spanned<String>>>,
     pub(crate) sentinel: Option<SentinelFile>,
     pub(crate) timeout_ms: Option<Spanned<u64>>,
     pub(crate) on_failure: Option<OnFailureFile>,
@@ -120,7 +133,7 @@ pub(crate) struct StoreFile {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct SentinelFile {
-    pub(crate) urls: Vec<String>,
+    pub(crate) urls: Vec<Spanned<String>>,
     pub(crate) master: String,
 }
 
@@ -142,7 +155,7 @@ pub(crate) enum OnFailureFile {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct DatabaseFile {
-    pub(crate) url: String,
+    pub(crate) url: Spanned<String>,
     pub(crate) events_retention_months: Option<Spanned<u32>>,
 }
 

@@ -19,7 +19,7 @@ pub use limits::{
 pub use model::{
     method_forwarded, Attribute, Auth, Backend, BlockEntry, BlockTarget, ClientIpHeader, Config,
     Counts, CustomScope, HealthCheck, Jwt, KeyEntry, KeySources, Missing, Mode, PathParameters,
-    RateLimitHeaders, Route, RouteLimit, Secret, Server, Store, Tier, Tls,
+    RateLimitHeaders, Rls, RlsDescriptors, Route, RouteLimit, Secret, Server, Store, Tier, Tls,
 };
 pub use validate::{format_rfc3339, rfc3339_ms};
 
@@ -36,6 +36,20 @@ pub fn load(path: &Path) -> Result<Config, ConfigError> {
     let source = std::fs::read_to_string(path)
         .map_err(|e| ConfigError::file(&name, format!("cannot read: {e}")))?;
     parse(&name, &source)
+}
+
+/// The environment variable `run` (and every reload) takes the database URL from, over
+/// `[database] url`: a password need not sit in the file.
+pub const DATABASE_URL_ENV: &str = "THROTTLE_DATABASE_URL";
+
+/// Applies the settings the gateway's environment overrides: `THROTTLE_DATABASE_URL`
+/// (when set and not empty) is the database URL.
+pub fn apply_env(config: &mut Config) {
+    if let Ok(url) = std::env::var(DATABASE_URL_ENV) {
+        if !url.is_empty() {
+            config.database_url = Some(url);
+        }
+    }
 }
 
 /// Validates `source`, naming it `name` in errors.

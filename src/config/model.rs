@@ -54,6 +54,35 @@ pub struct Config {
     pub tenants: HashMap<String, String>,
     /// `[[blocks]]`.
     pub blocks: Vec<BlockEntry>,
+    /// `[rls]`.
+    pub rls: Rls,
+}
+
+/// `[rls] config`: envoyproxy/ratelimit's YAML, loaded.
+#[derive(Debug)]
+pub struct RlsDescriptors {
+    /// The file or directory, resolved against the config file's directory.
+    pub path: std::path::PathBuf,
+    /// What it holds.
+    pub config: crate::descriptors::RlsConfig,
+    /// Each domain's scope (`rls.<domain>`): its counters' Redis keys
+    /// (`thr:{rls.<domain>:<counter>}:1m`) and the memory store's entries.
+    pub scopes: HashMap<String, Scope>,
+}
+
+/// `[rls]`: how the rate-limit service (`[server] rls_listen`) decides.
+#[derive(Debug, Clone)]
+pub struct Rls {
+    /// `config`: the envoyproxy/ratelimit descriptors, read when the config is. None: the
+    /// built-in descriptor mapping.
+    pub descriptors: Option<Arc<RlsDescriptors>>,
+    /// `response_headers`: add `RateLimit-Limit`, `-Remaining`, `-Reset` of the
+    /// descriptor nearest its limit to every answer.
+    pub response_headers: bool,
+    /// `on_failure` (default: `[store] on_failure`).
+    pub on_failure: OnFailure,
+    /// `admission` (default `auto`: leases and the over-limit cache on Redis).
+    pub admission: crate::limiter::Admission,
 }
 
 /// `[server]`.
@@ -100,6 +129,10 @@ pub struct Server {
     /// `check_token`: the bearer token `POST /v1/check` and the RLS require; `None`:
     /// both answer anyone who reaches them.
     pub check_token: Option<Secret>,
+    /// `admin_token_file`: the admin token read from this file at load (and each
+    /// reload's check; the admin listener keeps the token it started with);
+    /// `$THROTTLE_ADMIN_TOKEN`, when set, takes precedence.
+    pub admin_token: Option<Secret>,
 }
 
 /// A secret from the config (a token): never printed, compared in constant time.
@@ -110,6 +143,11 @@ impl Secret {
     /// Wraps `value`.
     pub fn new(value: &str) -> Self {
         Self(value.into())
+    }
+
+    /// The secret itself (to hand to the one component that compares it).
+    pub fn expose(&self) -> &str {
+        &self.0
     }
 
     /// Whether `authorization` (a header value as received) is `Bearer <secret>` (the

@@ -567,3 +567,72 @@ fn jwt_jwks_file_is_relative_to_the_config() {
         "{e}"
     );
 }
+
+/// Every store and database URL may be a `"${VAR}"` reference, resolved at load; a
+/// missing variable is an error naming it, at the value.
+#[test]
+fn urls_come_from_the_environment() {
+    let env = |var: &str| match var {
+        "REDIS_A" => Ok("redis://:pw@10.0.0.1:6379".to_string()),
+        "REDIS_B" => Ok("redis://10.0.0.2:7000".to_string()),
+        "PG" => Ok("postgres://u:pw@db/throttle".to_string()),
+        _ => Err(std::env::VarError::NotPresent),
+    };
+    let load = |s: &str| parse_env("f.toml", &with_route(s), &env);
+    let c = load("[store]\nbackend = \"redis\"\nurl = \"${REDIS_A}\"\n").unwrap();
+    assert_eq!(c.store.url.as_deref(), Some("redis://:pw@10.0.0.1:6379"));
+    let c =
+        load("[store]\nbackend = \"redis\"\ncluster = [\"${REDIS_A}\", \"${REDIS_B}\"]\n").unwrap();
+    assert_eq!(
+        c.store.cluster,
+        ["redis://:pw@10.0.0.1:6379", "redis://10.0.0.2:7000"]
+    );
+    let c = load(
+        "[store]\nbackend = \"redis\"\nsentinel = { urls = [\"${REDIS_B}\"], master = \"m\" }\n",
+    )
+    .unwrap();
+    assert_eq!(c.store.sentinel.unwrap().0, ["redis://10.0.0.2:7000"]);
+    let c = load("[database]\nurl = \"${PG}\"\n").unwrap();
+    assert_eq!(
+        c.database_url.as_deref(),
+        Some("postgres://u:pw@db/throttle")
+    );
+    let err = load("[database]\nurl = \"${PG_MISSING}\"\n").unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "f.toml:2:7: [database] url: environment variable PG_MISSING is not set"
+    );
+    let err = load("[store]\nbackend = \"redis\"\nurl = \"redis://${REDIS_A}\"\n").unwrap_err();
+    assert!(
+        err.to_string()
+            .starts_with("f.toml:3:7: url: only a whole-value"),
+        "{err}"
+    );
+}
+
+/// `admin_token_file`: the file's token (whitespace around it dropped), relative to the
+/// config's directory; an empty or missing file is an error at the value.
+#[test]
+fn admin_token_comes_from_a_file() {
+    let dir = std::env::temp_dir().join(format!("throttle-admin-token-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("token"), "t0ken-from-file\n").unwrap();
+    std::fs::write(dir.join("empty"), "  \n").unwrap();
+    let name = dir.join("gw.toml").display().to_string();
+    let load = |file: &str| {
+        parse(
+            &name,
+            &with_route(&format!("[server]\nadmin_token_file = \"{file}\"\n")),
+        )
+    };
+    let c = load("token").unwrap();
+    assert_eq!(c.server.admin_token.unwrap().expose(), "t0ken-from-file");
+    let err = load("empty").unwrap_err().to_string();
+    assert!(
+        err.contains(":2:20: admin_token_file:") && err.ends_with("is empty"),
+        "{err}"
+    );
+    let err = load("nope").unwrap_err().to_string();
+    assert!(err.contains("admin_token_file: cannot read"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

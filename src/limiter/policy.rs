@@ -302,9 +302,7 @@ impl Window {
         match self {
             Window::Second | Window::Minute => Algorithm::TokenBucket,
             Window::Hour | Window::Day => Algorithm::SlidingWindow,
-            Window::Month | Window::Week | Window::Days30 | Window::Year => {
-                Algorithm::FixedWindow
-            }
+            Window::Month | Window::Week | Window::Days30 | Window::Year => Algorithm::FixedWindow,
         }
     }
 }

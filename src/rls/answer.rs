@@ -1,7 +1,7 @@
-//! Decisions as `RateLimitResponse`s. Pure formatting.
+//! Decisions of the built-in mapping as `RateLimitResponse`s.
 //!
-//! One admission decides all descriptors of a request together, so every descriptor gets
-//! the same status: the governing window's (the rejecting one, or on a pass the one with
+//! Each descriptor is its own admission and gets its own status (`combine`): the
+//! governing window's (the rejecting one, or on a pass the one with
 //! the fewest remaining), with `current_limit` named `<scope>-<window>` (e.g. `key-1m`),
 //! `limit_remaining` and `duration_until_reset` as the `X-RateLimit-*` headers give them.
 //! A refusal that is not a rate limit (a block, a missing or invalid key, a fail-closed
@@ -19,7 +19,62 @@ use envoy_types::pb::google::protobuf::Duration;
 
 use crate::admission::{Admission, Refusal, Rejection};
 use crate::limiter::{Window, WindowDecision};
+use crate::metrics::Metrics;
 use crate::reply::headers::RateHeaders;
+use crate::store::Ending;
+
+/// The answer to a request whose descriptors were decided one by one, in order: each
+/// its own status; `OVER_LIMIT` when any was refused, and then nothing is charged on any
+/// (the admitted ones are refunded at once, as a settle to cost 0). The headers and body
+/// are the first refusal's, else those of the admitted descriptor with the fewest
+/// remaining. Every admission is finished here (Envoy never says when a request ends).
+pub(super) fn combine(
+    decided: Vec<Result<Admission, Refusal>>,
+    metrics: &Metrics,
+) -> RateLimitResponse {
+    let any_refused = decided.iter().any(Result::is_err);
+    let mut statuses = Vec::with_capacity(decided.len());
+    let mut chosen: Option<(bool, u32, RateLimitResponse)> = None;
+    for d in decided {
+        let (one, refusal) = match d {
+            Ok(mut a) => {
+                let one = admitted(&a, 1);
+                if any_refused {
+                    a.settle(0, metrics);
+                    a.finish(Ending::Completed { status: 429 });
+                } else {
+                    a.finish(Ending::Completed { status: 200 });
+                }
+                (one, false)
+            }
+            Err(r) => (refused(&r, 1), true),
+        };
+        let remaining = one
+            .statuses
+            .first()
+            .filter(|s| s.current_limit.is_some())
+            .map_or(u32::MAX, |s| s.limit_remaining);
+        statuses.extend(one.statuses.iter().cloned());
+        let better = match &chosen {
+            None => true,
+            Some((was_refusal, was_remaining, _)) => {
+                !was_refusal && (refusal || remaining < *was_remaining)
+            }
+        };
+        if better {
+            chosen = Some((refusal, remaining, one));
+        }
+    }
+    let mut response = chosen.map(|(_, _, r)| r).unwrap_or_default();
+    response.overall_code = if any_refused {
+        Code::OverLimit
+    } else {
+        Code::Ok
+    }
+    .into();
+    response.statuses = statuses;
+    response
+}
 
 /// The answer to an admitted request (`OK`; shadow-mode would-be rejections included).
 pub(super) fn admitted(a: &Admission, descriptors: usize) -> RateLimitResponse {

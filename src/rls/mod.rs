@@ -3,29 +3,31 @@
 //! pipeline. A call is admitted like a proxied request or a `/v1/check` and counts against
 //! the same buckets (one store, one state).
 //!
-//! Reading a request (`request`):
-//! - all entries of all descriptors are merged into one admission request, decided
-//!   all-or-nothing across scopes (the layered ip -> key -> tenant -> global check);
-//! - `remote_address` -> the `ip` scope (required); `api_key` -> the key (the raw key,
-//!   hashed and looked up as the proxy does); `key_id` -> the key of that id; `tenant` ->
-//!   the tenant (alone: its tenant limits only; with a key: it must be the key's tenant);
-//!   `route` -> that route's `cost`, `mode` and `auth` (none: no route, cost 1, enforce),
-//!   and an adaptive route's current factor (learned from proxied traffic only: a call
-//!   feeds nothing into the route's window);
-//! - `hits_addend` is the cost; 0 (unset) means the default: the route's `cost`, else 1.
-//!   A descriptor's own `hits_addend` overrides the request's; descriptors must agree;
-//! - `domain` is not used. Unknown entries, conflicting values, a missing or unparseable
-//!   `remote_address`, an unknown route or tenant, `is_negative_hits` and descriptor limit
-//!   overrides are `INVALID_ARGUMENT` with a message saying what is wrong.
+//! With `[rls] config`, the descriptors follow envoyproxy/ratelimit's YAML and semantics
+//! (`configured`). Without it, the built-in mapping (`request`, `answer`): each
+//! descriptor is its own admission request, decided all-or-nothing across its scopes (the
+//! layered ip -> key -> tenant -> global check), and the call is all-or-nothing across
+//! descriptors (one refused: the others are refunded):
+//! - `remote_address` -> the `ip` scope (absent: no address, so nothing keyed by one
+//!   applies, see `Origin::Unaddressed`); `api_key` -> the key (the raw key, hashed and
+//!   looked up as the proxy does); `key_id` -> the key of that id; `tenant` -> the tenant
+//!   (alone: its tenant limits only; with a key: it must be the key's tenant); `route` ->
+//!   that route's `cost`, `mode` and `auth` (none: no route, cost 1, enforce), and an
+//!   adaptive route's current factor (learned from proxied traffic only);
+//! - `hits_addend` is the cost (a descriptor's own, else the request's); 0 (unset) means
+//!   the default: the route's `cost`, else 1;
+//! - `domain` is not used. Unknown entries, conflicting values within a descriptor, an
+//!   unparseable `remote_address`, an unknown route or tenant, `is_negative_hits` and
+//!   descriptor limit overrides are `INVALID_ARGUMENT` with a message saying what is wrong.
 //!
-//! Answering (`answer`): `OK` or `OVER_LIMIT`, one status per descriptor (all the same: the
-//! governing window of the one admission), the `X-RateLimit-*` headers (and `Retry-After`
-//! on a denial) in `response_headers_to_add`. A blocked IP, key or tenant, a missing or
-//! invalid key (an unknown `key_id` is an invalid key) and a fail-closed store are
-//! `OVER_LIMIT` as well, with the proxy's JSON body as `raw_body`. Failed key lookups count
-//! against `remote_address` in `[limits.auth]`, never against Envoy's own address. A
-//! `key_id` or `tenant` names a caller Envoy has identified, so it satisfies `auth =
-//! "required"` as a valid key does.
+//! Answering (`answer`): one status per descriptor (its governing window), `OVER_LIMIT`
+//! when any is refused, the `X-RateLimit-*` headers (and `Retry-After` on a denial) in
+//! `response_headers_to_add`. A blocked IP, key or tenant, a missing or invalid key (an
+//! unknown `key_id` is an invalid key) and a fail-closed store are `OVER_LIMIT` as well,
+//! with the proxy's JSON body as `raw_body`. Failed key lookups count against
+//! `remote_address` in `[limits.auth]`, never against Envoy's own address. A `key_id` or
+//! `tenant` names a caller Envoy has identified, so it satisfies `auth = "required"` as a
+//! valid key does.
 //!
 //! A call ends when it is answered: whatever the admission holds (a concurrency slot) is
 //! given back at once, since Envoy never says when its request ends.
@@ -36,10 +38,11 @@
 //! process binds the port as soon as the old one lets go of it.
 
 mod answer;
+mod configured;
 mod directory;
 mod request;
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -60,7 +63,6 @@ use crate::config::Auth;
 use crate::edge::guarded::Guarded;
 use crate::identity::{validate_key, Presented};
 use crate::lifecycle::{Lifecycle, RLS_MAX_CONNECTIONS};
-use crate::store::Ending;
 
 /// Largest request accepted: a few descriptors are a few hundred bytes.
 const MAX_REQUEST: usize = 64 * 1024;
@@ -104,7 +106,26 @@ impl Rls {
     /// # Errors
     /// `INVALID_ARGUMENT` for a malformed request.
     pub async fn decide(&self, req: &RateLimitRequest) -> Result<RateLimitResponse, Status> {
+        let runtime = self.core.runtime();
+        if let Some(d) = &runtime.config.rls.descriptors {
+            return configured::decide(&self.core, &runtime.config.rls, d, req)
+                .await
+                .map_err(invalid);
+        }
+        drop(runtime);
         let asked = request::read(req).map_err(invalid)?;
+        let decided = futures_util::future::join_all(asked.iter().map(|a| self.decide_one(a)))
+            .await
+            .into_iter()
+            .collect::<Result<Vec<_>, Status>>()?;
+        Ok(answer::combine(decided, &self.core.metrics))
+    }
+
+    /// One descriptor of the built-in mapping, admitted as `/v1/check` admits a request.
+    async fn decide_one(
+        &self,
+        asked: &request::Asked<'_>,
+    ) -> Result<Result<admission::Admission, admission::Refusal>, Status> {
         let known = match (asked.caller, asked.tenant) {
             (Caller::KeyId(id), _) => self.directory.key(&self.core, id),
             (Caller::Anonymous, Some(t)) => {
@@ -122,24 +143,25 @@ impl Rls {
         if let Some(t) = asked.tenant {
             self.same_tenant(key, t)?;
         }
+        let (client_ip, origin) = match asked.client_ip {
+            Some(ip) => (ip, Origin::Check),
+            // No address: nothing keyed by one applies (see `Origin::Unaddressed`).
+            None => (IpAddr::V4(Ipv4Addr::UNSPECIFIED), Origin::Unaddressed),
+        };
         let request = AdmitRequest {
-            client_ip: asked.client_ip,
+            client_ip,
             target: asked.route.map_or(Target::Any, Target::Named),
             key,
             cost: asked.cost,
             also_charge: None,
-            origin: Origin::Check,
+            origin,
             attrs: Default::default(),
         };
         match admission::admit(&self.core, &request).await {
-            Ok(a) => {
-                let response = answer::admitted(&a, asked.descriptors);
-                a.finish(Ending::Completed { status: 200 });
-                Ok(response)
-            }
+            Ok(a) => Ok(Ok(a)),
             Err(refusal) => match &refusal.rejection {
                 Rejection::UnknownRoute(name) => Err(invalid(format!("unknown route {name:?}"))),
-                _ => Ok(answer::refused(&refusal, asked.descriptors)),
+                _ => Ok(Err(refusal)),
             },
         }
     }

@@ -1,6 +1,6 @@
-//! A `RateLimitRequest` read as one admission request: every entry of every descriptor
-//! merged, each name given at most once (repeating the same value is fine), the cost
-//! agreed on. Pure: no config, no state; what it refuses is a malformed request.
+//! A `RateLimitRequest` read for the built-in mapping: each descriptor on its own (its
+//! entries, each name given at most once, repeating the same value is fine; its cost).
+//! Pure: no config, no state; what it refuses is a malformed request.
 
 use std::net::IpAddr;
 
@@ -10,11 +10,11 @@ use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 /// The entry keys a descriptor may carry.
 const KNOWN: &str = "remote_address, api_key, key_id, tenant, route";
 
-/// What a request asks for.
+/// What one descriptor asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Asked<'a> {
-    /// `remote_address`: the address the `ip` scope counts.
-    pub(super) client_ip: IpAddr,
+    /// `remote_address`: the address the `ip` scope counts (None: no ip limit applies).
+    pub(super) client_ip: Option<IpAddr>,
     /// `api_key` or `key_id`.
     pub(super) caller: Caller<'a>,
     /// `tenant`.
@@ -23,8 +23,6 @@ pub(super) struct Asked<'a> {
     pub(super) route: Option<&'a str>,
     /// `hits_addend` (None: 0 or unset, the default cost).
     pub(super) cost: Option<u32>,
-    /// How many descriptors were sent (one status is answered per descriptor).
-    pub(super) descriptors: usize,
 }
 
 /// Who the request names.
@@ -38,7 +36,7 @@ pub(super) enum Caller<'a> {
     KeyId(&'a str),
 }
 
-/// The entries found so far.
+/// The entries of one descriptor.
 #[derive(Default)]
 struct Entries<'a> {
     remote_address: Option<&'a str>,
@@ -46,62 +44,33 @@ struct Entries<'a> {
     key_id: Option<&'a str>,
     tenant: Option<&'a str>,
     route: Option<&'a str>,
-    /// The cost the descriptors agree on: `Some(None)` is the default cost.
-    cost: Option<Option<u64>>,
 }
 
-/// Reads `req`.
+/// Reads every descriptor of `req`, in order.
 ///
 /// # Errors
 /// Why the request is malformed, as the message of an `INVALID_ARGUMENT` status.
-pub(super) fn read(req: &RateLimitRequest) -> Result<Asked<'_>, String> {
+pub(super) fn read(req: &RateLimitRequest) -> Result<Vec<Asked<'_>>, String> {
     if req.descriptors.is_empty() {
-        return Err("no descriptors: at least a remote_address entry is needed".into());
+        return Err("no descriptors".into());
     }
-    let mut found = Entries::default();
-    for (i, d) in req.descriptors.iter().enumerate() {
-        descriptor(&mut found, i, d, req.hits_addend)?;
+    if req.descriptors.len() > super::configured::MAX_DESCRIPTORS {
+        return Err(format!(
+            "{} descriptors: at most {}",
+            req.descriptors.len(),
+            super::configured::MAX_DESCRIPTORS
+        ));
     }
-    let Some(address) = found.remote_address else {
-        return Err("no remote_address entry: the ip scope needs the client address".into());
-    };
-    let client_ip = address
-        .parse::<IpAddr>()
-        .map_err(|_| format!("remote_address {address:?} is not an IP address"))?;
-    let client_ip = crate::client_ip::canonical(client_ip);
-    let caller = match (found.api_key, found.key_id) {
-        (Some(_), Some(_)) => {
-            return Err("api_key and key_id both name the caller: send one".into())
-        }
-        (Some(k), None) => Caller::ApiKey(k),
-        (None, Some(id)) => Caller::KeyId(id),
-        (None, None) => Caller::Anonymous,
-    };
-    let cost = match found.cost.flatten() {
-        None => None,
-        Some(n) => Some(
-            u32::try_from(n)
-                .map_err(|_| format!("hits_addend {n} is too large: at most {}", u32::MAX))?,
-        ),
-    };
-    Ok(Asked {
-        client_ip,
-        caller,
-        tenant: found.tenant,
-        route: found.route,
-        cost,
-        descriptors: req.descriptors.len(),
-    })
+    req.descriptors
+        .iter()
+        .enumerate()
+        .map(|(i, d)| descriptor(i, d, req.hits_addend))
+        .collect()
 }
 
-/// Adds descriptor `i` to `found`; `request_hits` is the request's `hits_addend`, which a
+/// Reads descriptor `i`; `request_hits` is the request's `hits_addend`, which the
 /// descriptor's own `hits_addend` overrides.
-fn descriptor<'a>(
-    found: &mut Entries<'a>,
-    i: usize,
-    d: &'a RateLimitDescriptor,
-    request_hits: u32,
-) -> Result<(), String> {
+fn descriptor(i: usize, d: &RateLimitDescriptor, request_hits: u32) -> Result<Asked<'_>, String> {
     if d.entries.is_empty() {
         return Err(format!("descriptor {i} has no entries"));
     }
@@ -112,22 +81,11 @@ fn descriptor<'a>(
     }
     if d.limit.is_some() {
         return Err(format!(
-            "descriptor {i}: limit overrides are not supported: limits come from gateway.toml"
+            "descriptor {i}: limit overrides are not supported: limits come from gateway.toml \
+             (or use [rls] config)"
         ));
     }
-    let hits = d.hits_addend.map_or(u64::from(request_hits), |v| v.value);
-    let hits = (hits > 0).then_some(hits);
-    match found.cost {
-        Some(c) if c != hits => {
-            let show = |c: Option<u64>| c.map_or("0 (the default)".to_string(), |n| n.to_string());
-            return Err(format!(
-                "descriptors ask for different hits_addend: {} and {}; one admission has one cost",
-                show(c),
-                show(hits)
-            ));
-        }
-        _ => found.cost = Some(hits),
-    }
+    let mut found = Entries::default();
     for e in &d.entries {
         let (slot, secret) = match e.key.as_str() {
             "remote_address" => (&mut found.remote_address, false),
@@ -137,24 +95,54 @@ fn descriptor<'a>(
             "route" => (&mut found.route, false),
             other => {
                 return Err(format!(
-                    "descriptor {i}: unknown entry {other:?} (known: {KNOWN})"
+                    "descriptor {i}: unknown entry {other:?} (known: {KNOWN}; or use [rls] config)"
                 ))
             }
         };
         match *slot {
             Some(v) if v != e.value && secret => {
-                return Err(format!("two different {} values", e.key))
+                return Err(format!("descriptor {i}: two different {} values", e.key))
             }
             Some(v) if v != e.value => {
                 return Err(format!(
-                    "two different {} values: {v:?} and {:?}",
+                    "descriptor {i}: two different {} values: {v:?} and {:?}",
                     e.key, e.value
                 ))
             }
             _ => *slot = Some(&e.value),
         }
     }
-    Ok(())
+    let client_ip = match found.remote_address {
+        Some(a) => Some(crate::client_ip::canonical(a.parse::<IpAddr>().map_err(
+            |_| format!("descriptor {i}: remote_address {a:?} is not an IP address"),
+        )?)),
+        None => None,
+    };
+    let caller = match (found.api_key, found.key_id) {
+        (Some(_), Some(_)) => {
+            return Err(format!(
+                "descriptor {i}: api_key and key_id both name the caller: send one"
+            ))
+        }
+        (Some(k), None) => Caller::ApiKey(k),
+        (None, Some(id)) => Caller::KeyId(id),
+        (None, None) => Caller::Anonymous,
+    };
+    let hits = d.hits_addend.map_or(u64::from(request_hits), |v| v.value);
+    let cost = match hits {
+        0 => None,
+        n => Some(
+            u32::try_from(n)
+                .map_err(|_| format!("hits_addend {n} is too large: at most {}", u32::MAX))?,
+        ),
+    };
+    Ok(Asked {
+        client_ip,
+        caller,
+        tenant: found.tenant,
+        route: found.route,
+        cost,
+    })
 }
 
 #[cfg(test)]
@@ -191,41 +179,48 @@ mod tests {
         read(&r).expect_err("malformed")
     }
 
-    /// Entries of several descriptors merge into one request; a repeated equal value is
-    /// fine; IPv4-mapped addresses count as IPv4.
+    /// Each descriptor is read on its own; a repeated equal value is fine; IPv4-mapped
+    /// addresses count as IPv4; a descriptor without remote_address has no address.
     #[test]
-    fn merges_entries_across_descriptors() {
+    fn reads_each_descriptor_on_its_own() {
         let r = req(
             vec![
                 d(&[("remote_address", "::ffff:203.0.113.7")]),
-                d(&[("remote_address", "::ffff:203.0.113.7"), ("key_id", "k1")]),
-                d(&[("tenant", "acme"), ("route", "api")]),
+                d(&[
+                    ("remote_address", "10.0.0.9"),
+                    ("remote_address", "10.0.0.9"),
+                ]),
+                d(&[("tenant", "acme"), ("route", "api"), ("key_id", "k1")]),
             ],
             0,
         );
         let a = read(&r).unwrap();
-        assert_eq!(a.client_ip, "203.0.113.7".parse::<IpAddr>().unwrap());
-        assert_eq!(a.caller, Caller::KeyId("k1"));
-        assert_eq!((a.tenant, a.route), (Some("acme"), Some("api")));
-        assert_eq!((a.cost, a.descriptors), (None, 3));
+        assert_eq!(a.len(), 3);
+        assert_eq!(
+            a[0].client_ip,
+            Some("203.0.113.7".parse::<IpAddr>().unwrap())
+        );
+        assert_eq!(a[1].client_ip, Some("10.0.0.9".parse::<IpAddr>().unwrap()));
+        assert_eq!(a[2].client_ip, None);
+        assert_eq!(a[2].caller, Caller::KeyId("k1"));
+        assert_eq!((a[2].tenant, a[2].route), (Some("acme"), Some("api")));
+        assert_eq!(a[0].cost, None);
     }
 
     /// The request's hits_addend is the cost; 0 is the default; a descriptor's own
-    /// hits_addend overrides it; descriptors that disagree are refused.
+    /// hits_addend overrides it, for that descriptor alone.
     #[test]
     fn hits_addend_is_the_cost() {
         let ip = || d(&[("remote_address", "10.0.0.1")]);
-        assert_eq!(read(&req(vec![ip()], 0)).unwrap().cost, None);
-        assert_eq!(read(&req(vec![ip(), ip()], 5)).unwrap().cost, Some(5));
+        assert_eq!(read(&req(vec![ip()], 0)).unwrap()[0].cost, None);
+        assert_eq!(read(&req(vec![ip(), ip()], 5)).unwrap()[1].cost, Some(5));
         let own = |n| RateLimitDescriptor {
             hits_addend: Some(UInt64Value { value: n }),
             ..ip()
         };
-        assert_eq!(read(&req(vec![own(7), own(7)], 5)).unwrap().cost, Some(7));
-        let e = err(req(vec![own(7), ip()], 5));
-        assert!(e.contains("different hits_addend: 7 and 5"), "{e}");
-        let e = err(req(vec![own(7), own(0)], 0));
-        assert!(e.contains("7 and 0 (the default)"), "{e}");
+        let r = req(vec![own(7), ip(), own(0)], 5);
+        let a = read(&r).unwrap();
+        assert_eq!((a[0].cost, a[1].cost, a[2].cost), (Some(7), Some(5), None));
         let e = err(req(vec![own(u64::from(u32::MAX) + 1)], 0));
         assert!(e.contains("too large"), "{e}");
     }
@@ -237,10 +232,9 @@ mod tests {
         let cases: Vec<(RateLimitRequest, &str)> = vec![
             (req(vec![], 0), "no descriptors"),
             (req(vec![d(&[])], 0), "descriptor 0 has no entries"),
-            (req(vec![d(&[("api_key", "k")])], 0), "no remote_address"),
             (
                 req(vec![d(&[("remote_address", "10.0.0.300")])], 0),
-                "\"10.0.0.300\" is not an IP address",
+                "descriptor 0: remote_address \"10.0.0.300\" is not an IP address",
             ),
             (
                 req(vec![d(&[("remote_address", "10.0.0.1:80")])], 0),
@@ -248,10 +242,10 @@ mod tests {
             ),
             (
                 req(
-                    vec![
-                        d(&[("remote_address", "10.0.0.1")]),
-                        d(&[("remote_address", "10.0.0.2")]),
-                    ],
+                    vec![d(&[
+                        ("remote_address", "10.0.0.1"),
+                        ("remote_address", "10.0.0.2"),
+                    ])],
                     0,
                 ),
                 "two different remote_address values: \"10.0.0.1\" and \"10.0.0.2\"",
@@ -275,7 +269,7 @@ mod tests {
                 "api_key and key_id both name the caller",
             ),
             (
-                req(vec![d(&[("route", "a")]), d(&[("route", "b")])], 0),
+                req(vec![d(&[("route", "a"), ("route", "b")])], 0),
                 "two different route values",
             ),
         ];
@@ -284,13 +278,10 @@ mod tests {
             assert!(e.contains(want), "{e:?} should contain {want:?}");
         }
         let e = err(req(
-            vec![
-                d(&[("api_key", "secret-one")]),
-                d(&[("api_key", "secret-two")]),
-            ],
+            vec![d(&[("api_key", "secret-one"), ("api_key", "secret-two")])],
             0,
         ));
-        assert_eq!(e, "two different api_key values");
+        assert_eq!(e, "descriptor 0: two different api_key values");
         let mut negative = d(&[("remote_address", "10.0.0.1")]);
         negative.is_negative_hits = true;
         assert!(err(req(vec![negative], 0)).contains("is_negative_hits"));

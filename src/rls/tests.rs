@@ -49,7 +49,7 @@ fn rls() -> Rls {
     let config = crate::config::parse("t.toml", CONFIG).unwrap();
     let core = Core::with_clock(
         admission::Runtime::from_config(config).unwrap(),
-        Arc::new(MemoryStore::new()),
+        Arc::new(MemoryStore::with_clock(ManualClock::at(1_764_000_000_000))),
         Arc::new(Metrics::new().unwrap()),
         Arc::new(ManualClock::at(1_764_000_000_000)),
     );
@@ -172,4 +172,79 @@ async fn unknown_names_and_conflicts_are_invalid() {
         .decide(&one(&[("key_id", "k1"), ("tenant", "acme")]))
         .await;
     assert_eq!(r.unwrap().overall_code(), Code::Ok);
+}
+
+fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        entries: entries
+            .iter()
+            .map(|(k, v)| Entry {
+                key: k.to_string(),
+                value: v.to_string(),
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+fn many(descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: "edge".into(),
+        descriptors,
+        hits_addend: 0,
+    }
+}
+
+/// Each descriptor is decided on its own and gets its own status; one over makes the
+/// answer OVER_LIMIT and the others consume nothing.
+#[tokio::test]
+async fn descriptors_are_decided_each_on_its_own() {
+    let rls = rls();
+    let ip = || descriptor(&[("remote_address", "10.0.0.1")]);
+    let key = |k| descriptor(&[("key_id", k)]);
+    let r = rls.decide(&many(vec![ip(), key("k1")])).await.unwrap();
+    assert_eq!(r.overall_code(), Code::Ok);
+    let names: Vec<_> = r
+        .statuses
+        .iter()
+        .map(|s| (s.current_limit.clone().unwrap().name, s.limit_remaining))
+        .collect();
+    assert_eq!(
+        names,
+        [("ip-1m".to_string(), 99), ("key-1m".to_string(), 2)]
+    );
+    // Spend k1's last two.
+    for _ in 0..2 {
+        assert_eq!(ask(&rls, &one(&[("key_id", "k1")])).await.0, Code::Ok);
+    }
+    let before = ask(&rls, &one(&[])).await.2;
+    let r = rls.decide(&many(vec![ip(), key("k1")])).await.unwrap();
+    assert_eq!(r.overall_code(), Code::OverLimit);
+    assert_eq!(r.statuses[0].code(), Code::Ok);
+    assert_eq!(r.statuses[1].code(), Code::OverLimit);
+    assert_eq!(body(&r)["scope"], "key");
+    // All or nothing: the ip descriptor that fit was refunded.
+    assert_eq!(ask(&rls, &one(&[])).await.2, before - 1);
+}
+
+/// A descriptor without remote_address applies no ip limit and is not an error.
+#[tokio::test]
+async fn a_descriptor_without_an_address_has_no_ip_limit() {
+    let rls = rls();
+    let r = rls
+        .decide(&many(vec![descriptor(&[("key_id", "k2")])]))
+        .await
+        .unwrap();
+    assert_eq!(r.overall_code(), Code::Ok);
+    let s = &r.statuses[0];
+    assert_eq!(s.current_limit.clone().unwrap().name, "key-1m");
+    // The ip bucket of no address was not spent: 10.0.0.1's is full.
+    assert_eq!(ask(&rls, &one(&[])).await.2, 99);
+    // Only entries no limit applies to: OK without a limit.
+    let r = rls
+        .decide(&many(vec![descriptor(&[("route", "heavy")])]))
+        .await
+        .unwrap();
+    assert_eq!(r.overall_code(), Code::Ok);
+    assert_eq!(r.statuses[0].current_limit, None);
 }

@@ -23,6 +23,7 @@ mod auth;
 mod client_ip;
 mod jwt;
 mod keys;
+mod rls;
 mod routes;
 mod scopes;
 mod server;
@@ -34,6 +35,7 @@ use self::client_ip::*;
 use self::jwt::*;
 use self::keys::*;
 pub use self::keys::{format_rfc3339, rfc3339_ms};
+use self::rls::*;
 use self::routes::*;
 use self::scopes::*;
 use self::server::*;
@@ -119,6 +121,10 @@ pub(super) fn validate(
         .and_then(|d| d.events_retention_months.as_ref());
     let events_retention_months =
         bounded(&cx, "events_retention_months", retention, 0..=1200)?.unwrap_or(12);
+    let database_url = match &raw.database {
+        Some(d) => Some(env_value(&cx, "[database] url", &d.url)?),
+        None => None,
+    };
     check_costs(
         &cx,
         &raw.routes,
@@ -128,6 +134,7 @@ pub(super) fn validate(
     )?;
     let (trusted_proxies, ipv6_prefix, client_ip_header) = client_ip(&cx, &raw.client_ip)?;
     let blocks = blocks(&cx, &raw.blocks)?;
+    let rls = rls(&cx, raw.rls.as_ref(), &store)?;
     // Last, so that a more specific error in a half-written file is reported first.
     if routes.is_empty() {
         return Err(cx.err(0..0, NO_ROUTES));
@@ -140,7 +147,7 @@ pub(super) fn validate(
         client_ip_header,
         store,
         events_retention_months,
-        database_url: raw.database.map(|d| d.url),
+        database_url,
         ip_limits,
         global_limits,
         auth_limits,
@@ -152,6 +159,7 @@ pub(super) fn validate(
         keys,
         tenants,
         blocks,
+        rls,
     })
 }
 

@@ -55,7 +55,35 @@ pub(super) fn server(cx: &Ctx<'_>, s: &ServerFile) -> Result<Server, ConfigError
             Some(t) => Some(check_token(cx, t)?),
             None => None,
         },
+        admin_token: match &s.admin_token_file {
+            Some(f) => Some(admin_token_file(cx, f)?),
+            None => None,
+        },
     })
+}
+
+/// `admin_token_file`: the file's content without surrounding whitespace (a trailing
+/// newline), checked as `check_token` is; relative paths are the config file's
+/// directory's. An unreadable or empty file is an error at the value.
+fn admin_token_file(cx: &Ctx<'_>, v: &Spanned<String>) -> Result<Secret, ConfigError> {
+    let dir = std::path::Path::new(cx.name)
+        .parent()
+        .unwrap_or(std::path::Path::new(""));
+    let path = dir.join(env_value(cx, "admin_token_file", v)?);
+    let fail = |msg: String| cx.err(v.span(), format!("admin_token_file: {msg}"));
+    let raw = std::fs::read_to_string(&path)
+        .map_err(|e| fail(format!("cannot read {}: {e}", path.display())))?;
+    let token = raw.trim();
+    if token.is_empty() {
+        return Err(fail(format!("{} is empty", path.display())));
+    }
+    if !token.bytes().all(|b| b.is_ascii_graphic()) || token.len() > MAX_TOKEN {
+        return Err(fail(format!(
+            "{} must hold one token of visible ASCII, at most {MAX_TOKEN} bytes",
+            path.display()
+        )));
+    }
+    Ok(Secret::new(token))
 }
 
 /// The longest `check_token` accepted.

@@ -33,14 +33,23 @@ pub(super) fn store(cx: &Ctx<'_>, s: &StoreFile) -> Result<Store, ConfigError> {
         s.concurrency_lease_secs.as_ref(),
         1..=3_600,
     )?;
+    // Every URL may be a `"${VAR}"` reference: credentials stay out of the file.
+    let urls = |key: &str, v: &[Spanned<String>]| -> Result<Vec<String>, ConfigError> {
+        v.iter().map(|u| env_value(cx, key, u)).collect()
+    };
+    let sentinel = match &s.sentinel {
+        Some(st) => Some((urls("sentinel.urls", &st.urls)?, st.master.clone())),
+        None => None,
+    };
     Ok(Store {
         backend,
-        url: s.url.clone(),
-        cluster: s.cluster.clone().unwrap_or_default(),
-        sentinel: s
-            .sentinel
+        url: s
+            .url
             .as_ref()
-            .map(|s| (s.urls.clone(), s.master.clone())),
+            .map(|u| env_value(cx, "url", u))
+            .transpose()?,
+        cluster: urls("cluster", s.cluster.as_deref().unwrap_or_default())?,
+        sentinel,
         timeout: Duration::from_millis(timeout_ms.unwrap_or(25)),
         on_failure: s.on_failure.map_or(OnFailure::Local, on_failure),
         instances: s.instances.as_ref().map(|n| *n.get_ref()),
