@@ -16,7 +16,10 @@
 //! (default 32) keep one `ShouldRateLimit` each in flight over `CONNS` HTTP/2 connections
 //! (default 4), each request two descriptors (`generic_key`, `remote_address` of one of
 //! `ADDRESSES` client addresses, default 1000, in turn), for `WARMUP` (default 1 s, not
-//! measured) and then `DURATION` (default 5 s).
+//! measured) and then `DURATION` (default 5 s). Every configuration runs `ROUNDS` times
+//! (default 2; round 2 in reverse order, each in a fresh gateway), so drift on a busy
+//! machine shows; the gateway's CPU time over each measured phase gives decisions per
+//! gateway CPU-second as well, which depends less on what else the machine is doing.
 //!
 //! Redis round trips are counted on the Redis the gateway uses (`$REDIS_URL`, default
 //! redis://127.0.0.1:6379): `INFO stats` then `INFO commandstats` before and after the
@@ -63,8 +66,11 @@ struct Settings {
     addresses: usize,
     threads: usize,
     client_threads: usize,
+    rounds: usize,
     redis_url: String,
     gw_log: String,
+    /// /proc/loadavg at start: other load on the machine shows.
+    loadavg: String,
 }
 
 /// `5s`, `500ms`, `1m`, `2.5` (seconds).
@@ -117,9 +123,13 @@ impl Settings {
             addresses: env_count("ADDRESSES", 1000),
             threads: env_count("THREADS", 1),
             client_threads: env_count("CLIENT_THREADS", 1),
+            rounds: env_count("ROUNDS", 2),
             redis_url: std::env::var("REDIS_URL")
                 .unwrap_or_else(|_| "redis://127.0.0.1:6379".into()),
             gw_log: std::env::var("GW_LOG").unwrap_or_else(|_| "warn".into()),
+            loadavg: std::fs::read_to_string("/proc/loadavg")
+                .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+                .unwrap_or_else(|_| "?".into()),
         }
     }
 }
@@ -238,6 +248,7 @@ struct Bench {
     yaml: PathBuf,
     http: reqwest::Client,
     reqs: Arc<Vec<RateLimitRequest>>,
+    ticks_per_sec: f64,
 }
 
 /// Writes the gateway's config and starts it; returns once `/readyz` answers 200.
@@ -530,16 +541,14 @@ async fn gw_metrics(http: &reqwest::Client, admin: SocketAddr) -> GwMetrics {
     }
 }
 
-struct Row {
-    store: Store,
-    result: Result<Measured, String>,
-}
-
+/// One configuration measured once (one round).
 struct Measured {
     load: Load,
     /// Redis round trips and commands over the measured phase (Redis rows only).
     redis: Option<(u64, u64)>,
     gw: GwMetrics,
+    /// The gateway's CPU time (user + system, all threads) over the measured phase.
+    gw_cpu: Duration,
 }
 
 impl Measured {
@@ -550,6 +559,32 @@ impl Measured {
     fn per_second(&self) -> f64 {
         self.decisions() as f64 / self.load.elapsed.as_secs_f64()
     }
+}
+
+/// The CPU time `pid` has used so far (utime + stime of /proc/PID/stat).
+fn cpu_time(pid: u32, ticks_per_sec: f64) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let ticks: f64 = stat
+        .rsplit_once(") ")
+        .map(|(_, rest)| {
+            rest.split_whitespace()
+                .skip(11)
+                .take(2)
+                .filter_map(|v| v.parse::<f64>().ok())
+                .sum()
+        })
+        .unwrap_or(0.0);
+    Duration::from_secs_f64(ticks / ticks_per_sec)
+}
+
+/// The kernel's clock ticks per second (`getconf CLK_TCK`, 100 when that fails).
+fn clock_ticks() -> f64 {
+    Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok()?.trim().parse().ok())
+        .unwrap_or(100.0)
 }
 
 async fn measure(
@@ -576,7 +611,9 @@ async fn measure(
         None => None,
     };
     let gw0 = gw_metrics(http, gw.admin).await;
-    let mut load = drive(&clients, reqs, s.callers, s.duration).await;
+    let cpu0 = cpu_time(gw.child.id(), b.ticks_per_sec);
+    let load = drive(&clients, reqs, s.callers, s.duration).await;
+    let cpu1 = cpu_time(gw.child.id(), b.ticks_per_sec);
     let gw1 = gw_metrics(http, gw.admin).await;
     let after = match redis.as_mut() {
         Some(c) => Some(redis_stats(c).await?),
@@ -593,7 +630,6 @@ async fn measure(
             load.first_error.as_deref().unwrap_or_default()
         );
     }
-    load.latencies_us.sort_unstable();
     Ok(Measured {
         load,
         redis: before.zip(after).map(|(b, a)| redis_delta(&b, &a)),
@@ -602,6 +638,7 @@ async fn measure(
             store_errors: gw1.store_errors - gw0.store_errors,
             leased: gw1.leased - gw0.leased,
         },
+        gw_cpu: cpu1.saturating_sub(cpu0),
     })
 }
 
@@ -646,6 +683,40 @@ async fn redis_conn(url: &str) -> Result<redis::aio::MultiplexedConnection, Stri
     Ok(conn)
 }
 
+/// Every round of one configuration, or why it has none.
+struct Row {
+    store: Store,
+    rounds: Vec<Measured>,
+    failed: Option<String>,
+}
+
+impl Row {
+    fn decisions(&self) -> u64 {
+        self.rounds.iter().map(Measured::decisions).sum()
+    }
+
+    /// Decisions per second, the mean of the rounds.
+    fn per_second(&self) -> f64 {
+        self.rounds.iter().map(Measured::per_second).sum::<f64>() / self.rounds.len().max(1) as f64
+    }
+
+    /// Decisions per CPU-second of the gateway, pooled over the rounds.
+    fn per_cpu_second(&self) -> f64 {
+        let cpu: f64 = self.rounds.iter().map(|m| m.gw_cpu.as_secs_f64()).sum();
+        self.decisions() as f64 / cpu.max(1e-9)
+    }
+
+    /// Redis round trips per decision, pooled over the rounds.
+    fn trips(&self) -> Option<f64> {
+        let trips: Option<u64> = self.rounds.iter().map(|m| m.redis.map(|r| r.0)).sum();
+        Some(trips? as f64 / self.decisions().max(1) as f64)
+    }
+
+    fn sum(&self, f: impl Fn(&Measured) -> f64) -> f64 {
+        self.rounds.iter().map(f).sum()
+    }
+}
+
 fn print_table(s: &Settings, rows: &[Row]) {
     println!(
         "RLS ShouldRateLimit, envoyproxy/ratelimit YAML (domain {DOMAIN}: generic_key=bench + bare remote_address, \
@@ -653,65 +724,88 @@ fn print_table(s: &Settings, rows: &[Row]) {
     );
     println!(
         "2 descriptors per call over {} client addresses; {} callers in flight on {} HTTP/2 connections; \
-         {:.1} s measured after {:.1} s warm-up; gateway threads = {}, caller threads = {}; `DURATION={} cargo bench --bench rls`",
+         {:.1} s measured after {:.1} s warm-up, {} round(s) (round 2 in reverse order); gateway threads = {}, caller threads = {}; \
+         load average at start {}",
         s.addresses,
         s.callers,
         s.conns,
         s.duration.as_secs_f64(),
         s.warmup.as_secs_f64(),
+        s.rounds,
         s.threads,
         s.client_threads,
-        std::env::var("DURATION").unwrap_or_else(|_| "5s".into()),
+        s.loadavg,
     );
     println!();
     println!(
-        "{:<28} {:>12} {:>8} {:>8} {:>14} {:>14} {:>14} {:>10} {:>9} {:>8} {:>10}",
+        "{:<26} {:>17} {:>9} {:>7} {:>10} {:>7} {:>7} {:>8} {:>8} {:>8} {:>9} {:>5} {:>6} {:>9}",
         "store",
-        "decisions/s",
+        "decisions/s r1/r2",
+        "mean",
+        "gw CPU",
+        "dec/CPU-s",
         "p50 µs",
         "p99 µs",
-        "Redis RT/dec",
-        "Redis cmd/dec",
-        "gw calls/dec",
+        "Redis RT",
+        "Redis",
+        "gw store",
         "decisions",
         "over",
         "errors",
         "store err"
     );
+    println!(
+        "{:<26} {:>17} {:>9} {:>7} {:>10} {:>7} {:>7} {:>8} {:>8} {:>8} {:>9} {:>5} {:>6} {:>9}",
+        "", "", "", "", "", "", "", "/dec", "cmd/dec", "calls/dec", "", "", "", ""
+    );
     for row in rows {
         let label = row.store.label();
-        match &row.result {
-            Err(e) if e == "skipped" => {
-                println!("{label:<28} skipped (no Redis answers at {})", s.redis_url)
-            }
-            Err(_) => println!("{label:<28} failed (see above)"),
-            Ok(m) => {
-                let d = m.decisions().max(1) as f64;
-                let (rt, cmds, calls) = match (m.redis, row.store) {
-                    (Some((rt, cmds)), Store::Redis(_)) => (
-                        format!("{:.4}", rt as f64 / d),
-                        format!("{:.3}", cmds as f64 / d),
-                        format!("{:.4}", m.gw.store_calls / d),
-                    ),
-                    _ => ("-".into(), "-".into(), "-".into()),
-                };
-                println!(
-                    "{label:<28} {:>12.0} {:>8} {:>8} {rt:>14} {cmds:>14} {calls:>14} {:>10} {:>9} {:>8} {:>10.0}",
-                    m.per_second(),
-                    percentile(&m.load.latencies_us, 0.50),
-                    percentile(&m.load.latencies_us, 0.99),
-                    m.decisions(),
-                    m.load.over,
-                    m.load.errors,
-                    m.gw.store_errors,
-                );
-            }
+        if let Some(why) = &row.failed {
+            println!("{label:<26} {why}");
+            continue;
         }
+        let d = row.decisions().max(1) as f64;
+        let mut lat: Vec<u32> = row
+            .rounds
+            .iter()
+            .flat_map(|m| m.load.latencies_us.iter().copied())
+            .collect();
+        lat.sort_unstable();
+        let per_round: Vec<String> = row
+            .rounds
+            .iter()
+            .map(|m| format!("{:.0}", m.per_second()))
+            .collect();
+        let wall: f64 = row.sum(|m| m.load.elapsed.as_secs_f64());
+        let cpu: f64 = row.sum(|m| m.gw_cpu.as_secs_f64());
+        let (rt, cmds, calls) = match (row.trips(), row.store) {
+            (Some(rt), Store::Redis(_)) => (
+                format!("{rt:.4}"),
+                format!(
+                    "{:.3}",
+                    row.sum(|m| m.redis.map_or(0.0, |r| r.1 as f64)) / d
+                ),
+                format!("{:.4}", row.sum(|m| m.gw.store_calls) / d),
+            ),
+            _ => ("-".into(), "-".into(), "-".into()),
+        };
+        println!(
+            "{label:<26} {:>17} {:>9.0} {:>6.0}% {:>10.0} {:>7} {:>7} {rt:>8} {cmds:>8} {calls:>8} {:>9} {:>5.0} {:>6.0} {:>9.0}",
+            per_round.join(" / "),
+            row.per_second(),
+            100.0 * cpu / wall.max(1e-9),
+            row.per_cpu_second(),
+            percentile(&lat, 0.50),
+            percentile(&lat, 0.99),
+            row.decisions(),
+            row.sum(|m| m.load.over as f64),
+            row.sum(|m| m.load.errors as f64),
+            row.sum(|m| m.gw.store_errors),
+        );
     }
     let get = |st: Store| {
         rows.iter()
-            .find(|r| r.store == st)
-            .and_then(|r| r.result.as_ref().ok())
+            .find(|r| r.store == st && r.failed.is_none() && !r.rounds.is_empty())
     };
     let (auto, exact, memory) = (
         get(Store::Redis("auto")),
@@ -721,35 +815,37 @@ fn print_table(s: &Settings, rows: &[Row]) {
     println!();
     if let (Some(a), Some(x)) = (auto, exact) {
         println!(
-            "auto / exact: {:.2}x decisions/s; Redis round trips per decision {:.4} vs {:.4}",
+            "auto / exact: {:.2}x decisions/s, {:.2}x decisions per gateway CPU-second; Redis round trips per decision {:.4} vs {:.4}",
             a.per_second() / x.per_second(),
-            a.redis
-                .map_or(0.0, |r| r.0 as f64 / a.decisions().max(1) as f64),
-            x.redis
-                .map_or(0.0, |r| r.0 as f64 / x.decisions().max(1) as f64),
+            a.per_cpu_second() / x.per_cpu_second(),
+            a.trips().unwrap_or(0.0),
+            x.trips().unwrap_or(0.0),
         );
     }
     if let Some(m) = memory {
         for (name, r) in [("auto", auto), ("exact", exact)] {
             if let Some(r) = r {
                 println!(
-                    "{name} / memory: {:.2}x decisions/s",
-                    r.per_second() / m.per_second()
+                    "{name} / memory: {:.2}x decisions/s, {:.2}x decisions per gateway CPU-second",
+                    r.per_second() / m.per_second(),
+                    r.per_cpu_second() / m.per_cpu_second()
                 );
             }
         }
     }
     if let Some(a) = auto {
         println!(
-            "auto: {:.3} descriptor decisions per call admitted from a lease (throttle_local_decisions_total{{reason=\"lease\"}})",
-            a.gw.leased / a.decisions().max(1) as f64
+            "auto: {:.3} of the 2 descriptors per call admitted from a lease (throttle_local_decisions_total{{reason=\"lease\"}})",
+            a.sum(|m| m.gw.leased) / a.decisions().max(1) as f64
         );
     }
     println!(
-        "Redis RT/dec: calls of client-sent commands (EVALSHA/EVAL/FCALL[_RO], PING, HELLO, SELECT, AUTH, X|Y container \
-         commands) in INFO commandstats; Redis cmd/dec: total_commands_processed (with the commands the scripts run), \
-         both as changes over the measured phase minus the benchmark's own INFO calls, per decision (one \
-         ShouldRateLimit call); gw calls/dec: throttle_store_calls_total{{store=\"redis\"}}. Heartbeats included."
+        "decision = one ShouldRateLimit call (2 descriptors). gw CPU: the gateway's user+system CPU time over the measured \
+         phase / its wall time (100% = one core). Redis RT/dec: calls of client-sent commands (EVALSHA/EVAL/FCALL[_RO], \
+         PING, HELLO, SELECT, AUTH, X|Y container commands) in INFO commandstats; Redis cmd/dec: total_commands_processed \
+         (with the commands the scripts run); both as changes over the measured phase minus the benchmark's own INFO \
+         calls, heartbeats included; gw store calls/dec: the gateway's throttle_store_calls_total{{store=\"redis\"}}. \
+         Latency percentiles and per-decision figures pooled over the rounds."
     );
 }
 
@@ -778,6 +874,7 @@ async fn run(s: Settings) {
         dir: dir.path().to_path_buf(),
         yaml: yaml_path,
         http,
+        ticks_per_sec: clock_ticks(),
     };
     let s = &b.s;
     let mut redis = match redis_conn(&s.redis_url).await {
@@ -790,25 +887,45 @@ async fn run(s: Settings) {
             None
         }
     };
-    let mut rows = Vec::new();
-    for store in [Store::Redis("auto"), Store::Redis("exact"), Store::Memory] {
-        // A fresh key prefix per configuration; its keys are deleted afterwards.
-        let prefix = format!("rlsbench-{}-{}", std::process::id(), store.tag());
-        let result = match (store, redis.as_mut()) {
-            (Store::Redis(_), None) => Err("skipped".to_string()),
-            (Store::Redis(_), Some(c)) => {
-                let r = measure(&b, store, &prefix, Some(&mut *c)).await;
-                delete_keys(c, &prefix).await;
-                r
+    let order = [Store::Redis("auto"), Store::Redis("exact"), Store::Memory];
+    let mut rows: Vec<Row> = order
+        .iter()
+        .map(|&store| Row {
+            store,
+            rounds: Vec::new(),
+            failed: (matches!(store, Store::Redis(_)) && redis.is_none())
+                .then(|| format!("skipped (no Redis answers at {})", s.redis_url)),
+        })
+        .collect();
+    for round in 1..=s.rounds {
+        let mut idx: Vec<usize> = (0..order.len()).collect();
+        if round % 2 == 0 {
+            idx.reverse();
+        }
+        for i in idx {
+            let store = rows[i].store;
+            if rows[i].failed.is_some() {
+                continue;
             }
-            (Store::Memory, _) => measure(&b, store, &prefix, None).await,
-        };
-        if let Err(e) = &result {
-            if e != "skipped" {
-                eprintln!("rls: {}: {e}", store.label());
+            // A fresh key prefix per configuration and round; its keys are deleted afterwards.
+            let prefix = format!("rlsbench-{}-{}-r{round}", std::process::id(), store.tag());
+            eprintln!("rls: round {round}: {} ...", store.label());
+            let result = match (store, redis.as_mut()) {
+                (Store::Redis(_), Some(c)) => {
+                    let r = measure(&b, store, &prefix, Some(&mut *c)).await;
+                    delete_keys(c, &prefix).await;
+                    r
+                }
+                _ => measure(&b, store, &prefix, None).await,
+            };
+            match result {
+                Ok(m) => rows[i].rounds.push(m),
+                Err(e) => {
+                    eprintln!("rls: {}: {e}", store.label());
+                    rows[i].failed = Some("failed (see above)".into());
+                }
             }
         }
-        rows.push(Row { store, result });
     }
     print_table(s, &rows);
 }
