@@ -738,7 +738,7 @@ fn print_table(s: &Settings, rows: &[Row]) {
     );
     println!();
     println!(
-        "{:<26} {:>17} {:>9} {:>7} {:>10} {:>7} {:>7} {:>8} {:>8} {:>8} {:>9} {:>5} {:>6} {:>9}",
+        "{:<26} {:>17} {:>9} {:>7} {:>10} {:>7} {:>7} {:>9} {:>9} {:>9} {:>9} {:>5} {:>6} {:>9}",
         "store",
         "decisions/s r1/r2",
         "mean",
@@ -754,10 +754,11 @@ fn print_table(s: &Settings, rows: &[Row]) {
         "errors",
         "store err"
     );
-    println!(
-        "{:<26} {:>17} {:>9} {:>7} {:>10} {:>7} {:>7} {:>8} {:>8} {:>8} {:>9} {:>5} {:>6} {:>9}",
-        "", "", "", "", "", "", "", "/dec", "cmd/dec", "calls/dec", "", "", "", ""
+    let units = format!(
+        "{:<26} {:>17} {:>9} {:>7} {:>10} {:>7} {:>7} {:>9} {:>9} {:>9}",
+        "", "", "", "", "", "", "", "/dec", "cmd/dec", "calls/dec"
     );
+    println!("{}", units.trim_end());
     for row in rows {
         let label = row.store.label();
         if let Some(why) = &row.failed {
@@ -790,7 +791,7 @@ fn print_table(s: &Settings, rows: &[Row]) {
             _ => ("-".into(), "-".into(), "-".into()),
         };
         println!(
-            "{label:<26} {:>17} {:>9.0} {:>6.0}% {:>10.0} {:>7} {:>7} {rt:>8} {cmds:>8} {calls:>8} {:>9} {:>5.0} {:>6.0} {:>9.0}",
+            "{label:<26} {:>17} {:>9.0} {:>6.0}% {:>10.0} {:>7} {:>7} {rt:>9} {cmds:>9} {calls:>9} {:>9} {:>5.0} {:>6.0} {:>9.0}",
             per_round.join(" / "),
             row.per_second(),
             100.0 * cpu / wall.max(1e-9),
