@@ -248,3 +248,65 @@ async fn a_descriptor_without_an_address_has_no_ip_limit() {
     assert_eq!(r.overall_code(), Code::Ok);
     assert_eq!(r.statuses[0].current_limit, None);
 }
+
+/// With `[rls] config`: `throttle_rls_decisions_total{domain,code}` by the configured
+/// domain (an unknown one is `unknown`, never the request's text), and
+/// `throttle_rls_descriptor_total` by the config path of a `detailed_metric` limit only,
+/// never its runtime value.
+#[tokio::test]
+async fn configured_decisions_are_counted_by_config_names() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/rls/metrics");
+    let body = format!(
+        "[rls]\nconfig = \"{dir}\"\n\n[[routes]]\nname = \"r\"\npath_prefix = \"/\"\nupstreams = [\"127.0.0.1:1\"]\n"
+    );
+    let config = crate::config::parse("t.toml", &body).unwrap();
+    let metrics = Arc::new(Metrics::new().unwrap());
+    let core = Core::with_clock(
+        admission::Runtime::from_config(config).unwrap(),
+        Arc::new(MemoryStore::with_clock(ManualClock::at(1_764_000_000_000))),
+        metrics.clone(),
+        Arc::new(ManualClock::at(1_764_000_000_000)),
+    );
+    let rls = Rls::new(Arc::new(core));
+    let ask = |domain: &str, entries: &[(&str, &str)]| RateLimitRequest {
+        domain: domain.into(),
+        ..many(vec![descriptor(entries)])
+    };
+    let r = rls
+        .decide(&ask("edge", &[("user", "alice")]))
+        .await
+        .unwrap();
+    assert_eq!(r.overall_code(), Code::Ok);
+    let r = rls
+        .decide(&ask("edge", &[("user", "alice")]))
+        .await
+        .unwrap();
+    assert_eq!(r.overall_code(), Code::OverLimit);
+    let body: serde_json::Value = serde_json::from_slice(&r.raw_body).unwrap();
+    assert_eq!(
+        (body["error"].as_str(), body["limit"].as_u64()),
+        (Some("rate_limited"), Some(1))
+    );
+    rls.decide(&ask("edge", &[("plain", "x")])).await.unwrap();
+    rls.decide(&ask("attacker-chosen", &[("user", "alice")]))
+        .await
+        .unwrap();
+    let text = String::from_utf8(metrics.render()).unwrap();
+    for want in [
+        r#"throttle_rls_decisions_total{code="ok",domain="edge"} 2"#,
+        r#"throttle_rls_decisions_total{code="over_limit",domain="edge"} 1"#,
+        r#"throttle_rls_decisions_total{code="ok",domain="unknown"} 1"#,
+        r#"throttle_rls_descriptor_total{code="ok",descriptor="user",domain="edge"} 1"#,
+        r#"throttle_rls_descriptor_total{code="over_limit",descriptor="user",domain="edge"} 1"#,
+    ] {
+        assert!(text.contains(want), "{want} missing from\n{text}");
+    }
+    assert!(
+        !text.contains("alice") && !text.contains("attacker-chosen"),
+        "{text}"
+    );
+    assert!(
+        !text.contains(r#"descriptor="plain""#),
+        "not detailed: {text}"
+    );
+}
