@@ -400,3 +400,31 @@ tier = "free"
         "{m}"
     );
 }
+
+/// `[rls] on_failure` decides a descriptor when Redis cannot: `closed` answers
+/// OVER_LIMIT, `open` OK (no limit applied); the service keeps answering either way.
+#[tokio::test]
+async fn configured_descriptors_follow_on_failure_when_redis_is_away() {
+    let up = Upstream::start("rls").await;
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = dir.path().join("edge.yaml");
+    std::fs::write(
+        &yaml,
+        "domain: edge\ndescriptors:\n  - key: user\n    rate_limit: { unit: minute, requests_per_unit: 5 }\n",
+    )
+    .unwrap();
+    // Nothing listens there: every store call fails at once.
+    let dead = format!("redis://127.0.0.1:{}", free_port());
+    for (policy, want) in [("closed", Code::OverLimit), ("open", Code::Ok)] {
+        let body = format!(
+            "[store]\nbackend = \"redis\"\nurl = \"{dead}\"\ntimeout_ms = 50\n\n[rls]\nconfig = \"{}\"\non_failure = \"{policy}\"\n\n{}",
+            yaml.display(),
+            route()
+        );
+        let mut rls = Rls::start(&body, &up).await;
+        for _ in 0..3 {
+            let r = rls.ask(request(&[&[("user", "alice")]])).await;
+            assert_eq!(r.overall_code(), want, "{policy}: {r:?}\n{}", rls.gw.log());
+        }
+    }
+}
