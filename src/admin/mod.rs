@@ -2,11 +2,16 @@
 //! files: `health` (`/healthz`, `/readyz`, `/metrics`), `check` (`POST /v1/check`, the
 //! sidecar decision API over the admission pipeline), `blocks` (`/v1/blocks`, one store
 //! for the memory and PostgreSQL cases), `top` (`GET /v1/top`, the heaviest identities of
-//! the last minute) and `POST /v1/reload` here.
+//! the last minute), the PostgreSQL-backed `keys`, `tenants` and `policies` (sharing
+//! `dbapi`) and `POST /v1/reload` here.
 
 mod blocks;
 mod check;
+mod dbapi;
 mod health;
+mod keys;
+mod policies;
+mod tenants;
 mod top;
 
 use std::sync::Arc;
@@ -187,6 +192,12 @@ impl ServeHttp for Admin {
         let method = session.req_header().method.clone();
         let path = session.req_header().uri.path().to_string();
         let is_blocks = path == "/v1/blocks" || path.starts_with("/v1/blocks/");
+        let records = ["/v1/keys", "/v1/tenants", "/v1/policies"]
+            .into_iter()
+            .find(|c| {
+                path.strip_prefix(c)
+                    .is_some_and(|r| r.is_empty() || r.starts_with('/'))
+            });
         let reply = match (&method, path.as_str()) {
             (&Method::GET, "/healthz") => health::healthz(),
             (&Method::GET, "/readyz") => health::readyz(&self.core, &self.db),
@@ -206,6 +217,16 @@ impl ServeHttp for Admin {
                 self.blocks
                     .handle(&self.core, &self.db, session, &method, &path)
                     .await
+            }
+            (_, _) if records.is_some() && !self.authorized(session) => unauthorized(),
+            (_, _) if records == Some("/v1/keys") => {
+                keys::handle(&self.core, &self.db, session, &method, &path).await
+            }
+            (_, _) if records == Some("/v1/tenants") => {
+                tenants::handle(&self.core, &self.db, session, &method, &path).await
+            }
+            (_, _) if records == Some("/v1/policies") => {
+                policies::handle(&self.core, &self.db, session, &method, &path).await
             }
             (_, "/healthz" | "/readyz" | "/metrics" | "/v1/check" | "/v1/top") => {
                 error_reply(405, "method_not_allowed")

@@ -13,6 +13,7 @@ mod lua_scripts;
 
 mod adaptive;
 mod admin;
+mod admin_api;
 mod bans;
 mod cli;
 mod client_ip_e2e;
