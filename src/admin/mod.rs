@@ -2,7 +2,7 @@
 //! files: `health` (`/healthz`, `/readyz`, `/metrics`), `check` (`POST /v1/check`, the
 //! sidecar decision API over the admission pipeline), `blocks` (`/v1/blocks`, one store
 //! for the memory and PostgreSQL cases), `top` (`GET /v1/top`, the heaviest identities of
-//! the last minute), the PostgreSQL-backed `keys`, `tenants` and `policies` (sharing
+//! the last minute), `usage` (`GET /v1/usage`, read without spending), the PostgreSQL-backed `keys`, `tenants` and `policies` (sharing
 //! `dbapi`) and `POST /v1/reload` here.
 
 mod blocks;
@@ -13,6 +13,7 @@ mod keys;
 mod policies;
 mod tenants;
 mod top;
+mod usage;
 
 use std::sync::Arc;
 
@@ -212,6 +213,10 @@ impl ServeHttp for Admin {
                 top::top(&self.core, session.req_header().uri.query())
             }
             (&Method::GET, "/v1/top") => unauthorized(),
+            (&Method::GET, "/v1/usage") if self.authorized(session) => {
+                usage::usage(&self.core, session.req_header().uri.query()).await
+            }
+            (&Method::GET, "/v1/usage") => unauthorized(),
             (_, _) if is_blocks && !self.authorized(session) => unauthorized(),
             (_, _) if is_blocks => {
                 self.blocks
@@ -228,7 +233,7 @@ impl ServeHttp for Admin {
             (_, _) if records == Some("/v1/policies") => {
                 policies::handle(&self.core, &self.db, session, &method, &path).await
             }
-            (_, "/healthz" | "/readyz" | "/metrics" | "/v1/check" | "/v1/top") => {
+            (_, "/healthz" | "/readyz" | "/metrics" | "/v1/check" | "/v1/top" | "/v1/usage") => {
                 error_reply(405, "method_not_allowed")
             }
             _ => error_reply(404, "not_found"),

@@ -14,6 +14,7 @@ mod lua_scripts;
 mod adaptive;
 mod admin;
 mod admin_api;
+mod admin_usage;
 mod bans;
 mod cli;
 mod client_ip_e2e;
