@@ -14,6 +14,7 @@ mod lua_scripts;
 mod adaptive;
 mod admin;
 mod admin_api;
+mod admin_fuzz;
 mod admin_usage;
 mod bans;
 mod cli;
