@@ -152,17 +152,16 @@ pub(super) fn text(field: &'static str, value: &str) -> Result<(), Failure> {
 }
 
 /// Refuses a tier that is neither a `[tiers.NAME]` of the config nor a
-/// `rate_limit_policies` row (as `throttle keys create` does).
+/// `rate_limit_policies` row (`db::policies::unknown_tier`, as `throttle keys create`).
 pub(super) async fn known_tier(core: &Core, pool: &PgPool, tier: &str) -> Result<(), Failure> {
     text("tier", tier)?;
-    if core.runtime().config.tiers.contains_key(tier) {
-        return Ok(());
-    }
-    match within(crate::db::policies::get(pool, tier)).await? {
-        Some(_) => Ok(()),
-        None => Err(Failure::Field(
+    let runtime = core.runtime();
+    let unknown = crate::db::policies::unknown_tier(pool, &runtime.config, tier);
+    match within(unknown).await? {
+        None => Ok(()),
+        Some(known) => Err(Failure::Field(
             "tier",
-            format!("unknown tier {tier:?} (neither in [tiers] nor in rate_limit_policies)"),
+            format!("unknown tier {tier:?} (tiers of [tiers] and rate_limit_policies: {known:?})"),
         )),
     }
 }

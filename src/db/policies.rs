@@ -154,3 +154,28 @@ pub async fn put(pool: &PgPool, row: &PolicyRow) -> Result<bool, DbError> {
     .await?;
     Ok(created)
 }
+
+/// Whether `tier` is neither a `[tiers.NAME]` of `config` nor a row: `None` when known,
+/// else every known tier name, sorted (what `throttle keys create` and `POST /v1/keys`
+/// refuse with).
+///
+/// # Errors
+/// When the database fails.
+pub async fn unknown_tier(
+    pool: &PgPool,
+    config: &Config,
+    tier: &str,
+) -> Result<Option<Vec<String>>, DbError> {
+    if config.tiers.contains_key(tier) {
+        return Ok(None);
+    }
+    let rows = all(pool).await?;
+    if rows.iter().any(|r| r.id == tier) {
+        return Ok(None);
+    }
+    let mut known: Vec<String> = config.tiers.keys().cloned().collect();
+    known.extend(rows.into_iter().map(|r| r.id));
+    known.sort_unstable();
+    known.dedup();
+    Ok(Some(known))
+}
