@@ -2,8 +2,9 @@
 //! files: `health` (`/healthz`, `/readyz`, `/metrics`), `check` (`POST /v1/check`, the
 //! sidecar decision API over the admission pipeline), `blocks` (`/v1/blocks`, one store
 //! for the memory and PostgreSQL cases), `top` (`GET /v1/top`, the heaviest identities of
-//! the last minute), `usage` (`GET /v1/usage`, read without spending), the PostgreSQL-backed `keys`, `tenants` and `policies` (sharing
-//! `dbapi`) and `POST /v1/reload` here.
+//! the last minute), `usage` (`GET /v1/usage`, read without spending), the
+//! PostgreSQL-backed `keys`, `tenants` and `policies` (sharing `dbapi`), and `POST
+//! /v1/reload` and `GET /v1/openapi.json` here.
 
 mod blocks;
 mod check;

@@ -2,7 +2,9 @@
 //! identity, with `limit`, `used`, `remaining` and `reset` (Unix seconds), read without
 //! spending: one peek check (`Check::peek`, cost 1) per window, so each window's own
 //! decision comes back as `governing`. On Redis with leases, tokens a gateway leased but
-//! has not spent yet count as used (the shared counter holds them).
+//! has not spent yet count as used (Redis charged them at grant); the peek ends this
+//! gateway's own lease of the window (its leftovers go back with the call, as with any
+//! call for that window), so this gateway's share reads exact.
 
 use std::net::IpAddr;
 use std::sync::Arc;

@@ -118,27 +118,50 @@ async fn admin_api_usage_reads_every_window_without_spending() {
     assert_eq!(r.status(), 401);
 }
 
-/// On Redis with leases (lease_ms = 60000): after N requests the key's used count is at
-/// least N and at most N plus the one lease outstanding for that window (at most half of
-/// what remained when it was granted, so at most N + limit / 2).
+/// On Redis with leases (lease_ms = 60000, most of the N requests admitted on a lease):
+/// after N requests every window's used count is at least N and at most N plus the one
+/// lease outstanding for that window (at most half of what remained when it was granted,
+/// so at most N + limit / 2). Sliding windows: a token bucket refills while the test runs,
+/// so its `used` falls below N by what refilled.
 #[tokio::test(flavor = "multi_thread")]
 async fn admin_api_usage_on_redis_counts_leased_tokens_within_the_bound() {
     let redis = RedisServer::start().await;
     let up = Upstream::start("u").await;
     let body = format!(
-        "[store]\nbackend = \"redis\"\nurl = \"{}\"\ntimeout_ms = 2000\nkey_prefix = \"usage\"\nlease_ms = 60000\n{LIMITS}",
-        redis.url()
+        "[store]\nbackend = \"redis\"\nurl = \"{}\"\ntimeout_ms = 2000\nkey_prefix = \"usage\"\nlease_ms = 60000\n{}",
+        redis.url(),
+        LIMITS
+            .replace("per_minute = 50", "per_minute = 5000\nalgorithm = \"sliding_window\"")
+            .replace(
+                "per_minute = 20, per_hour = 100",
+                "per_minute = 1000, per_hour = 5000, algorithm = \"sliding_window\""
+            )
+            .replace(
+                "per_minute = 30",
+                "per_minute = 3000, algorithm = \"sliding_window\""
+            )
     );
     let gw = Gateway::start(&body, Some(&up)).await;
-    const N: u64 = 8;
+    const N: u64 = 60;
     spend(&gw, N as usize).await;
     let (s, b) = usage(&gw, "key_id=key_a").await;
     assert_eq!(s, 200, "{b}");
+    let leased = gw
+        .metrics()
+        .await
+        .lines()
+        .find(|l| l.starts_with(r#"throttle_local_decisions_total{reason="lease"}"#))
+        .map(str::to_string);
+    eprintln!("usage after {N} requests ({leased:?}): {b}");
+    assert!(
+        leased.is_some_and(|l| !l.ends_with(" 0")),
+        "no request was admitted on a lease"
+    );
     for (scope, window, used) in used(&b) {
         let limit = match (scope.as_str(), window.as_str()) {
-            ("key", "1m") => 20,
-            ("key", "1h") => 100,
-            _ => 30,
+            ("key", "1m") => 1000,
+            ("key", "1h") => 5000,
+            _ => 3000,
         };
         assert!(
             used >= N && used <= N + limit / 2,
