@@ -308,25 +308,19 @@ fn keys(command: KeysCommand, args: &DbArgs) -> anyhow::Result<()> {
         match command {
             KeysCommand::Create { tenant, tier } => {
                 // A tier is a [tiers.NAME] of the config or a rate_limit_policies row.
-                let rows = db::policies::all(&pool).await?;
                 match &config {
-                    Some(c)
-                        if !c.tiers.contains_key(&tier) && !rows.iter().any(|r| r.id == tier) =>
-                    {
-                        let mut known: Vec<&str> = c.tiers.keys().map(String::as_str).collect();
-                        known.extend(rows.iter().map(|r| r.id.as_str()));
-                        known.sort_unstable();
-                        known.dedup();
-                        anyhow::bail!(
-                            "unknown tier {tier:?} (tiers of {} and rate_limit_policies: {known:?})",
-                            c.source
-                        );
+                    Some(c) => {
+                        if let Some(known) = db::policies::unknown_tier(&pool, c, &tier).await? {
+                            anyhow::bail!(
+                                "unknown tier {tier:?} (tiers of {} and rate_limit_policies: {known:?})",
+                                c.source
+                            );
+                        }
                     }
                     None => eprintln!(
                         "warning: no config found at {}; tier {tier:?} is not checked",
                         args.config.display()
                     ),
-                    Some(_) => {}
                 }
                 let k = db::keys::create(&pool, &tenant, &tier).await?;
                 println!("key_id: {}", k.id);

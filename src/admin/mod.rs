@@ -2,12 +2,19 @@
 //! files: `health` (`/healthz`, `/readyz`, `/metrics`), `check` (`POST /v1/check`, the
 //! sidecar decision API over the admission pipeline), `blocks` (`/v1/blocks`, one store
 //! for the memory and PostgreSQL cases), `top` (`GET /v1/top`, the heaviest identities of
-//! the last minute) and `POST /v1/reload` here.
+//! the last minute), `usage` (`GET /v1/usage`, read without spending), the
+//! PostgreSQL-backed `keys`, `tenants` and `policies` (sharing `dbapi`), and `POST
+//! /v1/reload` and `GET /v1/openapi.json` here.
 
 mod blocks;
 mod check;
+mod dbapi;
 mod health;
+mod keys;
+mod policies;
+mod tenants;
 mod top;
+mod usage;
 
 use std::sync::Arc;
 
@@ -21,6 +28,36 @@ use self::blocks::BlockStore;
 use crate::admission::snapshot::Database;
 use crate::admission::Core;
 use crate::reply::{error_reply, Reply};
+
+/// The OpenAPI 3.1 document of this API (`GET /v1/openapi.json`).
+const OPENAPI: &str = include_str!("openapi.json");
+
+/// Every (method, path) `Admin::response` serves, `{id}` standing for a path segment:
+/// what `openapi.json` must describe, operation for operation (a unit test checks it).
+pub const ROUTES: &[(&str, &str)] = &[
+    ("GET", "/healthz"),
+    ("GET", "/readyz"),
+    ("GET", "/metrics"),
+    ("POST", "/v1/check"),
+    ("POST", "/v1/reload"),
+    ("GET", "/v1/top"),
+    ("GET", "/v1/blocks"),
+    ("POST", "/v1/blocks"),
+    ("DELETE", "/v1/blocks/{id}"),
+    ("GET", "/v1/keys"),
+    ("POST", "/v1/keys"),
+    ("DELETE", "/v1/keys/{id}"),
+    ("GET", "/v1/tenants"),
+    ("POST", "/v1/tenants"),
+    ("GET", "/v1/tenants/{id}"),
+    ("PUT", "/v1/tenants/{id}"),
+    ("DELETE", "/v1/tenants/{id}"),
+    ("GET", "/v1/policies"),
+    ("GET", "/v1/policies/{id}"),
+    ("PUT", "/v1/policies/{id}"),
+    ("GET", "/v1/usage"),
+    ("GET", "/v1/openapi.json"),
+];
 
 /// Largest request body accepted.
 const MAX_BODY: usize = 64 * 1024;
@@ -187,12 +224,23 @@ impl ServeHttp for Admin {
         let method = session.req_header().method.clone();
         let path = session.req_header().uri.path().to_string();
         let is_blocks = path == "/v1/blocks" || path.starts_with("/v1/blocks/");
+        let records = ["/v1/keys", "/v1/tenants", "/v1/policies"]
+            .into_iter()
+            .find(|c| {
+                path.strip_prefix(c)
+                    .is_some_and(|r| r.is_empty() || r.starts_with('/'))
+            });
         let reply = match (&method, path.as_str()) {
             (&Method::GET, "/healthz") => health::healthz(),
             (&Method::GET, "/readyz") => health::readyz(&self.core, &self.db),
             (&Method::GET, "/metrics") => {
                 return to_response(health::metrics(&self.core), "text/plain; version=0.0.4")
             }
+            (&Method::GET, "/v1/openapi.json") => Reply {
+                status: 200,
+                headers: Vec::new(),
+                body: bytes::Bytes::from_static(OPENAPI.as_bytes()),
+            },
             (&Method::POST, "/v1/check") if !self.may_check(session) => check_unauthorized(),
             (&Method::POST, "/v1/check") => check::check(&self.core, session).await,
             (&Method::POST, "/v1/reload") if self.authorized(session) => self.reload_config().await,
@@ -201,17 +249,58 @@ impl ServeHttp for Admin {
                 top::top(&self.core, session.req_header().uri.query())
             }
             (&Method::GET, "/v1/top") => unauthorized(),
+            (&Method::GET, "/v1/usage") if self.authorized(session) => {
+                usage::usage(&self.core, session.req_header().uri.query()).await
+            }
+            (&Method::GET, "/v1/usage") => unauthorized(),
             (_, _) if is_blocks && !self.authorized(session) => unauthorized(),
             (_, _) if is_blocks => {
                 self.blocks
                     .handle(&self.core, &self.db, session, &method, &path)
                     .await
             }
-            (_, "/healthz" | "/readyz" | "/metrics" | "/v1/check" | "/v1/top") => {
-                error_reply(405, "method_not_allowed")
+            (_, _) if records.is_some() && !self.authorized(session) => unauthorized(),
+            (_, _) if records == Some("/v1/keys") => {
+                keys::handle(&self.core, &self.db, session, &method, &path).await
             }
+            (_, _) if records == Some("/v1/tenants") => {
+                tenants::handle(&self.core, &self.db, session, &method, &path).await
+            }
+            (_, _) if records == Some("/v1/policies") => {
+                policies::handle(&self.core, &self.db, session, &method, &path).await
+            }
+            (
+                _,
+                "/healthz" | "/readyz" | "/metrics" | "/v1/check" | "/v1/top" | "/v1/usage"
+                | "/v1/openapi.json",
+            ) => error_reply(405, "method_not_allowed"),
             _ => error_reply(404, "not_found"),
         };
         to_response(reply, JSON)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::{OPENAPI, ROUTES};
+
+    /// openapi.json describes exactly the operations of `ROUTES`, and is OpenAPI 3.1.
+    #[test]
+    fn openapi_describes_every_route_and_nothing_else() {
+        let doc: serde_json::Value = serde_json::from_str(OPENAPI).unwrap();
+        assert_eq!(doc["openapi"], "3.1.0");
+        let mut documented = BTreeSet::new();
+        for (path, ops) in doc["paths"].as_object().unwrap() {
+            for method in ops.as_object().unwrap().keys() {
+                documented.insert((method.to_uppercase(), path.clone()));
+            }
+        }
+        let served: BTreeSet<_> = ROUTES
+            .iter()
+            .map(|(m, p)| (m.to_string(), p.to_string()))
+            .collect();
+        assert_eq!(served, documented);
     }
 }

@@ -10,6 +10,7 @@ pub mod blocks;
 pub mod events;
 pub mod keys;
 pub mod policies;
+pub mod tenants;
 
 use std::time::Duration;
 

@@ -47,12 +47,18 @@ pub fn column(window: Window) -> &'static str {
 /// # Errors
 /// When the database fails.
 pub async fn all(pool: &PgPool) -> Result<Vec<PolicyRow>, DbError> {
+    all_where(pool, None).await
+}
+
+/// Every row, or row `id` only.
+async fn all_where(pool: &PgPool, id: Option<&str>) -> Result<Vec<PolicyRow>, DbError> {
     let rows = sqlx::query(
         "SELECT id, name, req_per_second::bigint AS s, req_per_minute::bigint AS m,
                 req_per_hour::bigint AS h, req_per_day::bigint AS d,
                 req_per_month::bigint AS mo, burst_multiplier::float8 AS burst, algorithm
-         FROM rate_limit_policies ORDER BY id",
+         FROM rate_limit_policies WHERE $1::text IS NULL OR id = $1 ORDER BY id",
     )
+    .bind(id)
     .fetch_all(pool)
     .await?;
     Ok(rows
@@ -107,4 +113,69 @@ pub async fn insert_missing(pool: &PgPool, config: &Config) -> Result<(), DbErro
     }
     tx.commit().await?;
     Ok(())
+}
+
+/// Row `id`.
+///
+/// # Errors
+/// When the database fails.
+pub async fn get(pool: &PgPool, id: &str) -> Result<Option<PolicyRow>, DbError> {
+    Ok(all_where(pool, Some(id)).await?.into_iter().next())
+}
+
+/// Writes row `id` whole (created when missing, in one statement, so the other gateways
+/// get one notification); true when it was created.
+///
+/// # Errors
+/// When the database fails.
+pub async fn put(pool: &PgPool, row: &PolicyRow) -> Result<bool, DbError> {
+    let limit = |i: usize| row.limits[i].unwrap_or(0);
+    let created: bool = sqlx::query_scalar(
+        "INSERT INTO rate_limit_policies (id, name, req_per_second, req_per_minute,
+             req_per_hour, req_per_day, req_per_month, burst_multiplier, algorithm)
+         VALUES ($1, $2, $3::int, $4::int, $5::int, $6::int, $7::int, $8, $9)
+         ON CONFLICT (id) DO UPDATE SET name = EXCLUDED.name,
+             req_per_second = EXCLUDED.req_per_second, req_per_minute = EXCLUDED.req_per_minute,
+             req_per_hour = EXCLUDED.req_per_hour, req_per_day = EXCLUDED.req_per_day,
+             req_per_month = EXCLUDED.req_per_month,
+             burst_multiplier = EXCLUDED.burst_multiplier, algorithm = EXCLUDED.algorithm
+         RETURNING (xmax = 0)",
+    )
+    .bind(&row.id)
+    .bind(&row.name)
+    .bind(limit(0))
+    .bind(limit(1))
+    .bind(limit(2))
+    .bind(limit(3))
+    .bind(limit(4))
+    .bind(row.burst_multiplier.unwrap_or(1.0))
+    .bind(row.algorithm.as_deref())
+    .fetch_one(pool)
+    .await?;
+    Ok(created)
+}
+
+/// Whether `tier` is neither a `[tiers.NAME]` of `config` nor a row: `None` when known,
+/// else every known tier name, sorted (what `throttle keys create` and `POST /v1/keys`
+/// refuse with).
+///
+/// # Errors
+/// When the database fails.
+pub async fn unknown_tier(
+    pool: &PgPool,
+    config: &Config,
+    tier: &str,
+) -> Result<Option<Vec<String>>, DbError> {
+    if config.tiers.contains_key(tier) {
+        return Ok(None);
+    }
+    let rows = all(pool).await?;
+    if rows.iter().any(|r| r.id == tier) {
+        return Ok(None);
+    }
+    let mut known: Vec<String> = config.tiers.keys().cloned().collect();
+    known.extend(rows.into_iter().map(|r| r.id));
+    known.sort_unstable();
+    known.dedup();
+    Ok(Some(known))
 }

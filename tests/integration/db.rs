@@ -14,7 +14,7 @@ use crate::support::{client, eventually, free_port, header, Gateway, Upstream, A
 
 /// A gateway config on `db_url`. Failed lookups are generous here (polling for a key
 /// that has not propagated yet is not an attack); `brute_force_is_limited_per_ip` tightens it.
-fn config(db_url: &str) -> String {
+pub(crate) fn config(db_url: &str) -> String {
     format!(
         r#"
 [database]
@@ -45,7 +45,7 @@ tier = "tight"
 
 /// A gateway on `db_url` that has connected to it and loaded its snapshot (the database
 /// side comes up in the background, after the listeners).
-async fn connected(db_url: &str, up: &Upstream) -> Gateway {
+pub(crate) async fn connected(db_url: &str, up: &Upstream) -> Gateway {
     let gw = Gateway::start(&config(db_url), Some(up)).await;
     eventually(Duration::from_secs(10), "database connected", || async {
         (gw.readyz().await["database"]["healthy"] == true).then_some(())
@@ -92,7 +92,7 @@ fn create_key(db: &TestDb, gw: &Gateway, tenant: &str, tier: &str) -> (String, S
     (field("key_id:"), field("api_key:"))
 }
 
-async fn status(gw: &Gateway, key: &str) -> u16 {
+pub(crate) async fn status(gw: &Gateway, key: &str) -> u16 {
     client()
         .get(gw.url("/x"))
         .header("x-api-key", key)
@@ -259,7 +259,7 @@ async fn custom_override_replaces_tier_windows() {
 }
 
 /// The `x-ratelimit-limit` a request with `key` gets (the governing window's limit).
-async fn limit_header(gw: &Gateway, key: &str) -> String {
+pub(crate) async fn limit_header(gw: &Gateway, key: &str) -> String {
     let r = client()
         .get(gw.url("/x"))
         .header("x-api-key", key)

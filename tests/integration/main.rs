@@ -13,6 +13,9 @@ mod lua_scripts;
 
 mod adaptive;
 mod admin;
+mod admin_api;
+mod admin_fuzz;
+mod admin_usage;
 mod bans;
 mod cli;
 mod client_ip_e2e;

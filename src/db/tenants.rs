@@ -1,0 +1,145 @@
+//! Tenants in PostgreSQL (`tenants`): the admin API's CRUD. Each write is one statement
+//! (one implicit transaction); the `tenants_notify` trigger tells every gateway.
+
+use sqlx::postgres::{PgPool, PgRow};
+use sqlx::Row;
+
+use super::DbError;
+
+/// A `tenants` row.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct TenantRow {
+    /// Tenant id (what `api_keys.tenant_id` names).
+    pub id: String,
+    /// A label for humans.
+    pub name: String,
+    /// The tenant's tier.
+    pub tier: String,
+    /// Creation time (RFC 3339).
+    pub created_at: String,
+}
+
+/// What a write changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Written {
+    /// The row as stored.
+    Row(TenantRow),
+    /// No row with that id.
+    Missing,
+    /// The id is taken (create) or still has keys (delete).
+    Conflict,
+}
+
+macro_rules! columns {
+    () => {
+        "id, name, tier, to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"') AS created"
+    };
+}
+
+fn row(r: &PgRow) -> TenantRow {
+    TenantRow {
+        id: r.get("id"),
+        name: r.get("name"),
+        tier: r.get("tier"),
+        created_at: r.get("created"),
+    }
+}
+
+/// Every tenant, by id.
+///
+/// # Errors
+/// When the database fails.
+pub async fn list(pool: &PgPool) -> Result<Vec<TenantRow>, DbError> {
+    const Q: &str = concat!("SELECT ", columns!(), " FROM tenants ORDER BY id");
+    Ok(sqlx::query(Q)
+        .fetch_all(pool)
+        .await?
+        .iter()
+        .map(row)
+        .collect())
+}
+
+/// Tenant `id`.
+///
+/// # Errors
+/// When the database fails.
+pub async fn get(pool: &PgPool, id: &str) -> Result<Option<TenantRow>, DbError> {
+    const Q: &str = concat!("SELECT ", columns!(), " FROM tenants WHERE id = $1");
+    Ok(sqlx::query(Q)
+        .bind(id)
+        .fetch_optional(pool)
+        .await?
+        .as_ref()
+        .map(row))
+}
+
+/// Creates tenant `id`; `Conflict` when it exists.
+///
+/// # Errors
+/// When the database fails.
+pub async fn create(pool: &PgPool, id: &str, name: &str, tier: &str) -> Result<Written, DbError> {
+    const Q: &str = concat!(
+        "INSERT INTO tenants (id, name, tier) VALUES ($1, $2, $3) ON CONFLICT (id) DO NOTHING RETURNING ",
+        columns!()
+    );
+    let r = sqlx::query(Q)
+        .bind(id)
+        .bind(name)
+        .bind(tier)
+        .fetch_optional(pool)
+        .await?;
+    Ok(r.as_ref()
+        .map_or(Written::Conflict, |r| Written::Row(row(r))))
+}
+
+/// Replaces the name and tier of tenant `id`; `Missing` when there is none.
+///
+/// # Errors
+/// When the database fails.
+pub async fn update(pool: &PgPool, id: &str, name: &str, tier: &str) -> Result<Written, DbError> {
+    const Q: &str = concat!(
+        "UPDATE tenants SET name = $2, tier = $3 WHERE id = $1 RETURNING ",
+        columns!()
+    );
+    let r = sqlx::query(Q)
+        .bind(id)
+        .bind(name)
+        .bind(tier)
+        .fetch_optional(pool)
+        .await?;
+    Ok(r.as_ref()
+        .map_or(Written::Missing, |r| Written::Row(row(r))))
+}
+
+/// Deletes tenant `id`: `Missing` when there is none, `Conflict` while it has keys
+/// (revoked ones too: they keep their history).
+///
+/// # Errors
+/// When the database fails.
+pub async fn delete(pool: &PgPool, id: &str) -> Result<Written, DbError> {
+    const Q: &str = concat!(
+        "DELETE FROM tenants t WHERE t.id = $1
+           AND NOT EXISTS (SELECT 1 FROM api_keys k WHERE k.tenant_id = t.id)
+         RETURNING ",
+        columns!()
+    );
+    let mut tx = pool.begin().await?;
+    let deleted = sqlx::query(Q).bind(id).fetch_optional(&mut *tx).await?;
+    let outcome = match deleted {
+        Some(r) => Written::Row(row(&r)),
+        None => {
+            let exists: bool =
+                sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM tenants WHERE id = $1)")
+                    .bind(id)
+                    .fetch_one(&mut *tx)
+                    .await?;
+            if exists {
+                Written::Conflict
+            } else {
+                Written::Missing
+            }
+        }
+    };
+    tx.commit().await?;
+    Ok(outcome)
+}
