@@ -85,6 +85,29 @@ impl AccessLog {
         Ok(Self { tx, dropped })
     }
 
+    /// The log `target` names (None: off), its lines dropped on a full queue counting on
+    /// `dropped`. A file is opened for appending, created if missing.
+    ///
+    /// # Errors
+    /// When the file cannot be opened or the thread cannot be spawned.
+    pub fn open(
+        target: &crate::config::AccessLogTarget,
+        dropped: IntCounter,
+    ) -> std::io::Result<Option<Self>> {
+        use crate::config::AccessLogTarget as T;
+        let sink: Box<dyn Write + Send> = match target {
+            T::Off => return Ok(None),
+            T::Stdout => Box::new(std::io::stdout()),
+            T::File(path) => Box::new(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(path)?,
+            ),
+        };
+        Self::start(sink, CAPACITY, dropped).map(Some)
+    }
+
     /// Queues `entry`'s line without waiting: a full queue drops it (and counts).
     pub fn log(&self, entry: Entry<'_>) {
         if let Some(line) = line(entry) {
@@ -153,7 +176,7 @@ fn drain(rx: &Receiver<String>, sink: Box<dyn Write + Send>) {
 pub fn rfc3339_ms(ms: u64) -> String {
     let secs = ms / 1000;
     let (days, rem) = (secs / 86_400, secs % 86_400);
-    let (y, m, d) = civil_from_days(days as i64);
+    let (y, m, d) = crate::limiter::algorithm::civil_from_days(days as i64);
     format!(
         "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z",
         rem / 3600,
@@ -161,20 +184,6 @@ pub fn rfc3339_ms(ms: u64) -> String {
         rem % 60,
         ms % 1000
     )
-}
-
-/// Howard Hinnant's `civil_from_days`: the proleptic Gregorian date of a day count.
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    (y, m, d)
 }
 
 #[cfg(test)]
