@@ -49,6 +49,7 @@
 //! assert_eq!(second.governing.unwrap().decision.retry_after_ms, 60_000);
 //! ```
 
+pub mod access_log;
 pub mod adaptive;
 pub mod admin;
 pub mod admission;

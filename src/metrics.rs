@@ -80,6 +80,9 @@ pub struct Metrics {
     /// `throttle_bans_dropped_total`: automatic bans refused because the table of bans
     /// (or the fleet's, on Redis) was full of bans still in force.
     pub bans_dropped_total: IntCounter,
+    /// `throttle_access_log_dropped_total`: access-log lines dropped because the
+    /// writer's queue was full (the request is never held up for its line).
+    pub access_log_dropped_total: IntCounter,
     /// `throttle_ban_syncs_total{read}`: ban syncs from Redis that succeeded, by what
     /// they read: `full` (the whole table: first sync, Redis restarted or flushed, or
     /// fallen behind the change log) or `changes` (what changed since the last).
@@ -179,6 +182,7 @@ impl Metrics {
             bans,
             bans_total,
             bans_dropped_total: r.counter(&BANS_DROPPED_TOTAL)?,
+            access_log_dropped_total: r.counter(&ACCESS_LOG_DROPPED_TOTAL)?,
             ban_syncs: r.labelled(&BAN_SYNCS_TOTAL, "read", ["full", "changes"])?,
             adaptive_factor: r.add(GaugeVec::new(ADAPTIVE_FACTOR.opts(), &["route"])?)?,
             upstream_healthy: r.add(IntGaugeVec::new(
@@ -439,6 +443,11 @@ const RLS_DECISIONS_TOTAL: Def = Def {
 const RLS_DESCRIPTOR_TOTAL: Def = Def {
     name: "throttle_rls_descriptor_total",
     help: "Rate-limit service descriptors with detailed_metric, by config path and code.",
+};
+
+const ACCESS_LOG_DROPPED_TOTAL: Def = Def {
+    name: "throttle_access_log_dropped_total",
+    help: "Access-log lines dropped because the writer's queue was full.",
 };
 
 const UPSTREAM_HEALTHY: Def = Def {

@@ -70,6 +70,8 @@ pub(crate) struct ServerFile {
     pub(crate) check_token: Option<Spanned<String>>,
     /// `admin_token_file`: the admin token's file (a mounted secret).
     pub(crate) admin_token_file: Option<Spanned<String>>,
+    /// `access_log = "stdout" | "off" | "<path>"`.
+    pub(crate) access_log: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize)]

@@ -17,9 +17,10 @@ pub use limits::{
     BURST_RANGE, MAX_LIMIT, MAX_SLIDING_LOG,
 };
 pub use model::{
-    method_forwarded, Attribute, Auth, Backend, BlockEntry, BlockTarget, ClientIpHeader, Config,
-    Counts, CustomScope, HealthCheck, Jwt, KeyEntry, KeySources, Missing, Mode, PathParameters,
-    RateLimitHeaders, Rls, RlsDescriptors, Route, RouteLimit, Secret, Server, Store, Tier, Tls,
+    method_forwarded, AccessLogTarget, Attribute, Auth, Backend, BlockEntry, BlockTarget,
+    ClientIpHeader, Config, Counts, CustomScope, HealthCheck, Jwt, KeyEntry, KeySources, Missing,
+    Mode, PathParameters, RateLimitHeaders, Rls, RlsDescriptors, Route, RouteLimit, Secret, Server,
+    Store, Tier, Tls,
 };
 pub use validate::{format_rfc3339, rfc3339_ms};
 

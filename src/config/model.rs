@@ -133,6 +133,21 @@ pub struct Server {
     /// reload's check; the admin listener keeps the token it started with);
     /// `$THROTTLE_ADMIN_TOKEN`, when set, takes precedence.
     pub admin_token: Option<Secret>,
+    /// `access_log`: where the JSON access log goes (read at start; a change needs a
+    /// restart).
+    pub access_log: AccessLogTarget,
+}
+
+/// `[server] access_log`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum AccessLogTarget {
+    /// `"off"` (the default): no log, nothing built per request.
+    #[default]
+    Off,
+    /// `"stdout"`.
+    Stdout,
+    /// A file (appended to), relative paths resolved against the config's directory.
+    File(std::path::PathBuf),
 }
 
 /// A secret from the config (a token): never printed, compared in constant time.

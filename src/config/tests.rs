@@ -636,3 +636,42 @@ fn admin_token_comes_from_a_file() {
     assert!(err.contains("admin_token_file: cannot read"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `access_log`: off by default, "stdout", or a path relative to the config's directory
+/// whose directory must exist.
+#[test]
+fn access_log_targets() {
+    use crate::config::AccessLogTarget;
+    let dir = std::env::temp_dir().join(format!("throttle-access-log-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let name = dir.join("gw.toml").display().to_string();
+    let load = |v: &str| {
+        parse(
+            &name,
+            &with_route(&format!("[server]\naccess_log = \"{v}\"\n")),
+        )
+    };
+    assert_eq!(
+        parse(&name, &with_route("")).unwrap().server.access_log,
+        AccessLogTarget::Off
+    );
+    assert_eq!(load("off").unwrap().server.access_log, AccessLogTarget::Off);
+    assert_eq!(
+        load("stdout").unwrap().server.access_log,
+        AccessLogTarget::Stdout
+    );
+    assert_eq!(
+        load("access.log").unwrap().server.access_log,
+        AccessLogTarget::File(dir.join("access.log"))
+    );
+    let err = load("no/such/dir/a.log").unwrap_err().to_string();
+    assert!(
+        err.contains("access_log:") && err.contains("existing directory"),
+        "{err}"
+    );
+    assert!(load("")
+        .unwrap_err()
+        .to_string()
+        .contains("access_log: empty"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

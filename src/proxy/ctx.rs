@@ -37,6 +37,14 @@ pub struct RequestCtx {
     pub(super) upstream_head: Option<(Instant, u16)>,
     /// When the request body must be complete (`body_timeout_secs` after the headers).
     pub(super) body_deadline: Option<Instant>,
+    /// The request's `X-Request-Id` (see `request_id`).
+    pub(super) request_id: Option<HeaderValue>,
+    /// When the request reached `request_filter` (set only with the access log on).
+    pub(super) started: Option<Instant>,
+    /// The scope and window that rejected the request (a rate-limit rejection).
+    pub(super) rejected: Option<(&'static str, &'static str)>,
+    /// The upstream address of the last attempt.
+    pub(super) upstream_addr: Option<SocketAddr>,
 }
 
 // === impl RequestCtx ===

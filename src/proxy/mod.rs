@@ -8,6 +8,8 @@
 mod ctx;
 mod forward;
 pub mod listener;
+mod log;
+mod request_id;
 mod respond;
 pub mod target;
 mod timeouts;
@@ -25,6 +27,7 @@ use pingora::{Error, ErrorType};
 
 pub use self::ctx::RequestCtx;
 pub use self::respond::write;
+use crate::access_log::AccessLog;
 use crate::admission::{self, Admission, Core};
 use crate::edge::peer_ip;
 use crate::metrics::RouteCounters;
@@ -35,6 +38,8 @@ pub struct Gateway {
     core: Arc<Core>,
     /// Metrics of requests no route matched.
     unrouted: RouteCounters,
+    /// `[server] access_log` (None: off).
+    access_log: Option<AccessLog>,
 }
 
 // === impl Gateway ===
@@ -45,7 +50,14 @@ impl Gateway {
         Self {
             unrouted: core.metrics.route("none"),
             core,
+            access_log: None,
         }
+    }
+
+    /// The gateway with its access log (`[server] access_log`; None: off).
+    pub fn with_access_log(mut self, log: Option<AccessLog>) -> Self {
+        self.access_log = log;
+        self
     }
 
     /// Runs the pipeline for a proxied request.
@@ -78,11 +90,24 @@ impl ProxyHttp for Gateway {
         ctx: &mut RequestCtx,
     ) -> pingora::Result<bool> {
         timeouts::arm(session, ctx, &self.core);
+        if self.access_log.is_some() {
+            ctx.started = Some(tokio::time::Instant::now());
+        }
         let peer = peer_ip(session.client_addr());
-        let a = match self.admit(session.req_header(), peer, ctx).await {
+        let admitted = self.admit(session.req_header(), peer, ctx).await;
+        let runtime = match &admitted {
+            Ok(a) => Some(&a.runtime),
+            Err(r) => r.runtime.as_ref(),
+        };
+        let trusted = runtime.is_some_and(|rt| rt.resolver.is_trusted(peer));
+        let id = request_id::choose(&session.req_header().headers, trusted);
+        ctx.request_id = Some(id);
+        let a = match admitted {
             Ok(a) => a,
             Err(refusal) => {
-                respond::write(session, &refusal.reply()).await?;
+                let reply = refusal.reply();
+                respond::write_with_id(session, &reply, ctx.request_id.as_ref()).await?;
+                ctx.rejected = log::rejected(&refusal.rejection);
                 ctx.route = refusal.route;
                 return Ok(true);
             }
@@ -92,7 +117,8 @@ impl ProxyHttp for Gateway {
         let available = upstream::choose(ctx, a.route.as_deref());
         ctx.admission = Some(a);
         if !available {
-            respond::write(session, &error_reply(502, "bad_gateway")).await?;
+            let reply = error_reply(502, "bad_gateway");
+            respond::write_with_id(session, &reply, ctx.request_id.as_ref()).await?;
         }
         Ok(!available)
     }
@@ -125,7 +151,11 @@ impl ProxyHttp for Gateway {
             return Ok(());
         };
         let peer = peer_ip(session.client_addr());
-        forward::rewrite(upstream, session.req_header(), peer, a, ctx)
+        forward::rewrite(upstream, session.req_header(), peer, a, ctx)?;
+        if let Some(id) = &ctx.request_id {
+            upstream.insert_header(request_id::NAME, id.clone())?;
+        }
+        Ok(())
     }
 
     async fn request_body_filter(
@@ -163,6 +193,9 @@ impl ProxyHttp for Gateway {
         resp: &mut ResponseHeader,
         ctx: &mut RequestCtx,
     ) -> pingora::Result<()> {
+        if let Some(id) = &ctx.request_id {
+            resp.insert_header(request_id::NAME, id.clone())?;
+        }
         let Some(a) = &mut ctx.admission else {
             return Ok(());
         };
@@ -177,13 +210,16 @@ impl ProxyHttp for Gateway {
         &self,
         session: &mut Session,
         e: &Error,
-        _ctx: &mut RequestCtx,
+        ctx: &mut RequestCtx,
     ) -> FailToProxy {
-        respond::fail(session, e).await
+        respond::fail(session, e, ctx.request_id.as_ref()).await
     }
 
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut RequestCtx) {
         let status = session.response_written().map_or(0, |r| r.status.as_u16());
+        if let Some(log) = &self.access_log {
+            log::write(log, &self.core, session, ctx, status);
+        }
         ctx.finish(&self.core, &self.unrouted, status, e);
     }
 }

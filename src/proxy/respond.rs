@@ -14,7 +14,22 @@ use crate::reply::{error_reply, Reply};
 /// # Errors
 /// When the client connection fails.
 pub async fn write(session: &mut Session, reply: &Reply) -> pingora::Result<()> {
-    let mut resp = ResponseHeader::build(reply.status, Some(4 + reply.headers.len()))?;
+    write_with_id(session, reply, None).await
+}
+
+/// `write`, with the request's `X-Request-Id`.
+///
+/// # Errors
+/// When the client connection fails.
+pub(super) async fn write_with_id(
+    session: &mut Session,
+    reply: &Reply,
+    request_id: Option<&HeaderValue>,
+) -> pingora::Result<()> {
+    let mut resp = ResponseHeader::build(reply.status, Some(5 + reply.headers.len()))?;
+    if let Some(id) = request_id {
+        resp.insert_header(super::request_id::NAME, id.clone())?;
+    }
     resp.insert_header("content-type", HeaderValue::from_static("application/json"))?;
     resp.insert_header("content-length", reply.body.len())?;
     resp.insert_header("cache-control", HeaderValue::from_static("no-store"))?;
@@ -32,11 +47,15 @@ pub async fn write(session: &mut Session, reply: &Reply) -> pingora::Result<()> 
 /// begun. Pingora closes the client's connection after such an error, so the answer says
 /// `Connection: close`: a keep-alive client then opens a new connection instead of
 /// meeting a reset on its next request.
-pub(super) async fn fail(session: &mut Session, e: &Error) -> FailToProxy {
+pub(super) async fn fail(
+    session: &mut Session,
+    e: &Error,
+    request_id: Option<&HeaderValue>,
+) -> FailToProxy {
     let (code, body) = failure(e);
     if code > 0 && session.response_written().is_none() {
         session.set_keepalive(None);
-        if let Err(err) = write(session, &error_reply(code, body)).await {
+        if let Err(err) = write_with_id(session, &error_reply(code, body), request_id).await {
             tracing::debug!(error = %err, "cannot write error response");
         }
     }

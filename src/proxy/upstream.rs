@@ -44,6 +44,7 @@ pub(super) fn peer(ctx: &mut RequestCtx) -> pingora::Result<Box<HttpPeer>> {
             "no upstream available",
         ));
     };
+    ctx.upstream_addr = Some(addr);
     let r = &route.route;
     let mut peer = HttpPeer::new(addr, false, String::new());
     // Plain TCP: the connect timeout is the whole connection's (no TLS handshake), so

@@ -16,6 +16,7 @@ use pingora::services::listening::Service;
 
 use pingora::server::{ExecutionPhase, RunArgs};
 
+use crate::access_log::AccessLog;
 use crate::admin::Admin;
 use crate::admission::snapshot::Database;
 use crate::admission::{Core, Runtime};
@@ -256,7 +257,11 @@ fn add_listeners(
         lifecycle,
     } = parts;
     let listen = listeners.listen;
-    let gateway = pingora::proxy::http_proxy(&server.configuration, Gateway::new(core.clone()));
+    let dropped = core.metrics.access_log_dropped_total.clone();
+    let log = AccessLog::open(&core.runtime().config.server.access_log, dropped)
+        .map_err(|e| StartError::Listen(format!("access_log: {e}")))?;
+    let proxy = Gateway::new(core.clone()).with_access_log(log);
+    let gateway = pingora::proxy::http_proxy(&server.configuration, proxy);
     // TLS is accepted by the edge itself (after the connection takes its slot, within
     // `header_timeout_secs`), so the listener is plain TCP either way.
     let tls = match crate::proxy::tls::CertResolver::new(core.clone()) {

@@ -11,6 +11,7 @@ mod fleet;
 mod leases;
 mod lua_scripts;
 
+mod access_log;
 mod adaptive;
 mod admin;
 mod admin_api;

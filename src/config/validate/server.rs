@@ -59,7 +59,41 @@ pub(super) fn server(cx: &Ctx<'_>, s: &ServerFile) -> Result<Server, ConfigError
             Some(f) => Some(admin_token_file(cx, f)?),
             None => None,
         },
+        access_log: match &s.access_log {
+            Some(v) => access_log(cx, v)?,
+            None => AccessLogTarget::Off,
+        },
     })
+}
+
+/// `access_log`: `"off"`, `"stdout"` or a file whose directory exists (relative to the
+/// config file's directory). The file itself is opened (appended to) at start.
+fn access_log(cx: &Ctx<'_>, v: &Spanned<String>) -> Result<AccessLogTarget, ConfigError> {
+    let raw = env_value(cx, "access_log", v)?;
+    match raw.as_str() {
+        "off" => return Ok(AccessLogTarget::Off),
+        "stdout" => return Ok(AccessLogTarget::Stdout),
+        "" => {
+            return Err(cx.err(
+                v.span(),
+                "access_log: empty (\"off\", \"stdout\" or a path)",
+            ))
+        }
+        _ => {}
+    }
+    let dir = std::path::Path::new(cx.name)
+        .parent()
+        .unwrap_or(std::path::Path::new(""));
+    let path = dir.join(&raw);
+    let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
+    if parent.is_some_and(|p| !p.is_dir()) || path.is_dir() {
+        let msg = format!(
+            "access_log: {} is not a file in an existing directory",
+            path.display()
+        );
+        return Err(cx.err(v.span(), msg));
+    }
+    Ok(AccessLogTarget::File(path))
 }
 
 /// `admin_token_file`: the file's content without surrounding whitespace (a trailing
