@@ -24,6 +24,7 @@ const LAYERS: &[&[&str]] = &[
         "lifecycle",
         "demo",
         "top",
+        "access_log",
     ],
     &["store", "db", "routing"],
     &["admission"],

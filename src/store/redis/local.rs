@@ -418,8 +418,18 @@ impl Local {
                 slot.asking_until = 0;
                 let d = wd.decision;
                 if !d.allowed && d.retry_after_ms > 0 && now >= slot.returning_until {
+                    // Where gateways lease, tokens leased elsewhere come back within a
+                    // lease and its grace: a rejection is repeated for at most
+                    // `RECHECK_LEASES` lease lengths, then Redis is asked again, so the
+                    // fleet spends what its leases return (the answer's retry_after stays
+                    // the window's).
+                    let mut hold = d.retry_after_ms;
+                    if w.admission == Admission::Auto && self.lease_ms > 0 {
+                        hold = hold.min(self.lease_ms.saturating_mul(RECHECK_LEASES));
+                    }
                     slot.blocked = Some(Blocked {
-                        until: now.saturating_add(d.retry_after_ms),
+                        until: now.saturating_add(hold),
+                        retry_at: now.saturating_add(d.retry_after_ms),
                         cost,
                         limit: *w,
                         decision: d,
@@ -517,6 +527,10 @@ impl Local {
         self.len() == 0
     }
 }
+
+/// How many lease lengths a rejection is repeated from the cache at most, where
+/// gateways lease (a lease ends, and its leftovers go back, within 1.5 lease lengths).
+const RECHECK_LEASES: u64 = 3;
 
 /// Tokens to ask for: the identity's rate over the lease length (the script grants at
 /// most half of what remains); none under 2.

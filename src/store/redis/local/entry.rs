@@ -51,7 +51,10 @@ pub(super) struct Held {
 /// limit.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Blocked {
+    /// Repeated from the cache until then (at most the retry).
     pub(super) until: u64,
+    /// When the window admits the request again (the answer's retry).
+    pub(super) retry_at: u64,
     pub(super) cost: u32,
     pub(super) limit: WindowLimit,
     pub(super) decision: Decision,
@@ -179,7 +182,7 @@ impl Blocked {
                 allowed: false,
                 remaining: 0,
                 reset_after_ms: self.reset_at.saturating_sub(now),
-                retry_after_ms: self.until.saturating_sub(now).max(1),
+                retry_after_ms: self.retry_at.saturating_sub(now).max(1),
                 ..self.decision
             },
         }

@@ -310,6 +310,40 @@ fn leased_tokens_are_spent_before_a_cached_rejection() {
     assert!(matches!(local.decide(&c, 40), Outcome::OverLimit(_)));
 }
 
+/// Where gateways lease, a rejection is repeated for at most three lease lengths (then
+/// Redis is asked again, and finds what other gateways' leases gave back), still
+/// answering the window's own retry; without leases, until its retry.
+#[test]
+fn a_cached_rejection_is_rechecked_within_three_leases() {
+    let local = Local::new(1_000);
+    let l = limits(100, Admission::Auto);
+    let c = check(&l, 1);
+    local.record(
+        &c.scopes,
+        1,
+        &[decision(false, 0, 50_000)],
+        &[Grant::default()],
+        0,
+        0,
+    );
+    let Outcome::OverLimit(v) = local.decide(&c, 2_900) else {
+        panic!("not cached")
+    };
+    assert_eq!(v.governing.unwrap().decision.retry_after_ms, 47_100);
+    assert_eq!(local.decide(&c, 3_000), Outcome::Remote, "asked again");
+    let exact = limits(100, Admission::Exact);
+    let c = check(&exact, 1);
+    local.record(
+        &c.scopes,
+        1,
+        &[decision(false, 0, 50_000)],
+        &[Grant::default()],
+        0,
+        0,
+    );
+    assert!(matches!(local.decide(&c, 40_000), Outcome::OverLimit(_)));
+}
+
 /// Ended leases are collected once; idle identities are forgotten; drain takes all.
 #[test]
 fn expiry_and_drain_collect_leftovers() {
