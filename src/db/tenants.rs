@@ -82,14 +82,7 @@ pub async fn create(pool: &PgPool, id: &str, name: &str, tier: &str) -> Result<W
         "INSERT INTO tenants (id, name, tier) VALUES ($1, $2, $3) ON CONFLICT (id) DO NOTHING RETURNING ",
         columns!()
     );
-    let r = sqlx::query(Q)
-        .bind(id)
-        .bind(name)
-        .bind(tier)
-        .fetch_optional(pool)
-        .await?;
-    Ok(r.as_ref()
-        .map_or(Written::Conflict, |r| Written::Row(row(r))))
+    write(pool, Q, (id, name, tier), Written::Conflict).await
 }
 
 /// Replaces the name and tier of tenant `id`; `Missing` when there is none.
@@ -101,14 +94,24 @@ pub async fn update(pool: &PgPool, id: &str, name: &str, tier: &str) -> Result<W
         "UPDATE tenants SET name = $2, tier = $3 WHERE id = $1 RETURNING ",
         columns!()
     );
-    let r = sqlx::query(Q)
+    write(pool, Q, (id, name, tier), Written::Missing).await
+}
+
+/// Runs `q` (binding id, name, tier; returning the tenant's columns): the row written, or
+/// `none` when it wrote nothing.
+async fn write(
+    pool: &PgPool,
+    q: &'static str,
+    (id, name, tier): (&str, &str, &str),
+    none: Written,
+) -> Result<Written, DbError> {
+    let r = sqlx::query(q)
         .bind(id)
         .bind(name)
         .bind(tier)
         .fetch_optional(pool)
         .await?;
-    Ok(r.as_ref()
-        .map_or(Written::Missing, |r| Written::Row(row(r))))
+    Ok(r.as_ref().map_or(none, |r| Written::Row(row(r))))
 }
 
 /// Deletes tenant `id`: `Missing` when there is none, `Conflict` while it has keys

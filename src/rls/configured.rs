@@ -42,8 +42,8 @@ pub(super) const MAX_DESCRIPTORS: usize = 64;
 enum Plan<'a> {
     /// No limit applies (unknown domain, no match, the depth rule, replaced).
     Free,
-    /// `unlimited: true`.
-    Unlimited,
+    /// `unlimited: true` (the limit, for its `replaces`).
+    Unlimited(&'a Limit),
     /// A limit to decide.
     Limited(Limited<'a>),
 }
@@ -104,7 +104,7 @@ pub(super) async fn decide(
         .iter()
         .map(|desc| plan(d, &req.domain, desc, req.hits_addend))
         .collect::<Result<Vec<_>, _>>()?;
-    drop_replaced(&mut plans, d, &req.domain, &req.descriptors);
+    drop_replaced(&mut plans);
 
     let limits: Vec<Option<ScopeLimits>> = plans
         .iter()
@@ -139,7 +139,7 @@ pub(super) async fn decide(
     for (p, o) in plans.iter().zip(&decided) {
         let s = match (p, o) {
             (Plan::Free, _) | (Plan::Limited(_), None) => status(Code::Ok, None, 0, 0),
-            (Plan::Unlimited, _) => status(Code::Ok, None, u32::MAX, 0),
+            (Plan::Unlimited(_), _) => status(Code::Ok, None, u32::MAX, 0),
             (Plan::Limited(l), Some(o)) => {
                 let over = !o.fits;
                 let code = if over && !l.limit.shadow_mode {
@@ -250,7 +250,7 @@ fn plan<'a>(
         return Ok(Plan::Free);
     };
     if m.limit.unlimited {
-        return Ok(Plan::Unlimited);
+        return Ok(Plan::Unlimited(m.limit));
     }
     Ok(Plan::Limited(Limited {
         limit: m.limit.clone(),
@@ -262,27 +262,12 @@ fn plan<'a>(
 
 /// `replaces`: a limit named by another matched limit's `replaces` is not applied (nor
 /// counted). Names come from every matched limit, unlimited ones included.
-fn drop_replaced(
-    plans: &mut [Plan<'_>],
-    d: &RlsDescriptors,
-    domain: &str,
-    descriptors: &[RateLimitDescriptor],
-) {
+fn drop_replaced(plans: &mut [Plan<'_>]) {
     let mut replacing: HashSet<String> = HashSet::new();
-    for (p, desc) in plans.iter().zip(descriptors) {
+    for p in plans.iter() {
         match p {
             Plan::Limited(l) => replacing.extend(l.limit.replaces.iter().cloned()),
-            Plan::Unlimited => {
-                // Unlimited limits may replace too: read them from the config again.
-                let entries: SmallVec<[(&str, &str); 4]> = desc
-                    .entries
-                    .iter()
-                    .map(|e| (e.key.as_str(), e.value.as_str()))
-                    .collect();
-                if let Some(m) = d.config.lookup(domain, &entries) {
-                    replacing.extend(m.limit.replaces.iter().cloned());
-                }
-            }
+            Plan::Unlimited(limit) => replacing.extend(limit.replaces.iter().cloned()),
             Plan::Free => {}
         }
     }
