@@ -118,6 +118,13 @@ fn descriptor(i: usize, d: &RateLimitDescriptor, request_hits: u32) -> Result<As
         )?)),
         None => None,
     };
+    if found.api_key.is_some() && client_ip.is_none() {
+        // A raw key is a guess until looked up: failed lookups are counted per address
+        // ([limits.auth]), so a key needs one to be charged to.
+        return Err(format!(
+            "descriptor {i}: api_key needs remote_address (failed key lookups are counted per address)"
+        ));
+    }
     let caller = match (found.api_key, found.key_id) {
         (Some(_), Some(_)) => {
             return Err(format!(
@@ -277,8 +284,14 @@ mod tests {
             let e = err(r);
             assert!(e.contains(want), "{e:?} should contain {want:?}");
         }
+        let e = err(req(vec![d(&[("api_key", "guess")])], 0));
+        assert!(e.contains("api_key needs remote_address"), "{e}");
         let e = err(req(
-            vec![d(&[("api_key", "secret-one"), ("api_key", "secret-two")])],
+            vec![d(&[
+                ("remote_address", "10.0.0.1"),
+                ("api_key", "secret-one"),
+                ("api_key", "secret-two"),
+            ])],
             0,
         ));
         assert_eq!(e, "descriptor 0: two different api_key values");

@@ -155,7 +155,9 @@ async fn key_descriptors_spend_the_key_bucket() {
     );
     let mut rls = Rls::start(&body, &up).await;
     let ip = [("remote_address", "198.51.100.20")];
-    let r = rls.ask(request(&[&ip, &[("api_key", "rls-key-1")]])).await;
+    let r = rls
+        .ask(request(&[&ip, &[ip[0], ("api_key", "rls-key-1")]]))
+        .await;
     assert_eq!((r.overall_code(), remaining(&r)), (Code::Ok, vec![0, 2]));
     assert_eq!(r.statuses[0].current_limit, None);
     assert_eq!(r.statuses[1].current_limit.clone().unwrap().name, "key-1m");
@@ -165,13 +167,15 @@ async fn key_descriptors_spend_the_key_bucket() {
     assert_eq!((r.overall_code(), remaining(&r)), (Code::Ok, vec![1]));
     let r = rls.ask(request(&[&ip, &[("key_id", "k_rls")]])).await;
     assert_eq!(remaining(&r), [0, 0]);
-    let r = rls.ask(request(&[&ip, &[("api_key", "rls-key-1")]])).await;
+    let r = rls
+        .ask(request(&[&ip, &[ip[0], ("api_key", "rls-key-1")]]))
+        .await;
     assert_eq!(r.overall_code(), Code::OverLimit);
     assert_eq!(r.statuses[0].code(), Code::Ok);
     assert_eq!(r.statuses[1].code(), Code::OverLimit);
     assert_eq!(r.statuses[1].current_limit.clone().unwrap().name, "key-1m");
     for unknown in [("api_key", "not-a-key"), ("key_id", "k_nope")] {
-        let r = rls.ask(request(&[&ip, &[unknown]])).await;
+        let r = rls.ask(request(&[&ip, &[ip[0], unknown]])).await;
         assert_eq!(r.overall_code(), Code::OverLimit, "{unknown:?}");
         let body: serde_json::Value = serde_json::from_slice(&r.raw_body).unwrap();
         assert_eq!(body["error"], "invalid_api_key");
