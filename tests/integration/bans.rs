@@ -527,7 +527,10 @@ async fn a_ban_sync_reads_only_what_changed() {
     assert_eq!(syncs(&a, "full").await, 1.0);
     assert_eq!(syncs(&b, "full").await, 1.0);
 
-    // Nothing changes: three syncs on each gateway.
+    // Nothing changes: three syncs on each gateway, once both have read every change (a
+    // holds its own bans before its sync reads them back: two syncs from now, the second
+    // starts after the last publish).
+    idle_syncs([&a, &b], 2.0).await;
     let stats = commandstats(&redis).await;
     let (sent, info) = bytes_out(&redis).await;
     let before = [syncs(&a, "changes").await, syncs(&b, "changes").await];
