@@ -25,6 +25,7 @@ const LAYERS: &[&[&str]] = &[
         "demo",
         "top",
         "access_log",
+        "otlp",
     ],
     &["store", "db", "routing"],
     &["admission"],

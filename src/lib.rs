@@ -11,7 +11,8 @@
 //! 2. `metrics`, `client_ip` (trusted-proxy address resolution), `blocklist`, `bans`
 //!    (automatic temporary bans), `identity` (API key or JWT -> key id, tenant, tier),
 //!    `lifecycle` (connections and shutdown work), `demo` (the echo upstream), `top` (the
-//!    heavy-hitter sketch behind `GET /v1/top`).
+//!    heavy-hitter sketch behind `GET /v1/top`), `access_log` (the JSON access log's
+//!    writer) and `otlp` (`[tracing]`: W3C trace context, spans exported over OTLP).
 //! 3. `store` (where limiter state lives: memory, Redis, failure policy), `db`
 //!    (PostgreSQL records: keys, tenants, policies, blocks, the violation log) and
 //!    `routing` (host + path prefix + method -> route and upstreams).
@@ -68,6 +69,7 @@ pub mod layer;
 pub mod lifecycle;
 pub mod limiter;
 pub mod metrics;
+pub mod otlp;
 pub mod proxy;
 pub mod reload;
 pub mod reply;

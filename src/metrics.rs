@@ -83,6 +83,11 @@ pub struct Metrics {
     /// `throttle_access_log_dropped_total`: access-log lines dropped because the
     /// writer's queue was full (the request is never held up for its line).
     pub access_log_dropped_total: IntCounter,
+    /// `throttle_trace_spans_total{outcome}`: spans of traced requests (`[tracing]`), by
+    /// what became of them: `exported` (the collector took them), `dropped` (the export
+    /// queue was full; the request was never held up), `failed` (the export failed or
+    /// the collector refused them).
+    pub trace_spans: [IntCounter; 3],
     /// `throttle_ban_syncs_total{read}`: ban syncs from Redis that succeeded, by what
     /// they read: `full` (the whole table: first sync, Redis restarted or flushed, or
     /// fallen behind the change log) or `changes` (what changed since the last).
@@ -183,6 +188,11 @@ impl Metrics {
             bans_total,
             bans_dropped_total: r.counter(&BANS_DROPPED_TOTAL)?,
             access_log_dropped_total: r.counter(&ACCESS_LOG_DROPPED_TOTAL)?,
+            trace_spans: r.labelled(
+                &TRACE_SPANS_TOTAL,
+                "outcome",
+                ["exported", "dropped", "failed"],
+            )?,
             ban_syncs: r.labelled(&BAN_SYNCS_TOTAL, "read", ["full", "changes"])?,
             adaptive_factor: r.add(GaugeVec::new(ADAPTIVE_FACTOR.opts(), &["route"])?)?,
             upstream_healthy: r.add(IntGaugeVec::new(
@@ -448,6 +458,11 @@ const RLS_DESCRIPTOR_TOTAL: Def = Def {
 const ACCESS_LOG_DROPPED_TOTAL: Def = Def {
     name: "throttle_access_log_dropped_total",
     help: "Access-log lines dropped because the writer's queue was full.",
+};
+
+const TRACE_SPANS_TOTAL: Def = Def {
+    name: "throttle_trace_spans_total",
+    help: "Spans of traced requests, by outcome (exported, dropped: the queue was full, failed: the export failed).",
 };
 
 const UPSTREAM_HEALTHY: Def = Def {

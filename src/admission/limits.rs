@@ -65,6 +65,8 @@ pub(super) struct Charge<'a> {
     pub(super) origin: super::Origin,
     /// The request's one limiter clock reading.
     pub(super) now_ms: u64,
+    /// Where the store call's start and length are left (for tracing).
+    pub(super) span: &'a std::sync::OnceLock<super::StoreSpan>,
 }
 
 impl<'a> Charge<'a> {
@@ -108,7 +110,10 @@ pub(super) async fn limit(
     let policy = ietf.then(|| check.quotas());
     let started = tokio::time::Instant::now();
     let result = decide(core, &check).await;
-    core.store_call.observe(started.elapsed().as_secs_f64());
+    let took = started.elapsed();
+    core.store_call.observe(took.as_secs_f64());
+    // One store call per request: the first span stands.
+    let _ = c.span.set((started, took));
     let verdict = match result {
         Ok(v) => v,
         Err(e) => {

@@ -188,7 +188,16 @@ pub struct Refusal {
     pub runtime: Option<Arc<Runtime>>,
     /// The request's one limiter clock reading (what the answer's headers count from).
     pub now_ms: u64,
+    /// The resolved client address, when the request had one.
+    pub client_ip: Option<IpAddr>,
+    /// The caller's key, when it was identified before the refusal.
+    pub key: Option<Arc<KeyInfo>>,
+    /// The store call, when the refusal made one (for tracing).
+    pub store_span: Option<StoreSpan>,
 }
+
+/// A store call: when it started and how long it took.
+pub type StoreSpan = (tokio::time::Instant, std::time::Duration);
 
 /// An admitted request, alive until it is finished.
 pub struct Admission {
@@ -209,6 +218,8 @@ pub struct Admission {
     pub rate_policy: Option<Box<[Quota]>>,
     /// The limiter clock reading the decision was made at.
     pub now_ms: u64,
+    /// The store call of the rate windows (for tracing; None: no window applied).
+    pub store_span: Option<StoreSpan>,
     /// When the store decided each scope, on its own clock (what a settle names).
     decided_at: crate::limiter::DecidedAt,
     /// The custom scopes' identities the request was charged under (for a settle).
@@ -237,6 +248,9 @@ impl From<Rejection> for Refusal {
             route: None,
             runtime: None,
             now_ms: 0,
+            client_ip: None,
+            key: None,
+            store_span: None,
         }
     }
 }

@@ -33,11 +33,24 @@ pub async fn admit_at(
         key: None,
         now_ms,
         customs: Identities::new(),
+        store_span: std::sync::OnceLock::new(),
     };
     let result = pipeline(core, &runtime, req, &mut seen).await;
     let ip = req.origin.addressed().then_some(req.client_ip);
     count_top(core, &runtime, ip, &seen, &result);
-    result.map_err(|r| r.on(runtime, now_ms))
+    let store_span = seen.store_span.get().copied();
+    match result {
+        Ok(mut a) => {
+            a.store_span = store_span;
+            Ok(a)
+        }
+        Err(r) => Err(Refusal {
+            client_ip: ip,
+            key: seen.key,
+            store_span,
+            ..r.on(runtime, now_ms)
+        }),
+    }
 }
 
 /// Counts the request for `GET /v1/top` (see the module docs).
@@ -81,6 +94,8 @@ struct Seen {
     now_ms: u64,
     /// The custom scopes' identities, once read.
     customs: Identities,
+    /// The store call, once made.
+    store_span: std::sync::OnceLock<super::StoreSpan>,
 }
 
 /// One request's way through the steps: what every step reads.
@@ -91,6 +106,8 @@ struct Step<'a> {
     dynamic: Arc<Dynamic>,
     req: &'a AdmitRequest<'a>,
     now_ms: u64,
+    /// Where the store call is timed (`Seen::store_span`).
+    span: &'a std::sync::OnceLock<super::StoreSpan>,
 }
 
 /// The pipeline behind `admit`; `seen` is filled as the request is identified.
@@ -106,6 +123,7 @@ async fn pipeline(
         dynamic: core.dynamic(),
         req,
         now_ms: seen.now_ms,
+        span: &seen.store_span,
     };
     step.screen()?;
     let route = step.route().await?;
@@ -229,6 +247,7 @@ impl Step<'_> {
             factor: Factor::ONE,
             origin: self.req.origin,
             now_ms: self.now_ms,
+            span: self.span,
         }
     }
 
@@ -313,6 +332,7 @@ fn admitted(
         decided_at: out.verdict.decided_at,
         customs,
         now_ms,
+        store_span: None,
         factor,
         charged,
         settled: false,
@@ -353,8 +373,10 @@ pub fn ip_blocked_at(
     now_ms: u64,
     ip: IpAddr,
 ) -> Option<Refusal> {
-    blocked_ip(&runtime, &core.dynamic(), ip, now_ms)
-        .then(|| Refusal::from(Rejection::Blocked(Scope::Ip)).on(runtime, now_ms))
+    blocked_ip(&runtime, &core.dynamic(), ip, now_ms).then(|| Refusal {
+        client_ip: Some(ip),
+        ..Refusal::from(Rejection::Blocked(Scope::Ip)).on(runtime, now_ms)
+    })
 }
 
 /// Whether `ip` is blocked by the config or the database / admin API.

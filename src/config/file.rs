@@ -34,6 +34,16 @@ pub(crate) struct File {
     #[serde(default)]
     pub(crate) blocks: Vec<BlockFile>,
     pub(crate) rls: Option<RlsFile>,
+    pub(crate) tracing: Option<TracingFile>,
+}
+
+/// `[tracing]`: OTLP export of a span per proxied request.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct TracingFile {
+    pub(crate) otlp_endpoint: Option<Spanned<String>>,
+    pub(crate) service_name: Option<Spanned<String>>,
+    pub(crate) sample_ratio: Option<Spanned<f64>>,
 }
 
 /// `[rls]`: the rate-limit service's envoyproxy/ratelimit descriptors.

@@ -56,6 +56,20 @@ pub struct Config {
     pub blocks: Vec<BlockEntry>,
     /// `[rls]`.
     pub rls: Rls,
+    /// `[tracing]` (None: off). Read at start: a change needs a restart.
+    pub tracing: Option<Tracing>,
+}
+
+/// `[tracing]`: a span per proxied request, exported over OTLP/gRPC.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tracing {
+    /// `otlp_endpoint`: the collector's gRPC address, `http://host:port`.
+    pub endpoint: String,
+    /// `service_name`: the resource's `service.name` (default `throttle`).
+    pub service_name: String,
+    /// `sample_ratio`: the share of requests without a trusted parent that are traced
+    /// (0 to 1, default 1); a trusted parent's `sampled` flag decides for its requests.
+    pub sample_ratio: f64,
 }
 
 /// `[rls] config`: envoyproxy/ratelimit's YAML, loaded.

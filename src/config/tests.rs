@@ -675,3 +675,62 @@ fn access_log_targets() {
         .contains("access_log: empty"));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `[tracing]`: off without `otlp_endpoint` (or with "off"); an `http://host:port`
+/// endpoint, a service name and a sample ratio; anything else is an error at its value.
+#[test]
+fn tracing_section() {
+    use crate::config::Tracing;
+    let load = |body: &str| parse("gw.toml", &with_route(&format!("[tracing]\n{body}\n")));
+    assert_eq!(parse("gw.toml", &with_route("")).unwrap().tracing, None);
+    assert_eq!(load("").unwrap().tracing, None);
+    assert_eq!(load("otlp_endpoint = \"off\"").unwrap().tracing, None);
+    assert_eq!(
+        load("otlp_endpoint = \"http://127.0.0.1:4317\"")
+            .unwrap()
+            .tracing,
+        Some(Tracing {
+            endpoint: "http://127.0.0.1:4317".into(),
+            service_name: "throttle".into(),
+            sample_ratio: 1.0,
+        })
+    );
+    let t = load(
+        "otlp_endpoint = \"http://otel-collector:4317/\"\nservice_name = \"edge\"\nsample_ratio = 0.25",
+    )
+    .unwrap()
+    .tracing
+    .unwrap();
+    assert_eq!(
+        (t.endpoint.as_str(), t.service_name.as_str(), t.sample_ratio),
+        ("http://otel-collector:4317", "edge", 0.25)
+    );
+    for (body, wants) in [
+        (
+            "otlp_endpoint = \"https://c:4317\"",
+            "https is not supported",
+        ),
+        ("otlp_endpoint = \"c:4317\"", "expected http://host:port"),
+        ("otlp_endpoint = \"http://c\"", "expected http://host:port"),
+        ("otlp_endpoint = \"http://c:4317/v1/traces\"", "no path"),
+        ("otlp_endpoint = \"not a url\"", "is not a URL"),
+        (
+            "otlp_endpoint = \"http://c:1\"\nsample_ratio = 1.5",
+            "sample_ratio",
+        ),
+        (
+            "otlp_endpoint = \"http://c:1\"\nservice_name = \" \"",
+            "service_name",
+        ),
+        (
+            "otlp_endpoint = \"http://c:1\"\nsampler = 1",
+            "unknown field",
+        ),
+    ] {
+        let err = load(body).unwrap_err().to_string();
+        assert!(
+            err.starts_with("gw.toml:") && err.contains(wants),
+            "{body}: {err}"
+        );
+    }
+}

@@ -173,7 +173,10 @@ fn refused_before(
 ) -> Refusal {
     match admission::ip_blocked_at(core, rt.clone(), now_ms, client_ip) {
         Some(blocked) => blocked,
-        None => Refusal::from(rejection).on(rt, now_ms),
+        None => Refusal {
+            client_ip: Some(client_ip),
+            ..Refusal::from(rejection).on(rt, now_ms)
+        },
     }
 }
 

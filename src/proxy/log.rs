@@ -1,11 +1,14 @@
-//! The access-log line of a request ending in `logging` (built only with the log on).
+//! The access-log line and the trace of a request ending in `logging` (built only with
+//! the log, or tracing, on).
 
 use pingora::proxy::Session;
+use pingora::Error;
 
 use super::RequestCtx;
 use crate::access_log::{rfc3339_ms, AccessLog, Entry};
 use crate::admission::{Core, Rejection};
 use crate::edge::peer_ip;
+use crate::otlp::{Finished, Trace, Tracer, Upstream};
 
 /// The scope and window of a rate-limit rejection.
 pub(super) fn rejected(r: &Rejection) -> Option<(&'static str, &'static str)> {
@@ -20,10 +23,18 @@ pub(super) fn rejected(r: &Rejection) -> Option<(&'static str, &'static str)> {
 /// Queues the line of the request `ctx` that ended with `status`.
 pub(super) fn write(log: &AccessLog, core: &Core, s: &Session, ctx: &RequestCtx, status: u16) {
     let a = ctx.admission.as_ref();
-    let key = a.and_then(|a| a.key.as_deref());
+    let refused = ctx.refused.as_ref();
+    let key = a
+        .and_then(|a| a.key.as_deref())
+        .or_else(|| refused.and_then(|r| r.1.as_deref()));
     let req = s.req_header();
     let ms = |d: std::time::Duration| d.as_secs_f64() * 1000.0;
-    let client_ip = a.map_or_else(|| peer_ip(s.client_addr()), |a| a.client_ip);
+    // The resolved address; the socket's peer only when the request was refused before
+    // one was known.
+    let client_ip = a
+        .map(|a| a.client_ip)
+        .or_else(|| refused.and_then(|r| r.0))
+        .unwrap_or_else(|| peer_ip(s.client_addr()));
     log.log(Entry {
         time: rfc3339_ms(core.clock.now_ms()),
         request_id: ctx
@@ -45,5 +56,47 @@ pub(super) fn write(log: &AccessLog, core: &Core, s: &Session, ctx: &RequestCtx,
         upstream_ms: ctx.upstream_started.map(|t| ms(t.elapsed())),
         bytes_in: s.body_bytes_read(),
         bytes_out: s.body_bytes_sent(),
+    });
+}
+
+/// Hands the trace of the request `ctx` that ended with `status` (and error `e`) to the
+/// exporter.
+pub(super) fn trace(
+    tracer: &Tracer,
+    core: &Core,
+    s: &Session,
+    ctx: &RequestCtx,
+    (trace, status, e): (Trace, u16, Option<&Error>),
+) {
+    if !trace.sampled() {
+        return;
+    }
+    let a = ctx.admission.as_ref();
+    let req = s.req_header();
+    let path = req.uri.path();
+    let path = path
+        .get(..path.len().min(crate::otlp::MAX_PATH))
+        .unwrap_or(path);
+    tracer.finish(Finished {
+        trace,
+        ended: tokio::time::Instant::now(),
+        method: req.method.clone(),
+        path: path.to_string(),
+        route: ctx.route.as_ref().map(|r| r.route.name.clone()),
+        client_ip: a
+            .map(|a| a.client_ip)
+            .or_else(|| ctx.refused.as_ref().and_then(|r| r.0)),
+        status,
+        request_id: ctx.request_id.clone(),
+        rejected: ctx.rejected,
+        store: ctx
+            .store_span
+            .map(|(at, took)| (at, took, core.store.name())),
+        upstream: ctx.upstream_started.map(|started| Upstream {
+            started,
+            addr: ctx.upstream_addr,
+            status: ctx.upstream_head.map(|h| h.1),
+        }),
+        error: e.map(|e| e.etype().as_str().to_string()),
     });
 }

@@ -31,6 +31,7 @@ use crate::access_log::AccessLog;
 use crate::admission::{self, Admission, Core};
 use crate::edge::peer_ip;
 use crate::metrics::RouteCounters;
+use crate::otlp::{self, Tracer};
 use crate::reply::error_reply;
 
 /// The gateway: one per process, shared by every request.
@@ -40,6 +41,8 @@ pub struct Gateway {
     unrouted: RouteCounters,
     /// `[server] access_log` (None: off).
     access_log: Option<AccessLog>,
+    /// `[tracing]` (None: off).
+    tracer: Option<Tracer>,
 }
 
 // === impl Gateway ===
@@ -51,7 +54,14 @@ impl Gateway {
             unrouted: core.metrics.route("none"),
             core,
             access_log: None,
+            tracer: None,
         }
+    }
+
+    /// The gateway with its tracer (`[tracing]`; None: off).
+    pub fn with_tracer(mut self, tracer: Option<Tracer>) -> Self {
+        self.tracer = tracer;
+        self
     }
 
     /// The gateway with its access log (`[server] access_log`; None: off).
@@ -93,6 +103,7 @@ impl ProxyHttp for Gateway {
         if self.access_log.is_some() {
             ctx.started = Some(tokio::time::Instant::now());
         }
+        let began = self.tracer.as_ref().map(|_| otlp::Began::now());
         let peer = peer_ip(session.client_addr());
         let admitted = self.admit(session.req_header(), peer, ctx).await;
         let runtime = match &admitted {
@@ -102,12 +113,23 @@ impl ProxyHttp for Gateway {
         let trusted = runtime.is_some_and(|rt| rt.resolver.is_trusted(peer));
         let id = request_id::choose(&session.req_header().headers, trusted);
         ctx.request_id = Some(id);
+        if let (Some(tracer), Some(began)) = (&self.tracer, began) {
+            let headers = &session.req_header().headers;
+            ctx.trace = Some(Box::new(tracer.trace(began, headers, trusted)));
+            ctx.store_span = match &admitted {
+                Ok(a) => a.store_span,
+                Err(r) => r.store_span,
+            };
+        }
         let a = match admitted {
             Ok(a) => a,
             Err(refusal) => {
                 let reply = refusal.reply();
                 respond::write_with_id(session, &reply, ctx.request_id.as_ref()).await?;
                 ctx.rejected = log::rejected(&refusal.rejection);
+                if self.access_log.is_some() || self.tracer.is_some() {
+                    ctx.refused = Some((refusal.client_ip, refusal.key));
+                }
                 ctx.route = refusal.route;
                 return Ok(true);
             }
@@ -154,6 +176,13 @@ impl ProxyHttp for Gateway {
         forward::rewrite(upstream, session.req_header(), peer, a, ctx)?;
         if let Some(id) = &ctx.request_id {
             upstream.insert_header(request_id::NAME, id.clone())?;
+        }
+        if let Some(t) = &ctx.trace {
+            upstream.insert_header(otlp::TRACEPARENT, t.upstream_traceparent())?;
+            match t.tracestate() {
+                Some(state) => upstream.insert_header(otlp::TRACESTATE, state.clone())?,
+                None => drop(upstream.remove_header(otlp::TRACESTATE)),
+            }
         }
         Ok(())
     }
@@ -219,6 +248,9 @@ impl ProxyHttp for Gateway {
         let status = session.response_written().map_or(0, |r| r.status.as_u16());
         if let Some(log) = &self.access_log {
             log::write(log, &self.core, session, ctx, status);
+        }
+        if let (Some(tracer), Some(trace)) = (&self.tracer, ctx.trace.take()) {
+            log::trace(tracer, &self.core, session, ctx, (*trace, status, e));
         }
         ctx.finish(&self.core, &self.unrouted, status, e);
     }

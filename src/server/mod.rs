@@ -260,7 +260,23 @@ fn add_listeners(
     let dropped = core.metrics.access_log_dropped_total.clone();
     let log = AccessLog::open(&core.runtime().config.server.access_log, dropped)
         .map_err(|e| StartError::Listen(format!("access_log: {e}")))?;
-    let proxy = Gateway::new(core.clone()).with_access_log(log);
+    let tracer = match &core.runtime().config.tracing {
+        Some(t) => {
+            let m = &core.metrics.trace_spans;
+            let counts = crate::otlp::SpanCounts {
+                exported: m[0].clone(),
+                dropped: m[1].clone(),
+                failed: m[2].clone(),
+            };
+            let tracer = crate::otlp::Tracer::start(t, counts)
+                .map_err(|e| StartError::Listen(format!("[tracing]: {e}")))?;
+            Some(tracer)
+        }
+        None => None,
+    };
+    let proxy = Gateway::new(core.clone())
+        .with_access_log(log)
+        .with_tracer(tracer);
     let gateway = pingora::proxy::http_proxy(&server.configuration, proxy);
     // TLS is accepted by the edge itself (after the connection takes its slot, within
     // `header_timeout_secs`), so the listener is plain TCP either way.

@@ -118,6 +118,11 @@ async fn logs_pass_429_401_and_upstream_error() {
         (l["window"].as_str(), l["upstream"].as_null()),
         (Some("1m"), Some(()))
     );
+    // A refused request still names the caller it identified.
+    assert_eq!(
+        (l["key_id"].as_str(), l["tenant"].as_str()),
+        (Some("key_a"), Some("acme"))
+    );
     assert_eq!(
         (u["status"].as_u64(), u["key_id"].as_null()),
         (Some(401), Some(()))
@@ -173,4 +178,22 @@ async fn keeps_trusted_request_id_upstream_and_back() {
     assert_eq!(echo["headers"]["x-request-id"], "lb-123");
     let v = lines(&gw, 1).await;
     assert_eq!(v[0]["request_id"], "lb-123");
+}
+
+/// A refused request logs the client address resolved behind a trusted proxy, not the
+/// proxy's socket address.
+#[tokio::test]
+async fn a_refusal_logs_the_resolved_client() {
+    let up = Upstream::start("up").await;
+    let gw = start(r#"["127.0.0.1/32"]"#, &up).await;
+    let r = client()
+        .get(gw.url("/v1/a"))
+        .header("x-forwarded-for", "203.0.113.50")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    let v = lines(&gw, 1).await;
+    assert_eq!(v[0]["status"], 401);
+    assert_eq!(v[0]["client_ip"], "203.0.113.50", "{}", v[0]);
 }

@@ -45,4 +45,5 @@ mod simulate;
 mod tls;
 mod top;
 mod tower_layer;
+mod traces;
 mod transport;

@@ -135,6 +135,10 @@ pub(super) fn validate(
     let (trusted_proxies, ipv6_prefix, client_ip_header) = client_ip(&cx, &raw.client_ip)?;
     let blocks = blocks(&cx, &raw.blocks)?;
     let rls = rls(&cx, raw.rls.as_ref(), &store)?;
+    let tracing = match &raw.tracing {
+        Some(t) => tracing_section(&cx, t)?,
+        None => None,
+    };
     // Last, so that a more specific error in a half-written file is reported first.
     if routes.is_empty() {
         return Err(cx.err(0..0, NO_ROUTES));
@@ -160,6 +164,7 @@ pub(super) fn validate(
         tenants,
         blocks,
         rls,
+        tracing,
     })
 }
 

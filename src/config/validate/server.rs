@@ -66,6 +66,61 @@ pub(super) fn server(cx: &Ctx<'_>, s: &ServerFile) -> Result<Server, ConfigError
     })
 }
 
+/// `[tracing]`: `otlp_endpoint` (`http://host:port`; `"${VAR}"` allowed; absent or
+/// `"off"`: tracing off), `service_name`, `sample_ratio` (0 to 1).
+pub(super) fn tracing_section(
+    cx: &Ctx<'_>,
+    t: &TracingFile,
+) -> Result<Option<Tracing>, ConfigError> {
+    let Some(raw) = &t.otlp_endpoint else {
+        return Ok(None);
+    };
+    let endpoint = env_value(cx, "otlp_endpoint", raw)?;
+    if endpoint == "off" {
+        return Ok(None);
+    }
+    let bad = |why: &str| cx.err(raw.span(), format!("otlp_endpoint: {why}"));
+    let uri: http::Uri = endpoint
+        .parse()
+        .map_err(|e| bad(&format!("{endpoint:?} is not a URL: {e}")))?;
+    match uri.scheme_str() {
+        Some("http") => {}
+        Some("https") => {
+            return Err(bad(
+                "https is not supported: export to a collector beside the gateway over http://",
+            ))
+        }
+        _ => return Err(bad(&format!("{endpoint:?}: expected http://host:port"))),
+    }
+    if uri.host().is_none_or(str::is_empty) || uri.port_u16().is_none() {
+        return Err(bad(&format!("{endpoint:?}: expected http://host:port")));
+    }
+    if uri.path_and_query().is_some_and(|p| p.as_str() != "/") {
+        return Err(bad(&format!(
+            "{endpoint:?}: no path (the gRPC service's is fixed)"
+        )));
+    }
+    let service_name = match &t.service_name {
+        Some(n) if n.get_ref().trim().is_empty() || n.get_ref().len() > 255 => {
+            return Err(cx.err(n.span(), "service_name: 1 to 255 characters"))
+        }
+        Some(n) => n.get_ref().clone(),
+        None => "throttle".to_string(),
+    };
+    let sample_ratio = match &t.sample_ratio {
+        Some(r) if !(0.0..=1.0).contains(r.get_ref()) => {
+            return Err(cx.err(r.span(), "sample_ratio: from 0 to 1"))
+        }
+        Some(r) => *r.get_ref(),
+        None => 1.0,
+    };
+    Ok(Some(Tracing {
+        endpoint: format!("http://{}", uri.authority().map_or("", |a| a.as_str())),
+        service_name,
+        sample_ratio,
+    }))
+}
+
 /// `access_log`: `"off"`, `"stdout"` or a file whose directory exists (relative to the
 /// config file's directory). The file itself is opened (appended to) at start.
 fn access_log(cx: &Ctx<'_>, v: &Spanned<String>) -> Result<AccessLogTarget, ConfigError> {

@@ -1,0 +1,545 @@
+//! Tracing (`[tracing] otlp_endpoint`): a span per proxied request, exported over
+//! OTLP/gRPC, with child spans for the store call and the upstream.
+//!
+//! - The trace: a `traceparent` from a trusted proxy (the rule `X-Request-Id` follows) is
+//!   continued, its `tracestate` kept, and its `sampled` flag decides; any other request
+//!   starts a trace of its own, sampled at `sample_ratio`. A client's `traceparent` is
+//!   client input: an untrusted one is never continued (it could not poison a trace or
+//!   force sampling), a malformed one is ignored.
+//! - Upstream, the gateway always sends its own `traceparent`: the trace, the upstream
+//!   span's id as parent, the sampling decision. `tracestate` goes on only with a
+//!   continued trace.
+//! - On the request path a traced request records instants it mostly has already (the
+//!   store call's, the upstream's) and, in `logging`, hands one `Finished` to a bounded
+//!   queue with `try_send`. A dedicated thread turns them into OTLP spans, batches them
+//!   (up to `BATCH` requests or `EXPORT_EVERY`) and exports each batch within
+//!   `EXPORT_TIMEOUT`. A full queue drops the request's spans and counts them
+//!   (`throttle_trace_spans_total{outcome="dropped"}`); the request never waits.
+//! - With `[tracing]` off there is no `Tracer`: nothing is recorded or sent, and the
+//!   client's `traceparent` passes through untouched.
+
+pub mod traceparent;
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use http::{HeaderMap, HeaderValue, Method};
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_client::TraceServiceClient;
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, InstrumentationScope, KeyValue};
+use opentelemetry_proto::tonic::resource::v1::Resource;
+use opentelemetry_proto::tonic::trace::v1::{
+    span, status, ResourceSpans, ScopeSpans, Span, Status,
+};
+use prometheus::IntCounter;
+use tokio::time::Instant;
+
+use crate::config::Tracing;
+
+/// Requests the export queue holds before new ones are dropped.
+pub const CAPACITY: usize = 4096;
+/// Most requests in one export.
+pub const BATCH: usize = 512;
+/// How long a request waits in the exporter for its batch to fill.
+pub const EXPORT_EVERY: Duration = Duration::from_millis(500);
+/// The deadline of one export call (connecting included).
+pub const EXPORT_TIMEOUT: Duration = Duration::from_secs(2);
+/// The longest path a span names (bytes; cut at a character boundary).
+pub const MAX_PATH: usize = 2048;
+
+/// The request header carrying the parent.
+pub const TRACEPARENT: &str = "traceparent";
+/// The vendor state beside it.
+pub const TRACESTATE: &str = "tracestate";
+
+/// What becomes of spans: `throttle_trace_spans_total{outcome}`.
+#[derive(Clone)]
+pub struct SpanCounts {
+    /// Taken by the collector.
+    pub exported: IntCounter,
+    /// Dropped on a full queue.
+    pub dropped: IntCounter,
+    /// The export failed or the collector refused them.
+    pub failed: IntCounter,
+}
+
+/// The sending side (one per gateway).
+pub struct Tracer {
+    tx: SyncSender<Finished>,
+    counts: SpanCounts,
+    /// A root request is sampled when a random `u64` is below this (`u64::MAX`: all).
+    threshold: u64,
+}
+
+/// A request's trace, from its head to its end.
+#[derive(Debug)]
+pub struct Trace {
+    trace_id: [u8; 16],
+    /// The trusted caller's span (None: this request is the trace's root).
+    parent: Option<[u8; 8]>,
+    span_id: [u8; 8],
+    /// The upstream call's span: the parent the upstream is told.
+    upstream_span_id: [u8; 8],
+    sampled: bool,
+    /// Kept from the trusted caller with its `traceparent`.
+    tracestate: Option<HeaderValue>,
+    /// The request's start, on both clocks.
+    started: Instant,
+    started_unix_ns: u64,
+}
+
+/// When a request started, read once before it is decided.
+#[derive(Debug, Clone, Copy)]
+pub struct Began {
+    at: Instant,
+    unix_ns: u64,
+}
+
+impl Began {
+    /// Now.
+    // Span timestamps are the wall clock's nanoseconds the collector orders spans by,
+    // not limiter time (which comes from the injected `Clock`).
+    #[allow(clippy::disallowed_methods)]
+    pub fn now() -> Self {
+        let unix_ns = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+        Self {
+            at: Instant::now(),
+            unix_ns,
+        }
+    }
+}
+
+/// A traced request's end: what its spans say.
+#[derive(Debug)]
+pub struct Finished {
+    /// The trace.
+    pub trace: Trace,
+    /// When the response ended.
+    pub ended: Instant,
+    /// The request method.
+    pub method: Method,
+    /// The request path (capped at `MAX_PATH`).
+    pub path: String,
+    /// The matched route.
+    pub route: Option<std::sync::Arc<str>>,
+    /// The resolved client address.
+    pub client_ip: Option<IpAddr>,
+    /// The status written to the client (0: none).
+    pub status: u16,
+    /// `X-Request-Id`.
+    pub request_id: Option<HeaderValue>,
+    /// The scope and window of a rate-limit rejection.
+    pub rejected: Option<(&'static str, &'static str)>,
+    /// The store call: its start and length, and the store's name.
+    pub store: Option<(Instant, Duration, &'static str)>,
+    /// The upstream call: its start, the address of the last attempt, and the response
+    /// head's arrival and status.
+    pub upstream: Option<Upstream>,
+    /// What ended the request, when an error did.
+    pub error: Option<String>,
+}
+
+/// The upstream call of a traced request.
+#[derive(Debug)]
+pub struct Upstream {
+    /// The first connect attempt.
+    pub started: Instant,
+    /// The last attempt's address.
+    pub addr: Option<SocketAddr>,
+    /// The response head's status (None: no response).
+    pub status: Option<u16>,
+}
+
+// === impl Tracer ===
+
+impl Tracer {
+    /// Starts the exporter thread for `config`.
+    ///
+    /// # Errors
+    /// When the thread or its runtime cannot be made.
+    pub fn start(config: &Tracing, counts: SpanCounts) -> std::io::Result<Self> {
+        let (tx, rx) = mpsc::sync_channel(CAPACITY);
+        let exporter = Exporter::new(config, counts.clone())?;
+        std::thread::Builder::new()
+            .name("otlp-export".into())
+            .spawn(move || exporter.run(&rx))?;
+        let ratio = config.sample_ratio.clamp(0.0, 1.0);
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let threshold = if ratio >= 1.0 {
+            u64::MAX
+        } else {
+            (ratio * u64::MAX as f64) as u64
+        };
+        Ok(Self {
+            tx,
+            counts,
+            threshold,
+        })
+    }
+
+    /// The trace of a request that began at `began`: continued from `headers`'
+    /// `traceparent` when the peer is `trusted`, else new.
+    pub fn trace(&self, began: Began, headers: &HeaderMap, trusted: bool) -> Trace {
+        let parent = trusted
+            .then(|| {
+                let mut all = headers.get_all(TRACEPARENT).iter();
+                match (all.next(), all.next()) {
+                    (Some(v), None) => traceparent::parse(v.as_bytes()),
+                    _ => None,
+                }
+            })
+            .flatten();
+        let (trace_id, parent_id, sampled, tracestate) = match parent {
+            Some(p) => (
+                p.trace_id,
+                Some(p.span_id),
+                p.sampled(),
+                single(headers, TRACESTATE),
+            ),
+            None => (
+                nonzero_id(),
+                None,
+                self.threshold == u64::MAX || rand::random::<u64>() < self.threshold,
+                None,
+            ),
+        };
+        Trace {
+            trace_id,
+            parent: parent_id,
+            span_id: nonzero_span(),
+            upstream_span_id: nonzero_span(),
+            sampled,
+            tracestate,
+            started: began.at,
+            started_unix_ns: began.unix_ns,
+        }
+    }
+
+    /// Queues a sampled request's spans without waiting (a full queue drops them, and
+    /// counts); an unsampled one is forgotten.
+    pub fn finish(&self, finished: Finished) {
+        if !finished.trace.sampled {
+            return;
+        }
+        let n = finished.span_count();
+        match self.tx.try_send(finished) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
+                self.counts.dropped.inc_by(n);
+            }
+        }
+    }
+}
+
+/// One value of `name`, when it is sent once.
+fn single(headers: &HeaderMap, name: &str) -> Option<HeaderValue> {
+    let mut all = headers.get_all(name).iter();
+    match (all.next(), all.next()) {
+        (Some(v), None) => Some(v.clone()),
+        _ => None,
+    }
+}
+
+fn nonzero_id() -> [u8; 16] {
+    loop {
+        let id: u128 = rand::random();
+        if id != 0 {
+            return id.to_be_bytes();
+        }
+    }
+}
+
+fn nonzero_span() -> [u8; 8] {
+    loop {
+        let id: u64 = rand::random();
+        if id != 0 {
+            return id.to_be_bytes();
+        }
+    }
+}
+
+// === impl Trace ===
+
+impl Trace {
+    /// The `traceparent` to send upstream: this trace, the upstream span as parent.
+    pub fn upstream_traceparent(&self) -> HeaderValue {
+        let text = traceparent::format(&self.trace_id, &self.upstream_span_id, self.sampled);
+        HeaderValue::from_str(&text).unwrap_or_else(|_| HeaderValue::from_static(""))
+    }
+
+    /// The `tracestate` to send upstream (only with a continued trace).
+    pub fn tracestate(&self) -> Option<&HeaderValue> {
+        self.tracestate.as_ref()
+    }
+
+    /// Whether the request's spans are recorded.
+    pub fn sampled(&self) -> bool {
+        self.sampled
+    }
+
+    /// The trace's id, as hex.
+    pub fn trace_id_hex(&self) -> String {
+        self.trace_id.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    fn unix_ns(&self, at: Instant) -> u64 {
+        let since = at.saturating_duration_since(self.started);
+        self.started_unix_ns
+            .saturating_add(u64::try_from(since.as_nanos()).unwrap_or(u64::MAX))
+    }
+}
+
+// === impl Finished ===
+
+impl Finished {
+    fn span_count(&self) -> u64 {
+        1 + u64::from(self.store.is_some()) + u64::from(self.upstream.is_some())
+    }
+
+    /// The request's spans: the server span, then the store's and the upstream's.
+    pub fn spans(&self) -> Vec<Span> {
+        let t = &self.trace;
+        let start = t.started_unix_ns;
+        let end = t.unix_ns(self.ended);
+        let trace_id = t.trace_id.to_vec();
+        let server_id = t.span_id.to_vec();
+        let mut attrs = vec![
+            kv("http.request.method", self.method.as_str()),
+            kv("url.path", cap(&self.path, MAX_PATH)),
+            kv_int("http.response.status_code", i64::from(self.status)),
+        ];
+        if let Some(ip) = self.client_ip {
+            attrs.push(kv("client.address", &ip.to_string()));
+        }
+        if let Some(route) = &self.route {
+            attrs.push(kv("throttle.route", route));
+        }
+        if let Some(id) = self.request_id.as_ref().and_then(|v| v.to_str().ok()) {
+            attrs.push(kv("throttle.request_id", id));
+        }
+        if let Some((scope, window)) = self.rejected {
+            attrs.push(kv("throttle.rejected.scope", scope));
+            attrs.push(kv("throttle.rejected.window", window));
+        }
+        let failed = self.status >= 500 || self.status == 0 && self.error.is_some();
+        let name = match &self.route {
+            Some(r) => format!("{} {r}", self.method),
+            None => self.method.to_string(),
+        };
+        let mut spans = vec![Span {
+            trace_id: trace_id.clone(),
+            span_id: server_id.clone(),
+            parent_span_id: t.parent.map(|p| p.to_vec()).unwrap_or_default(),
+            trace_state: t
+                .tracestate
+                .as_ref()
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .to_string(),
+            flags: 1,
+            name,
+            kind: span::SpanKind::Server as i32,
+            start_time_unix_nano: start,
+            end_time_unix_nano: end,
+            attributes: attrs,
+            status: Some(outcome(failed, self.error.as_deref())),
+            ..Span::default()
+        }];
+        if let Some((at, took, store)) = self.store {
+            let from = t.unix_ns(at);
+            let took = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+            spans.push(Span {
+                trace_id: trace_id.clone(),
+                span_id: nonzero_span().to_vec(),
+                parent_span_id: server_id.clone(),
+                flags: 1,
+                name: "throttle.store".to_string(),
+                kind: span::SpanKind::Internal as i32,
+                start_time_unix_nano: from,
+                end_time_unix_nano: from.saturating_add(took),
+                attributes: vec![kv("throttle.store", store)],
+                ..Span::default()
+            });
+        }
+        if let Some(up) = &self.upstream {
+            let mut attrs = Vec::new();
+            if let Some(addr) = up.addr {
+                attrs.push(kv("server.address", &addr.ip().to_string()));
+                attrs.push(kv_int("server.port", i64::from(addr.port())));
+            }
+            if let Some(s) = up.status {
+                attrs.push(kv_int("http.response.status_code", i64::from(s)));
+            }
+            let failed = up.status.is_none_or(|s| s >= 500);
+            spans.push(Span {
+                trace_id,
+                span_id: t.upstream_span_id.to_vec(),
+                parent_span_id: server_id,
+                flags: 1,
+                name: self.method.to_string(),
+                kind: span::SpanKind::Client as i32,
+                start_time_unix_nano: t.unix_ns(up.started),
+                end_time_unix_nano: end,
+                attributes: attrs,
+                status: Some(outcome(failed, self.error.as_deref())),
+                ..Span::default()
+            });
+        }
+        spans
+    }
+}
+
+fn outcome(failed: bool, error: Option<&str>) -> Status {
+    if failed {
+        Status {
+            code: status::StatusCode::Error as i32,
+            message: error.unwrap_or("").to_string(),
+        }
+    } else {
+        Status::default()
+    }
+}
+
+fn kv(key: &str, value: &str) -> KeyValue {
+    KeyValue {
+        key: key.to_string(),
+        value: Some(AnyValue {
+            value: Some(any_value::Value::StringValue(value.to_string())),
+        }),
+        ..KeyValue::default()
+    }
+}
+
+fn kv_int(key: &str, value: i64) -> KeyValue {
+    KeyValue {
+        key: key.to_string(),
+        value: Some(AnyValue {
+            value: Some(any_value::Value::IntValue(value)),
+        }),
+        ..KeyValue::default()
+    }
+}
+
+/// `s` cut to at most `max` bytes at a character boundary.
+fn cap(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+/// The exporter thread's state: its runtime, the collector's client, the resource.
+struct Exporter {
+    runtime: tokio::runtime::Runtime,
+    client: TraceServiceClient<tonic::transport::Channel>,
+    resource: Resource,
+    counts: SpanCounts,
+}
+
+impl Exporter {
+    fn new(config: &Tracing, counts: SpanCounts) -> std::io::Result<Self> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let endpoint = tonic::transport::Endpoint::from_shared(config.endpoint.clone())
+            .map_err(std::io::Error::other)?
+            .connect_timeout(EXPORT_TIMEOUT)
+            .timeout(EXPORT_TIMEOUT);
+        // The channel connects on first use (and again after a failure), on this runtime.
+        let channel = {
+            let _entered = runtime.enter();
+            endpoint.connect_lazy()
+        };
+        Ok(Self {
+            runtime,
+            client: TraceServiceClient::new(channel),
+            resource: Resource {
+                attributes: vec![kv("service.name", &config.service_name)],
+                ..Resource::default()
+            },
+            counts,
+        })
+    }
+
+    /// Batches and exports until the gateway goes away. A thread of its own, outside
+    /// any runtime: its waits are the std channel's, on std's clock.
+    #[allow(clippy::disallowed_methods)]
+    fn run(mut self, rx: &Receiver<Finished>) {
+        let mut batch = Vec::with_capacity(BATCH);
+        while let Ok(first) = rx.recv() {
+            batch.push(first);
+            let until = std::time::Instant::now() + EXPORT_EVERY;
+            let mut gone = false;
+            while batch.len() < BATCH {
+                let left = until.saturating_duration_since(std::time::Instant::now());
+                match rx.recv_timeout(left) {
+                    Ok(f) => batch.push(f),
+                    Err(RecvTimeoutError::Timeout) => break,
+                    Err(RecvTimeoutError::Disconnected) => {
+                        gone = true;
+                        break;
+                    }
+                }
+            }
+            self.export(&mut batch);
+            if gone {
+                return;
+            }
+        }
+    }
+
+    /// One export call for `batch` (emptied), within `EXPORT_TIMEOUT`.
+    fn export(&mut self, batch: &mut Vec<Finished>) {
+        let spans: Vec<Span> = batch.drain(..).flat_map(|f| f.spans()).collect();
+        let n = spans.len() as u64;
+        let request = ExportTraceServiceRequest {
+            resource_spans: vec![ResourceSpans {
+                resource: Some(self.resource.clone()),
+                scope_spans: vec![ScopeSpans {
+                    scope: Some(InstrumentationScope {
+                        name: "throttle".to_string(),
+                        version: env!("CARGO_PKG_VERSION").to_string(),
+                        ..InstrumentationScope::default()
+                    }),
+                    spans,
+                    ..ScopeSpans::default()
+                }],
+                ..ResourceSpans::default()
+            }],
+        };
+        let client = &mut self.client;
+        // The timer is made inside the runtime (it needs one to exist).
+        let sent = self
+            .runtime
+            .block_on(async { tokio::time::timeout(EXPORT_TIMEOUT, client.export(request)).await });
+        match sent {
+            Ok(Ok(reply)) => {
+                let refused = reply
+                    .into_inner()
+                    .partial_success
+                    .map_or(0, |p| u64::try_from(p.rejected_spans).unwrap_or(0))
+                    .min(n);
+                self.counts.exported.inc_by(n - refused);
+                self.counts.failed.inc_by(refused);
+            }
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "trace export failed");
+                self.counts.failed.inc_by(n);
+            }
+            Err(_) => {
+                tracing::debug!("trace export timed out");
+                self.counts.failed.inc_by(n);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
