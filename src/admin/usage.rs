@@ -1,6 +1,10 @@
 //! `GET /v1/usage?key_id=K` (or `tenant=T`, `ip=A`): every window that applies to that
 //! identity, with `limit`, `used`, `remaining` and `reset` (Unix seconds), read without
-//! spending: one peek check (`Check::peek`, cost 1) per window, so each window's own
+//! spending. The windows: the identity's own scopes (a key's and its tenant's; a tenant's;
+//! an address's `ip`), `[limits.global]` (every caller spends it), and every route table
+//! that counts the identity or the route's traffic as a whole (`login.ip`, named with its
+//! `route`). Custom scopes count request attributes a key, tenant or address does not
+//! name, so they are not listed. Each window is read by one peek check (`Check::peek`, cost 1) per window, so each window's own
 //! decision comes back as `governing`. On Redis with leases, tokens a gateway leased but
 //! has not spent yet count as used (Redis charged them at grant); the peek ends this
 //! gateway's own lease of the window (its leftovers go back with the call, as with any
@@ -12,6 +16,7 @@ use std::sync::Arc;
 use super::dbapi::invalid_field;
 use super::json_reply;
 use crate::admission::{decide, Core};
+use crate::config::Counts;
 use crate::identity::KeyInfo;
 use crate::limiter::{Check, Ident, Scope, ScopeLimits};
 use crate::reply::{error_reply, Reply};
@@ -30,28 +35,48 @@ pub(super) async fn usage(core: &Core, query: Option<&str>) -> Reply {
         Err(reply) => return reply,
     };
     let rt = core.runtime();
-    let mut scopes: Vec<(Scope, Ident, Arc<ScopeLimits>)> = Vec::new();
+    // (scope, identity, limits, the route of a route table).
+    let mut scopes: Vec<(Scope, Ident, Arc<ScopeLimits>, Option<&str>)> = Vec::new();
+    // What the subject is, to each kind of count a route table may keep.
+    let mut counted: Vec<(Counts, Ident)> = vec![(Counts::Global, Ident::Global)];
     match &subject {
         Subject::Key(k) => {
-            scopes.push((Scope::Key, k.key_ident.clone(), k.tier.key.clone()));
+            scopes.push((Scope::Key, k.key_ident.clone(), k.tier.key.clone(), None));
             scopes.push((
                 Scope::Tenant,
                 k.tenant_ident.clone(),
                 k.tenant_tier.tenant.clone(),
+                None,
             ));
+            counted.push((Counts::Key, k.key_ident.clone()));
+            counted.push((Counts::Tenant, k.tenant_ident.clone()));
         }
         Subject::Tenant(t, limits) => {
-            scopes.push((Scope::Tenant, Ident::Name(t.clone()), limits.clone()))
+            let ident = Ident::Name(t.clone());
+            scopes.push((Scope::Tenant, ident.clone(), limits.clone(), None));
+            counted.push((Counts::Tenant, ident));
         }
         Subject::Ip(ip) => {
+            let ident = Ident::client(*ip, rt.config.ipv6_prefix);
             if let Some(l) = &rt.config.ip_limits {
-                let ident = Ident::client(*ip, rt.config.ipv6_prefix);
-                scopes.push((Scope::Ip, ident, l.clone()));
+                scopes.push((Scope::Ip, ident.clone(), l.clone(), None));
+            }
+            counted.push((Counts::Ip, ident));
+        }
+    }
+    if let Some(l) = &rt.config.global_limits {
+        scopes.push((Scope::Global, Ident::Global, l.clone(), None));
+    }
+    for route in &rt.config.routes {
+        for t in &route.limits {
+            if let Some((_, ident)) = counted.iter().find(|(c, _)| *c == t.counts) {
+                let name = Some(&*route.name);
+                scopes.push((t.scope, ident.clone(), t.limits.clone(), name));
             }
         }
     }
     let mut windows = Vec::new();
-    for (scope, ident, limits) in &scopes {
+    for (scope, ident, limits, route) in &scopes {
         for w in &limits.windows {
             let one = ScopeLimits {
                 windows: vec![*w],
@@ -78,14 +103,18 @@ pub(super) async fn usage(core: &Core, query: Option<&str>) -> Reply {
                 d.remaining
             };
             let reset_ms = core.clock.now_ms().saturating_add(d.reset_after_ms);
-            windows.push(serde_json::json!({
+            let mut window = serde_json::json!({
                 "scope": scope.short_name(),
                 "window": g.window.label(),
                 "limit": d.limit,
                 "used": d.limit - remaining,
                 "remaining": remaining,
                 "reset": reset_ms.div_ceil(1000),
-            }));
+            });
+            if let Some(route) = route {
+                window["route"] = serde_json::Value::from(*route);
+            }
+            windows.push(window);
         }
     }
     json_reply(200, &serde_json::json!({ "windows": windows }))

@@ -171,3 +171,84 @@ async fn admin_api_usage_on_redis_counts_leased_tokens_within_the_bound() {
     let (_, again) = usage(&gw, "key_id=key_a").await;
     assert_eq!(used(&again), used(&b), "usage spent something");
 }
+
+/// `[limits.global]` and the route tables that count a key, its tenant, an address or a
+/// route's traffic are windows that apply too: route tables named with their `route`
+/// (their `scope` as a 429 from them names it), read without spending.
+#[tokio::test(flavor = "multi_thread")]
+async fn admin_api_usage_lists_global_and_route_windows() {
+    let up = Upstream::start("u").await;
+    let body = r#"
+[limits.global]
+per_hour = 1000
+
+[tiers.free]
+key = { per_minute = 20 }
+tenant = { per_minute = 30 }
+
+[[routes]]
+name = "search"
+path_prefix = "/search"
+upstreams = ["{upstream}"]
+limits = { key = { per_minute = 10 }, ip = { per_minute = 15 }, global = { per_hour = 500 } }
+
+[[routes]]
+name = "api"
+path_prefix = "/"
+upstreams = ["{upstream}"]
+
+[[keys]]
+id = "key_a"
+key = "key-a-secret"
+tenant = "acme"
+tier = "free"
+"#;
+    let gw = Gateway::start(body, Some(&up)).await;
+    for path in ["/search/a", "/search/b", "/x"] {
+        let r = client()
+            .get(gw.url(path))
+            .header("x-api-key", "key-a-secret")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    // (route, scope, window, used), sorted.
+    let windows = |body: &Value| {
+        let mut v: Vec<(String, String, String, u64)> = used(body)
+            .into_iter()
+            .zip(body["windows"].as_array().unwrap())
+            .map(|((s, w, n), j)| (j["route"].as_str().unwrap_or("").to_string(), s, w, n))
+            .collect();
+        v.sort();
+        v
+    };
+    let want = |rows: &[(&str, &str, &str, u64)]| {
+        rows.iter()
+            .map(|(r, s, w, n)| (r.to_string(), s.to_string(), w.to_string(), *n))
+            .collect::<Vec<_>>()
+    };
+    let (s, key) = usage(&gw, "key_id=key_a").await;
+    assert_eq!(s, 200, "{key}");
+    assert_eq!(
+        windows(&key),
+        want(&[
+            ("", "global", "1h", 3),
+            ("", "key", "1m", 3),
+            ("", "tenant", "1m", 3),
+            ("search", "global", "1h", 2),
+            ("search", "key", "1m", 2),
+        ]),
+        "{key}"
+    );
+    let (_, ip) = usage(&gw, "ip=127.0.0.1").await;
+    let by_ip = want(&[
+        ("", "global", "1h", 3),
+        ("search", "global", "1h", 2),
+        ("search", "ip", "1m", 2),
+    ]);
+    assert_eq!(windows(&ip), by_ip, "{ip}");
+    // Read twice: nothing was spent.
+    let (_, again) = usage(&gw, "ip=127.0.0.1").await;
+    assert_eq!(windows(&again), by_ip);
+}
