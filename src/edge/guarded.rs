@@ -29,7 +29,8 @@ enum Phase {
     Headers,
     /// Headers complete (body or response under way): no deadline from this layer.
     Past,
-    /// Between requests: the next byte read starts a request (and its deadline).
+    /// Between requests: the next byte read starts a request (and its deadline); with
+    /// an idle timeout, the connection ends (EOF) when none comes in time.
     Idle,
 }
 
@@ -41,6 +42,10 @@ pub struct Guarded {
     /// Set by the request loop when a request is done; read by the next `poll_read`.
     next_request: AtomicBool,
     header_timeout: Duration,
+    /// HTTP/1 keep-alive: how long the connection may wait between requests (None:
+    /// the request loop's own timer, if any).
+    idle_timeout: Option<Duration>,
+    /// The header deadline while reading a head; the idle deadline between requests.
     deadline: Pin<Box<Sleep>>,
     end: HeaderEnd,
     /// HTTP/2: the frames read so far (the deadline covers the preface and every
@@ -63,6 +68,7 @@ impl Guarded {
             phase: Phase::Headers,
             next_request: AtomicBool::new(false),
             header_timeout,
+            idle_timeout: None,
             deadline: Box::pin(tokio::time::sleep(header_timeout)),
             end: HeaderEnd::default(),
             h2: None,
@@ -89,6 +95,14 @@ impl Guarded {
         g.bodies = Some(H2Bodies::new(body_timeout));
         g.quiet_timeout = quiet_timeout;
         g
+    }
+
+    /// HTTP/1 keep-alive enforced here: between requests the connection ends (a clean
+    /// EOF to the request loop) after `idle` without a byte, so the loop needs no timer
+    /// of its own (one timer per connection, not two).
+    pub(crate) fn idle_after_requests(mut self, idle: Duration) -> Self {
+        self.idle_timeout = Some(idle);
+        self
     }
 
     /// The previous request is done: the next byte read starts a new one.
@@ -149,8 +163,11 @@ impl AsyncRead for Guarded {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        if this.next_request.load(Ordering::Relaxed) {
+        if this.phase != Phase::Idle && this.next_request.load(Ordering::Relaxed) {
             this.phase = Phase::Idle;
+            if let Some(idle) = this.idle_timeout {
+                this.deadline.as_mut().reset(Instant::now() + idle);
+            }
         }
         let before = buf.filled().len();
         match Pin::new(&mut this.inner).poll_read(cx, buf) {
@@ -167,6 +184,14 @@ impl AsyncRead for Guarded {
                         io::ErrorKind::TimedOut,
                         "request headers not complete within header_timeout_secs",
                     )));
+                }
+                // Idle too long between requests: the end of the stream, which the
+                // request loop takes as a client that closed its keep-alive connection.
+                if this.phase == Phase::Idle
+                    && this.idle_timeout.is_some()
+                    && this.deadline.as_mut().poll(cx).is_ready()
+                {
+                    return Poll::Ready(Ok(()));
                 }
                 if this.bodies.as_mut().is_some_and(|b| b.poll_late(cx)) {
                     return Poll::Ready(Err(io::Error::new(

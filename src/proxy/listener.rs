@@ -98,6 +98,9 @@ impl Edge {
 
 /// Runs Pingora's HTTP/1 request loop of `app` on a guarded stream, re-arming the
 /// header deadline before every request and applying the idle timeout between requests.
+/// The guard enforces the idle timeout; Pingora is asked to keep the connection alive
+/// without a timer of its own (`Some(0)`, "infinite"), which would wrap every read of a
+/// request head in a second timer.
 pub(crate) async fn serve_http1<A>(
     app: &Arc<A>,
     stream: Guarded,
@@ -106,7 +109,8 @@ pub(crate) async fn serve_http1<A>(
 ) where
     A: HttpServerApp + Send + Sync + 'static,
 {
-    let keepalive = |shutdown: &ShutdownWatch| (!*shutdown.borrow()).then_some(idle_secs);
+    let keepalive = |shutdown: &ShutdownWatch| (!*shutdown.borrow()).then_some(0);
+    let stream = stream.idle_after_requests(Duration::from_secs(idle_secs));
     let mut session = ServerSession::new_http1(Box::new(stream));
     session.set_keepalive(keepalive(shutdown));
     let mut result = app.process_new_http(session, shutdown).await;

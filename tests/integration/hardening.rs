@@ -463,6 +463,49 @@ async fn idle_keepalive_is_closed_but_a_busy_connection_is_not() {
     assert!(n >= 8, "only {n} requests in 3 s");
 }
 
+/// The idle timeout and the header deadline are apart: with `idle_timeout_secs = 1` and
+/// `header_timeout_secs = 10` an idle keep-alive connection is closed after about 1 s (not
+/// 10); with `idle_timeout_secs = 6` and `header_timeout_secs = 1` one silent for 2.5 s
+/// between requests is kept, and its next request is answered.
+#[tokio::test(flavor = "multi_thread")]
+async fn idle_and_header_deadlines_are_apart() {
+    let up = Upstream::start("u").await;
+    let short_idle = gateway(
+        &up,
+        "grace_period_secs = 0\nidle_timeout_secs = 1\nheader_timeout_secs = 10",
+    )
+    .await;
+    let mut conn = TcpStream::connect(short_idle.addr).unwrap();
+    assert_eq!(raw_exchange(&mut conn, GET).map(|r| r.0), Some(200));
+    let answered = Instant::now();
+    conn.set_read_timeout(Some(Duration::from_secs(8))).unwrap();
+    let mut buf = [0u8; 64];
+    let read = conn.read(&mut buf);
+    let took = answered.elapsed();
+    assert!(
+        matches!(read, Ok(0)),
+        "idle connection not closed cleanly: {read:?}"
+    );
+    assert!(
+        took >= Duration::from_millis(500) && took <= Duration::from_secs(4),
+        "closed {took:?} after the response (idle 1 s, header deadline 10 s)"
+    );
+
+    let long_idle = gateway(
+        &up,
+        "grace_period_secs = 0\nidle_timeout_secs = 6\nheader_timeout_secs = 1",
+    )
+    .await;
+    let mut conn = TcpStream::connect(long_idle.addr).unwrap();
+    assert_eq!(raw_exchange(&mut conn, GET).map(|r| r.0), Some(200));
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(
+        raw_exchange(&mut conn, GET).map(|r| r.0),
+        Some(200),
+        "a keep-alive connection idle 2.5 s (idle 6 s, header deadline 1 s)"
+    );
+}
+
 // ---------------------------------------------------------------------------------------
 // 3. Connection caps
 
