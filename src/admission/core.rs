@@ -104,6 +104,10 @@ pub struct Core {
     pub top: TopTable,
     /// Woken when a swap replaces the runtime's JWT verifier.
     jwt_replaced: tokio::sync::Notify,
+    /// Whether requests are observed (`[server] access_log` or `[tracing]` on, fixed at
+    /// start): only then does admission keep what a refused request showed and the store
+    /// call's timing, so with both off the request carries nothing for them.
+    pub observed: bool,
 }
 
 /// Builds a `Core` in one go (see `Core::builder`).
@@ -327,7 +331,11 @@ impl CoreBuilder {
 
     /// The state.
     pub fn build(self) -> Core {
+        let config = &self.runtime.config;
+        let observed = config.tracing.is_some()
+            || config.server.access_log != crate::config::AccessLogTarget::Off;
         Core {
+            observed,
             runtime: ArcSwap::from_pointee(self.runtime),
             dynamic: ArcSwap::from_pointee(Dynamic::default()),
             suspects: Suspects::default(),

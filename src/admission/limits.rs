@@ -112,8 +112,10 @@ pub(super) async fn limit(
     let result = decide(core, &check).await;
     let took = started.elapsed();
     core.store_call.observe(took.as_secs_f64());
-    // One store call per request: the first span stands.
-    let _ = c.span.set((started, took));
+    if core.observed {
+        // One store call per request: the first span stands.
+        let _ = c.span.set((started, took));
+    }
     let verdict = match result {
         Ok(v) => v,
         Err(e) => {

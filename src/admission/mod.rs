@@ -188,12 +188,30 @@ pub struct Refusal {
     pub runtime: Option<Arc<Runtime>>,
     /// The request's one limiter clock reading (what the answer's headers count from).
     pub now_ms: u64,
+    /// What the access log and the trace say of the refused request (only when
+    /// `Core::observed`: one pointer otherwise).
+    pub seen: Option<Box<RefusalSeen>>,
+}
+
+/// What a refused request showed before its refusal (see `Refusal::seen`).
+#[derive(Debug, Clone, Default)]
+pub struct RefusalSeen {
     /// The resolved client address, when the request had one.
     pub client_ip: Option<IpAddr>,
     /// The caller's key, when it was identified before the refusal.
     pub key: Option<Arc<KeyInfo>>,
-    /// The store call, when the refusal made one (for tracing).
+    /// The store call, when the refusal made one.
     pub store_span: Option<StoreSpan>,
+}
+
+impl RefusalSeen {
+    /// A request refused knowing only its client address.
+    pub fn at(client_ip: IpAddr) -> Self {
+        Self {
+            client_ip: Some(client_ip),
+            ..Self::default()
+        }
+    }
 }
 
 /// A store call: when it started and how long it took.
@@ -218,8 +236,8 @@ pub struct Admission {
     pub rate_policy: Option<Box<[Quota]>>,
     /// The limiter clock reading the decision was made at.
     pub now_ms: u64,
-    /// The store call of the rate windows (for tracing; None: no window applied).
-    pub store_span: Option<StoreSpan>,
+    /// The store call of the rate windows, when `Core::observed` (for the trace).
+    pub store_span: Option<Box<StoreSpan>>,
     /// When the store decided each scope, on its own clock (what a settle names).
     decided_at: crate::limiter::DecidedAt,
     /// The custom scopes' identities the request was charged under (for a settle).
@@ -248,9 +266,7 @@ impl From<Rejection> for Refusal {
             route: None,
             runtime: None,
             now_ms: 0,
-            client_ip: None,
-            key: None,
-            store_span: None,
+            seen: None,
         }
     }
 }

@@ -9,7 +9,7 @@ use super::core::{Core, Dynamic, Runtime};
 use super::custom::{self, Identities};
 use super::limits::{self, Charge, LimitOutcome};
 use super::{auth, bans, concurrency};
-use super::{Admission, AdmitRequest, Lifetime, Origin, Refusal, Rejection, Target};
+use super::{Admission, AdmitRequest, Lifetime, Origin, Refusal, RefusalSeen, Rejection, Target};
 use crate::adaptive::Factor;
 use crate::config::{Auth, Mode, Route};
 use crate::identity::{KeyInfo, Presented};
@@ -38,16 +38,21 @@ pub async fn admit_at(
     let result = pipeline(core, &runtime, req, &mut seen).await;
     let ip = req.origin.addressed().then_some(req.client_ip);
     count_top(core, &runtime, ip, &seen, &result);
+    if !core.observed {
+        return result.map_err(|r| r.on(runtime, now_ms));
+    }
     let store_span = seen.store_span.get().copied();
     match result {
         Ok(mut a) => {
-            a.store_span = store_span;
+            a.store_span = store_span.map(Box::new);
             Ok(a)
         }
         Err(r) => Err(Refusal {
-            client_ip: ip,
-            key: seen.key,
-            store_span,
+            seen: Some(Box::new(RefusalSeen {
+                client_ip: ip,
+                key: seen.key,
+                store_span,
+            })),
             ..r.on(runtime, now_ms)
         }),
     }
@@ -374,7 +379,7 @@ pub fn ip_blocked_at(
     ip: IpAddr,
 ) -> Option<Refusal> {
     blocked_ip(&runtime, &core.dynamic(), ip, now_ms).then(|| Refusal {
-        client_ip: Some(ip),
+        seen: core.observed.then(|| Box::new(RefusalSeen::at(ip))),
         ..Refusal::from(Rejection::Blocked(Scope::Ip)).on(runtime, now_ms)
     })
 }

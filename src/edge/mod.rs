@@ -174,7 +174,9 @@ fn refused_before(
     match admission::ip_blocked_at(core, rt.clone(), now_ms, client_ip) {
         Some(blocked) => blocked,
         None => Refusal {
-            client_ip: Some(client_ip),
+            seen: core
+                .observed
+                .then(|| Box::new(admission::RefusalSeen::at(client_ip))),
             ..Refusal::from(rejection).on(rt, now_ms)
         },
     }

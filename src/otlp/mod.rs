@@ -84,6 +84,8 @@ pub struct Trace {
     sampled: bool,
     /// Kept from the trusted caller with its `traceparent`.
     tracestate: Option<HeaderValue>,
+    /// The store call (set by the adapter from the admission or refusal).
+    pub store_span: Option<(Instant, Duration)>,
     /// The request's start, on both clocks.
     started: Instant,
     started_unix_ns: u64,
@@ -213,6 +215,7 @@ impl Tracer {
             upstream_span_id: nonzero_span(),
             sampled,
             tracestate,
+            store_span: None,
             started: began.at,
             started_unix_ns: began.unix_ns,
         }
@@ -266,8 +269,8 @@ fn nonzero_span() -> [u8; 8] {
 impl Trace {
     /// The `traceparent` to send upstream: this trace, the upstream span as parent.
     pub fn upstream_traceparent(&self) -> HeaderValue {
-        let text = traceparent::format(&self.trace_id, &self.upstream_span_id, self.sampled);
-        HeaderValue::from_str(&text).unwrap_or_else(|_| HeaderValue::from_static(""))
+        let bytes = traceparent::format(&self.trace_id, &self.upstream_span_id, self.sampled);
+        HeaderValue::from_bytes(&bytes).unwrap_or_else(|_| HeaderValue::from_static(""))
     }
 
     /// The `tracestate` to send upstream (only with a continued trace).

@@ -11,8 +11,7 @@ use pingora::{Error, ErrorSource};
 use tokio::time::Instant;
 
 use super::upstream::is_connect_failure;
-use crate::admission::{Admission, Core, StoreSpan};
-use crate::identity::KeyInfo;
+use crate::admission::{Admission, Core, RefusalSeen};
 use crate::metrics::RouteCounters;
 use crate::otlp::Trace;
 use crate::routing::RouteEntry;
@@ -47,13 +46,11 @@ pub struct RequestCtx {
     pub(super) rejected: Option<(&'static str, &'static str)>,
     /// The upstream address of the last attempt.
     pub(super) upstream_addr: Option<SocketAddr>,
-    /// A refused request's client address and key (kept only for the access log or a
-    /// trace; an admitted request's are in its admission).
-    pub(super) refused: Option<(Option<std::net::IpAddr>, Option<Arc<KeyInfo>>)>,
+    /// What a refused request showed (its client address and key; only with the access
+    /// log or tracing on: an admitted request's are in its admission).
+    pub(super) refused: Option<Box<RefusalSeen>>,
     /// The request's trace (only with `[tracing]` on).
     pub(super) trace: Option<Box<Trace>>,
-    /// The store call, for the trace.
-    pub(super) store_span: Option<StoreSpan>,
 }
 
 // === impl RequestCtx ===

@@ -26,14 +26,14 @@ pub(super) fn write(log: &AccessLog, core: &Core, s: &Session, ctx: &RequestCtx,
     let refused = ctx.refused.as_ref();
     let key = a
         .and_then(|a| a.key.as_deref())
-        .or_else(|| refused.and_then(|r| r.1.as_deref()));
+        .or_else(|| refused.and_then(|r| r.key.as_deref()));
     let req = s.req_header();
     let ms = |d: std::time::Duration| d.as_secs_f64() * 1000.0;
     // The resolved address; the socket's peer only when the request was refused before
     // one was known.
     let client_ip = a
         .map(|a| a.client_ip)
-        .or_else(|| refused.and_then(|r| r.0))
+        .or_else(|| refused.and_then(|r| r.client_ip))
         .unwrap_or_else(|| peer_ip(s.client_addr()));
     log.log(Entry {
         time: rfc3339_ms(core.clock.now_ms()),
@@ -77,6 +77,9 @@ pub(super) fn trace(
     let path = path
         .get(..path.len().min(crate::otlp::MAX_PATH))
         .unwrap_or(path);
+    let store = trace
+        .store_span
+        .map(|(at, took)| (at, took, core.store.name()));
     tracer.finish(Finished {
         trace,
         ended: tokio::time::Instant::now(),
@@ -85,13 +88,11 @@ pub(super) fn trace(
         route: ctx.route.as_ref().map(|r| r.route.name.clone()),
         client_ip: a
             .map(|a| a.client_ip)
-            .or_else(|| ctx.refused.as_ref().and_then(|r| r.0)),
+            .or_else(|| ctx.refused.as_ref().and_then(|r| r.client_ip)),
         status,
         request_id: ctx.request_id.clone(),
         rejected: ctx.rejected,
-        store: ctx
-            .store_span
-            .map(|(at, took)| (at, took, core.store.name())),
+        store,
         upstream: ctx.upstream_started.map(|started| Upstream {
             started,
             addr: ctx.upstream_addr,

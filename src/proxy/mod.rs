@@ -115,11 +115,12 @@ impl ProxyHttp for Gateway {
         ctx.request_id = Some(id);
         if let (Some(tracer), Some(began)) = (&self.tracer, began) {
             let headers = &session.req_header().headers;
-            ctx.trace = Some(Box::new(tracer.trace(began, headers, trusted)));
-            ctx.store_span = match &admitted {
-                Ok(a) => a.store_span,
-                Err(r) => r.store_span,
+            let mut trace = tracer.trace(began, headers, trusted);
+            trace.store_span = match &admitted {
+                Ok(a) => a.store_span.as_deref().copied(),
+                Err(r) => r.seen.as_ref().and_then(|s| s.store_span),
             };
+            ctx.trace = Some(Box::new(trace));
         }
         let a = match admitted {
             Ok(a) => a,
@@ -127,9 +128,7 @@ impl ProxyHttp for Gateway {
                 let reply = refusal.reply();
                 respond::write_with_id(session, &reply, ctx.request_id.as_ref()).await?;
                 ctx.rejected = log::rejected(&refusal.rejection);
-                if self.access_log.is_some() || self.tracer.is_some() {
-                    ctx.refused = Some((refusal.client_ip, refusal.key));
-                }
+                ctx.refused = refusal.seen;
                 ctx.route = refusal.route;
                 return Ok(true);
             }
