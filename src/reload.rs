@@ -97,6 +97,8 @@ fn fixed_at_start(old: &Config, new: &Config) -> Vec<&'static str> {
         ("store.key_prefix", sa.key_prefix != sb.key_prefix),
         ("store.instances", sa.instances != sb.instances),
         ("database.url", old.database_url != new.database_url),
+        ("server.access_log", a.access_log != b.access_log),
+        ("tracing", old.tracing != new.tracing),
     ];
     fields
         .into_iter()
@@ -128,6 +130,7 @@ threads = 3
 grace_period_secs = 9
 upgrade_sock = "/tmp/x.sock"
 max_connections = 100
+access_log = "stdout"
 [store]
 backend = "redis"
 url = "redis://127.0.0.1:1"
@@ -140,6 +143,8 @@ instances = 2
 url = "postgres://127.0.0.1/x"
 [limits.ip]
 per_second = 5
+[tracing]
+otlp_endpoint = "http://127.0.0.1:4317"
 {route}"#
             ),
         )
@@ -163,6 +168,8 @@ per_second = 5
                 "store.key_prefix",
                 "store.instances",
                 "database.url",
+                "server.access_log",
+                "tracing",
             ]
         );
         let live = config::parse(

@@ -47,6 +47,11 @@ pub const EXPORT_EVERY: Duration = Duration::from_millis(500);
 pub const EXPORT_TIMEOUT: Duration = Duration::from_secs(2);
 /// The longest path a span names (bytes; cut at a character boundary).
 pub const MAX_PATH: usize = 2048;
+/// The longest `tracestate` kept (the W3C limit is 32 members; 512 bytes is what it
+/// requires a vendor to propagate at least).
+pub const MAX_TRACESTATE: usize = 512;
+/// The longest non-standard method kept as `http.request.method_original`.
+pub const MAX_METHOD: usize = 32;
 
 /// The request header carrying the parent.
 pub const TRACEPARENT: &str = "traceparent";
@@ -68,6 +73,8 @@ pub struct SpanCounts {
 pub struct Tracer {
     tx: SyncSender<Finished>,
     counts: SpanCounts,
+    /// The exporter thread was found gone (logged once).
+    gone: std::sync::atomic::AtomicBool,
     /// A root request is sampled when a random `u64` is below this (`u64::MAX`: all).
     threshold: u64,
 }
@@ -121,8 +128,11 @@ pub struct Finished {
     pub trace: Trace,
     /// When the response ended.
     pub ended: Instant,
-    /// The request method.
-    pub method: Method,
+    /// The request method (a non-standard one as `_OTHER`: a span name must not be client
+    /// input of any length).
+    pub method: &'static str,
+    /// A non-standard method as sent, capped at `MAX_METHOD` bytes.
+    pub method_original: Option<String>,
     /// The request path (capped at `MAX_PATH`).
     pub path: String,
     /// The matched route.
@@ -178,6 +188,7 @@ impl Tracer {
         Ok(Self {
             tx,
             counts,
+            gone: std::sync::atomic::AtomicBool::new(false),
             threshold,
         })
     }
@@ -199,7 +210,7 @@ impl Tracer {
                 p.trace_id,
                 Some(p.span_id),
                 p.sampled(),
-                single(headers, TRACESTATE),
+                tracestate(headers),
             ),
             None => (
                 nonzero_id(),
@@ -230,19 +241,67 @@ impl Tracer {
         let n = finished.span_count();
         match self.tx.try_send(finished) {
             Ok(()) => {}
-            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
+            Err(TrySendError::Full(_)) => self.counts.dropped.inc_by(n),
+            Err(TrySendError::Disconnected(_)) => {
                 self.counts.dropped.inc_by(n);
+                if !self.gone.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                    tracing::error!("the trace exporter stopped: spans are dropped from now on");
+                }
             }
         }
     }
 }
 
-/// One value of `name`, when it is sent once.
-fn single(headers: &HeaderMap, name: &str) -> Option<HeaderValue> {
-    let mut all = headers.get_all(name).iter();
-    match (all.next(), all.next()) {
-        (Some(v), None) => Some(v.clone()),
-        _ => None,
+/// The `tracestate` lines a trusted caller sent, combined (`a=1, b=2`, as W3C allows it
+/// split over several); none when they are longer than `MAX_TRACESTATE` together.
+fn tracestate(headers: &HeaderMap) -> Option<HeaderValue> {
+    let mut all = headers.get_all(TRACESTATE).iter();
+    let first = all.next()?;
+    let Some(second) = all.next() else {
+        return (first.len() <= MAX_TRACESTATE).then(|| first.clone());
+    };
+    let mut joined = first.as_bytes().to_vec();
+    for v in std::iter::once(second).chain(all) {
+        joined.extend_from_slice(b",");
+        joined.extend_from_slice(v.as_bytes());
+        if joined.len() > MAX_TRACESTATE {
+            return None;
+        }
+    }
+    HeaderValue::from_bytes(&joined).ok()
+}
+
+/// A span's name for `method`: the method when standard, else `_OTHER` with the method
+/// as sent (capped) beside it (OpenTelemetry's HTTP conventions).
+pub fn method_label(method: &Method) -> (&'static str, Option<String>) {
+    let known = [
+        Method::GET,
+        Method::HEAD,
+        Method::POST,
+        Method::PUT,
+        Method::DELETE,
+        Method::CONNECT,
+        Method::OPTIONS,
+        Method::TRACE,
+        Method::PATCH,
+    ];
+    match known.iter().find(|m| *m == method) {
+        Some(m) => (static_method(m), None),
+        None => ("_OTHER", Some(cap(method.as_str(), MAX_METHOD).to_string())),
+    }
+}
+
+fn static_method(m: &Method) -> &'static str {
+    match *m {
+        Method::GET => "GET",
+        Method::HEAD => "HEAD",
+        Method::POST => "POST",
+        Method::PUT => "PUT",
+        Method::DELETE => "DELETE",
+        Method::CONNECT => "CONNECT",
+        Method::OPTIONS => "OPTIONS",
+        Method::TRACE => "TRACE",
+        _ => "PATCH",
     }
 }
 
@@ -310,10 +369,13 @@ impl Finished {
         let trace_id = t.trace_id.to_vec();
         let server_id = t.span_id.to_vec();
         let mut attrs = vec![
-            kv("http.request.method", self.method.as_str()),
+            kv("http.request.method", self.method),
             kv("url.path", cap(&self.path, MAX_PATH)),
             kv_int("http.response.status_code", i64::from(self.status)),
         ];
+        if let Some(m) = &self.method_original {
+            attrs.push(kv("http.request.method_original", m));
+        }
         if let Some(ip) = self.client_ip {
             attrs.push(kv("client.address", &ip.to_string()));
         }
@@ -328,9 +390,11 @@ impl Finished {
             attrs.push(kv("throttle.rejected.window", window));
         }
         let failed = self.status >= 500 || self.status == 0 && self.error.is_some();
-        let name = match &self.route {
-            Some(r) => format!("{} {r}", self.method),
-            None => self.method.to_string(),
+        let name = match (&self.route, self.method) {
+            (Some(r), "_OTHER") => format!("HTTP {r}"),
+            (Some(r), m) => format!("{m} {r}"),
+            (None, "_OTHER") => "HTTP".to_string(),
+            (None, m) => m.to_string(),
         };
         let mut spans = vec![Span {
             trace_id: trace_id.clone(),
@@ -382,7 +446,11 @@ impl Finished {
                 span_id: t.upstream_span_id.to_vec(),
                 parent_span_id: server_id,
                 flags: 1,
-                name: self.method.to_string(),
+                name: if self.method == "_OTHER" {
+                    "HTTP".to_string()
+                } else {
+                    self.method.to_string()
+                },
                 kind: span::SpanKind::Client as i32,
                 start_time_unix_nano: t.unix_ns(up.started),
                 end_time_unix_nano: end,
@@ -427,7 +495,7 @@ fn kv_int(key: &str, value: i64) -> KeyValue {
 }
 
 /// `s` cut to at most `max` bytes at a character boundary.
-fn cap(s: &str, max: usize) -> &str {
+pub fn cap(s: &str, max: usize) -> &str {
     if s.len() <= max {
         return s;
     }

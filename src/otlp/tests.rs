@@ -102,7 +102,8 @@ fn spans_link_up() {
     let f = Finished {
         trace,
         ended: at(30),
-        method: Method::GET,
+        method: "GET",
+        method_original: None,
         path: "/v1/x".into(),
         route: Some("api".into()),
         client_ip: Some("203.0.113.9".parse().unwrap()),
@@ -171,7 +172,8 @@ fn failures_are_errors() {
     let f = Finished {
         trace: t.trace(began, &HeaderMap::new(), false),
         ended: began.at,
-        method: Method::POST,
+        method: "POST",
+        method_original: None,
         path: "/".into(),
         route: None,
         client_ip: None,
@@ -204,12 +206,14 @@ fn a_full_queue_drops_and_counts() {
     let t = Tracer {
         tx,
         counts: counts(),
+        gone: std::sync::atomic::AtomicBool::new(false),
         threshold: u64::MAX,
     };
     let finished = || Finished {
         trace: t.trace(Began::now(), &HeaderMap::new(), false),
         ended: Instant::now(),
-        method: Method::GET,
+        method: "GET",
+        method_original: None,
         path: "/".into(),
         route: None,
         client_ip: None,
@@ -224,4 +228,29 @@ fn a_full_queue_drops_and_counts() {
     t.finish(finished());
     t.finish(finished());
     assert_eq!(t.counts.dropped.get(), 4, "two requests of two spans each");
+}
+
+/// A non-standard method is `_OTHER` (span name `HTTP`), the method as sent capped beside
+/// it; several `tracestate` lines are joined, too long ones dropped.
+#[test]
+fn client_input_is_bounded() {
+    let odd = Method::from_bytes(&[b'X'; 300]).unwrap();
+    let (label, original) = method_label(&odd);
+    assert_eq!(label, "_OTHER");
+    assert_eq!(original.unwrap().len(), MAX_METHOD);
+    assert_eq!(method_label(&Method::PATCH), ("PATCH", None));
+    let t = tracer(1.0);
+    let two = headers(&[
+        (TRACEPARENT, PARENT),
+        (TRACESTATE, "a=1"),
+        (TRACESTATE, "b=2"),
+    ]);
+    assert_eq!(
+        t.trace(Began::now(), &two, true).tracestate().unwrap(),
+        "a=1,b=2"
+    );
+    let long = "k=".to_string() + &"v".repeat(MAX_TRACESTATE);
+    let huge = headers(&[(TRACEPARENT, PARENT), (TRACESTATE, &long)]);
+    assert!(t.trace(Began::now(), &huge, true).tracestate().is_none());
+    assert_eq!(cap("aé", 2), "a");
 }

@@ -115,14 +115,20 @@ pub(crate) async fn serve_http1<A>(
     session.set_keepalive(keepalive(shutdown));
     let mut result = app.process_new_http(session, shutdown).await;
     while let Some((stream, settings)) = result.map(|r| r.consume()) {
-        if let Some(g) = stream.as_any().downcast_ref::<Guarded>() {
-            g.await_next_request();
-        }
+        let guarded = match stream.as_any().downcast_ref::<Guarded>() {
+            Some(g) => {
+                g.await_next_request();
+                true
+            }
+            None => false,
+        };
         let mut session = ServerSession::new_http1(stream);
         if let Some(s) = settings {
             s.apply_to_session(&mut session);
         }
-        session.set_keepalive(keepalive(shutdown));
+        // A stream that is not the guard (never, today) keeps Pingora's idle timer.
+        let idle = if guarded { 0 } else { idle_secs };
+        session.set_keepalive((!*shutdown.borrow()).then_some(idle));
         result = app.process_new_http(session, shutdown).await;
     }
 }

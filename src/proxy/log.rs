@@ -73,17 +73,17 @@ pub(super) fn trace(
     }
     let a = ctx.admission.as_ref();
     let req = s.req_header();
-    let path = req.uri.path();
-    let path = path
-        .get(..path.len().min(crate::otlp::MAX_PATH))
-        .unwrap_or(path);
+    // Cut before it is queued: a path may be most of a megabyte-long request head.
+    let path = crate::otlp::cap(req.uri.path(), crate::otlp::MAX_PATH);
+    let (method, method_original) = crate::otlp::method_label(&req.method);
     let store = trace
         .store_span
         .map(|(at, took)| (at, took, core.store.name()));
     tracer.finish(Finished {
         trace,
         ended: tokio::time::Instant::now(),
-        method: req.method.clone(),
+        method,
+        method_original,
         path: path.to_string(),
         route: ctx.route.as_ref().map(|r| r.route.name.clone()),
         client_ip: a
