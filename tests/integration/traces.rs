@@ -120,6 +120,17 @@ fn attr(s: &Span, key: &str) -> Option<Any> {
         .and_then(|kv| kv.value.clone()?.value)
 }
 
+/// `GET /v1/orders` with key_a's key and `headers`.
+async fn orders(gw: &Gateway, headers: &[(&str, &str)]) -> reqwest::Response {
+    let mut req = client()
+        .get(gw.url("/v1/orders"))
+        .header("x-api-key", "key-a-secret");
+    for (name, value) in headers {
+        req = req.header(*name, *value);
+    }
+    req.send().await.unwrap()
+}
+
 const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const PARENT: &str = "00f067aa0ba902b7";
 
@@ -161,15 +172,12 @@ async fn a_trace_continues_the_trusted_traceparent() {
         receiver.addr
     );
     let gw = Gateway::start(&config(r#"["127.0.0.1/32"]"#, &tracing), Some(&up)).await;
-    let c = client();
-    let r = c
-        .get(gw.url("/v1/orders"))
-        .header("x-api-key", "key-a-secret")
-        .header("traceparent", format!("00-{TRACE}-{PARENT}-01"))
-        .header("tracestate", "vendor=abc")
-        .send()
-        .await
-        .unwrap();
+    let parent = format!("00-{TRACE}-{PARENT}-01");
+    let r = orders(
+        &gw,
+        &[("traceparent", &parent), ("tracestate", "vendor=abc")],
+    )
+    .await;
     assert_eq!(r.status(), 200);
     let request_id = header(&r, "x-request-id");
     let echo: Value = r.json().await.unwrap();
@@ -230,13 +238,8 @@ async fn a_trace_continues_the_trusted_traceparent() {
 
     // The key's second request in the minute: a 429, traced with its scope.
     let other = "0af7651916cd43dd8448eb211c80319c";
-    let r = c
-        .get(gw.url("/v1/orders"))
-        .header("x-api-key", "key-a-secret")
-        .header("traceparent", format!("00-{other}-b7ad6b7169203331-01"))
-        .send()
-        .await
-        .unwrap();
+    let parent = format!("00-{other}-b7ad6b7169203331-01");
+    let r = orders(&gw, &[("traceparent", &parent)]).await;
     assert_eq!(r.status(), 429);
     let spans = receiver.trace(other, 2).await;
     let server = spans.iter().find(|s| s.kind == 2).unwrap();
@@ -271,14 +274,12 @@ async fn an_untrusted_traceparent_starts_a_trace_of_its_own() {
     let up = Upstream::start("up").await;
     let tracing = format!("[tracing]\notlp_endpoint = \"http://{}\"", receiver.addr);
     let gw = Gateway::start(&config("[]", &tracing), Some(&up)).await;
-    let r = client()
-        .get(gw.url("/v1/orders"))
-        .header("x-api-key", "key-a-secret")
-        .header("traceparent", format!("00-{TRACE}-{PARENT}-01"))
-        .header("tracestate", "vendor=abc")
-        .send()
-        .await
-        .unwrap();
+    let parent = format!("00-{TRACE}-{PARENT}-01");
+    let r = orders(
+        &gw,
+        &[("traceparent", &parent), ("tracestate", "vendor=abc")],
+    )
+    .await;
     let echo: Value = r.json().await.unwrap();
     let told = echo["headers"]["traceparent"].as_str().unwrap().to_string();
     assert!(!told.contains(TRACE), "{told}");
@@ -300,14 +301,7 @@ async fn tracing_off_leaves_the_headers_alone() {
     let up = Upstream::start("up").await;
     let gw = Gateway::start(&config(r#"["127.0.0.1/32"]"#, ""), Some(&up)).await;
     let sent = format!("00-{TRACE}-{PARENT}-01");
-    let r = client()
-        .get(gw.url("/v1/orders"))
-        .header("x-api-key", "key-a-secret")
-        .header("traceparent", &sent)
-        .header("tracestate", "vendor=abc")
-        .send()
-        .await
-        .unwrap();
+    let r = orders(&gw, &[("traceparent", &sent), ("tracestate", "vendor=abc")]).await;
     let echo: Value = r.json().await.unwrap();
     assert_eq!(echo["headers"]["traceparent"], sent.as_str());
     assert_eq!(echo["headers"]["tracestate"], "vendor=abc");
@@ -325,12 +319,7 @@ async fn a_collector_down_fails_spans_not_requests() {
     let dead = crate::support::free_port();
     let tracing = format!("[tracing]\notlp_endpoint = \"http://127.0.0.1:{dead}\"");
     let gw = Gateway::start(&config("[]", &tracing), Some(&up)).await;
-    let r = client()
-        .get(gw.url("/v1/orders"))
-        .header("x-api-key", "key-a-secret")
-        .send()
-        .await
-        .unwrap();
+    let r = orders(&gw, &[]).await;
     assert_eq!(r.status(), 200);
     eventually(Duration::from_secs(10), "failed spans counted", || async {
         let m = gw.metrics().await;
