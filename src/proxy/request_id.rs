@@ -22,9 +22,20 @@ pub(super) fn choose(headers: &HeaderMap, trusted: bool) -> HeaderValue {
 
 /// A fresh id: 128 random bits as 32 lowercase hex digits.
 pub(super) fn generate() -> HeaderValue {
-    let n: u128 = rand::random();
-    let text = format!("{n:032x}");
-    HeaderValue::from_str(&text).unwrap_or_else(|_| HeaderValue::from_static("0"))
+    HeaderValue::from_bytes(&hex32(rand::random()))
+        .unwrap_or_else(|_| HeaderValue::from_static("0"))
+}
+
+/// `n` as 32 lowercase hex digits, zero-padded, written digit by digit (no `core::fmt`
+/// and no intermediate `String` on the request path).
+fn hex32(n: u128) -> [u8; 32] {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut text = [0u8; 32];
+    for (i, digit) in text.iter_mut().enumerate() {
+        let nibble = (n >> (124 - 4 * i)) & 0xf;
+        *digit = HEX[nibble as usize];
+    }
+    text
 }
 
 /// Visible ASCII, 1 to `MAX_LEN` bytes.
@@ -61,11 +72,30 @@ mod tests {
         assert_eq!(choose(&with(&"x".repeat(MAX_LEN)), true).len(), MAX_LEN);
     }
 
+    /// `hex32` is `format!("{n:032x}")`.
+    #[test]
+    fn hex32_is_zero_padded_lower_hex() {
+        for n in [
+            0,
+            1,
+            0xab,
+            1 << 64,
+            u128::MAX,
+            0x0123_4567_89ab_cdef_fedc_ba98_7654_3210,
+        ] {
+            assert_eq!(hex32(n), format!("{n:032x}").as_bytes(), "{n:x}");
+        }
+    }
+
     /// Generated ids are 32 hex digits and differ.
     #[test]
     fn generated_ids_are_hex_and_differ() {
         let (a, b) = (generate(), generate());
         assert_ne!(a, b);
-        assert!(a.as_bytes().iter().all(u8::is_ascii_hexdigit));
+        assert_eq!(a.len(), 32);
+        assert!(a
+            .as_bytes()
+            .iter()
+            .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(c)));
     }
 }
