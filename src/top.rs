@@ -2,8 +2,8 @@
 //! scope (`GET /v1/top`), in memory fixed at start whatever the traffic.
 //!
 //! Each scope (ip, key, tenant) has a `TopSketch`:
-//! - six 10 s slots, each two count-min sketches (`pingora_limits::Estimator`, 4 rows x
-//!   4096 counters): one counts requests, one counts rejected requests. A slot is reset
+//! - six 10 s slots, each two count-min sketches (`CountMin`, 4 rows x 4096 counters):
+//!   one counts requests, one counts rejected requests. A slot is reset
 //!   by the first request that lands in it after 60 s; reads sum the slots of the six
 //!   most recent 10 s epochs and ignore older ones, so nothing needs a timer.
 //! - a candidate set of at most `CANDIDATES` identities (min-eviction): a request whose
@@ -21,8 +21,9 @@
 //!   candidate, so after a spray of light identities a new heavy hitter ranks from its
 //!   next request on; candidate counts are re-read from the sketches on every answer.
 //!
-//! Cost per request and scope: one identity hash (foldhash), four counter increments
-//! (five when rejected) and up to 24 counter reads; the candidate lock is taken only when
+//! Cost per request and scope: one identity hash (foldhash), whose bits give the counter of
+//! every row in every slot (`Cells`), four counter increments (eight when rejected) and up
+//! to 20 counter reads; the candidate lock is taken only when
 //! the identity's estimate beats the smallest candidate (heavy hitters, or while the set
 //! is filling), and never across an await. Nothing is allocated but a candidate's
 //! `Ident` clone (an address, or a shared name) when it enters the set.
@@ -34,7 +35,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 use hashbrown::DefaultHashBuilder;
-use pingora_limits::estimator::Estimator;
 
 use crate::limiter::{Ident, Scope};
 
@@ -46,7 +46,10 @@ pub const CANDIDATES: usize = 128;
 const SLOTS: u64 = 6;
 const SLOT_MS: u64 = WINDOW_SECS * 1000 / SLOTS;
 const HASHES: usize = 4;
-const WIDTH: usize = 4096;
+const WIDTH: usize = 1 << ROW_BITS;
+/// Bits of the fingerprint per row: `HASHES` x `ROW_BITS` <= 64.
+const ROW_BITS: u32 = 12;
+const _: () = assert!(HASHES as u32 * ROW_BITS <= 64);
 
 /// The sketches of the ip, key and tenant scopes.
 pub struct TopTable {
@@ -82,9 +85,21 @@ pub struct Heavy {
 struct Slot {
     /// The 10 s epoch (`now / 10 s`) the counters belong to.
     epoch: AtomicU64,
-    requests: Estimator,
-    rejected: Estimator,
+    requests: CountMin,
+    rejected: CountMin,
 }
+
+/// A count-min sketch of `HASHES` rows x `WIDTH` counters. Its rows are indexed by
+/// disjoint 12-bit fields of one 64-bit fingerprint (`Cells`), so one hash serves every
+/// row of every slot (`pingora_limits::Estimator` hashes the key once per row and call:
+/// 24 hashes a request and scope here, about 550 instructions more, measured by callgrind).
+struct CountMin {
+    counters: Box<[AtomicU64]>,
+}
+
+/// The counter of each row for one fingerprint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Cells([usize; HASHES]);
 
 struct Candidate {
     ident: Ident,
@@ -150,8 +165,8 @@ impl TopSketch {
     pub fn new() -> Self {
         let slot = || Slot {
             epoch: AtomicU64::new(0),
-            requests: Estimator::new(HASHES, WIDTH),
-            rejected: Estimator::new(HASHES, WIDTH),
+            requests: CountMin::new(),
+            rejected: CountMin::new(),
         };
         Self {
             slots: (0..SLOTS).map(|_| slot()).collect(),
@@ -166,9 +181,9 @@ impl TopSketch {
         let fp = self.hasher.hash_one(ident);
         let epoch = now_ms / SLOT_MS;
         let slot = self.slot(epoch);
-        let current = estimate(slot.requests.incr(fp, 1));
+        let current = slot.requests.incr(Cells::of(fp));
         if rejected {
-            slot.rejected.incr(fp, 1);
+            slot.rejected.incr(Cells::of(fp));
         }
         let total = current + self.sum(fp, epoch, Some(slot), |s| &s.requests);
         if total <= self.floor.load(Ordering::Relaxed) {
@@ -233,8 +248,9 @@ impl TopSketch {
         fp: u64,
         epoch: u64,
         skip: Option<&Slot>,
-        sketch: impl Fn(&Slot) -> &Estimator,
+        sketch: impl Fn(&Slot) -> &CountMin,
     ) -> u64 {
+        let cells = Cells::of(fp);
         self.slots
             .iter()
             .filter(|s| !skip.is_some_and(|k| std::ptr::eq(*s, k)))
@@ -242,7 +258,7 @@ impl TopSketch {
                 let e = s.epoch.load(Ordering::Acquire);
                 e <= epoch && e + SLOTS > epoch
             })
-            .map(|s| estimate(sketch(s).get(fp)))
+            .map(|s| sketch(s).get(cells))
             .sum()
     }
 
@@ -308,9 +324,54 @@ fn floor_of(c: &[Candidate]) -> u64 {
     c.iter().map(|e| e.requests).min().unwrap_or(0)
 }
 
-/// A sketch reading as a count (an overflowed counter reads negative: 0).
-fn estimate(v: isize) -> u64 {
-    u64::try_from(v).unwrap_or(0)
+// === impl CountMin ===
+
+impl CountMin {
+    fn new() -> Self {
+        Self {
+            counters: (0..HASHES * WIDTH).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    /// Counts one at `cells`; the new estimate (the least of the rows).
+    fn incr(&self, cells: Cells) -> u64 {
+        cells.0.iter().fold(u64::MAX, |min, &i| {
+            let c = self
+                .counters
+                .get(i)
+                .map_or(0, |c| c.fetch_add(1, Ordering::Relaxed));
+            min.min(c.saturating_add(1))
+        })
+    }
+
+    /// The estimate at `cells`.
+    fn get(&self, cells: Cells) -> u64 {
+        cells.0.iter().fold(u64::MAX, |min, &i| {
+            min.min(
+                self.counters
+                    .get(i)
+                    .map_or(0, |c| c.load(Ordering::Relaxed)),
+            )
+        })
+    }
+
+    fn reset(&self) {
+        for c in self.counters.iter() {
+            c.store(0, Ordering::Relaxed);
+        }
+    }
+}
+
+// === impl Cells ===
+
+impl Cells {
+    /// Row `r`'s counter: bits `12r..12r+12` of `fp` (`WIDTH` = 2^12), in row `r`'s block.
+    fn of(fp: u64) -> Self {
+        Self(std::array::from_fn(|r| {
+            // 12 bits: the cast keeps them all on any target.
+            r * WIDTH + ((fp >> (ROW_BITS * r as u32)) as usize & (WIDTH - 1))
+        }))
+    }
 }
 
 #[cfg(test)]

@@ -176,3 +176,38 @@ fn table_has_a_sketch_per_identity_scope() {
         assert_eq!(t.scope(scope).is_some(), has, "{scope:?}");
     }
 }
+
+/// Each row takes its own 12 bits of the fingerprint, in its own block of counters.
+#[test]
+fn cells_take_one_field_per_row() {
+    let cases: [(u64, [usize; HASHES]); 3] = [
+        (0, [0, WIDTH, 2 * WIDTH, 3 * WIDTH]),
+        (
+            0x0000_0123_4567_89ab,
+            [0x9ab, WIDTH + 0x678, 2 * WIDTH + 0x345, 3 * WIDTH + 0x012],
+        ),
+        (
+            u64::MAX,
+            [WIDTH - 1, 2 * WIDTH - 1, 3 * WIDTH - 1, 4 * WIDTH - 1],
+        ),
+    ];
+    for (fp, want) in cases {
+        assert_eq!(Cells::of(fp).0, want, "{fp:#x}");
+    }
+}
+
+/// The estimate is the least of the rows: a fingerprint that shares some rows' counters
+/// with another is still counted exactly while one of its rows is its own.
+#[test]
+fn count_min_reads_the_least_row() {
+    let m = CountMin::new();
+    let a = Cells::of(0x0000_0000_0000_0001);
+    let b = Cells::of(0x0000_0001_0000_0001); // shares rows 0, 1 and 3 with `a`, not row 2
+    for n in 1..=3 {
+        assert_eq!(m.incr(a), n);
+    }
+    assert_eq!(m.incr(b), 1);
+    assert_eq!((m.get(a), m.get(b)), (3, 1));
+    m.reset();
+    assert_eq!((m.get(a), m.get(b)), (0, 0));
+}
