@@ -126,7 +126,7 @@ impl ProxyHttp for Gateway {
             Ok(a) => a,
             Err(refusal) => {
                 let reply = refusal.reply();
-                respond::write_with_id(session, &reply, ctx.request_id.as_ref()).await?;
+                respond::write_with_id(session, reply, ctx.request_id.as_ref()).await?;
                 ctx.rejected = log::rejected(&refusal.rejection);
                 ctx.refused = refusal.seen;
                 ctx.route = refusal.route;
@@ -139,7 +139,7 @@ impl ProxyHttp for Gateway {
         ctx.admission = Some(a);
         if !available {
             let reply = error_reply(502, "bad_gateway");
-            respond::write_with_id(session, &reply, ctx.request_id.as_ref()).await?;
+            respond::write_with_id(session, reply, ctx.request_id.as_ref()).await?;
         }
         Ok(!available)
     }

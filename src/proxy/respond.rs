@@ -14,16 +14,17 @@ use crate::reply::{error_reply, Reply};
 /// # Errors
 /// When the client connection fails.
 pub async fn write(session: &mut Session, reply: &Reply) -> pingora::Result<()> {
-    write_with_id(session, reply, None).await
+    write_with_id(session, reply.clone(), None).await
 }
 
-/// `write`, with the request's `X-Request-Id`.
+/// `write`, with the request's `X-Request-Id`; the reply's body and header values are
+/// moved into the response, not copied.
 ///
 /// # Errors
 /// When the client connection fails.
 pub(super) async fn write_with_id(
     session: &mut Session,
-    reply: &Reply,
+    reply: Reply,
     request_id: Option<&HeaderValue>,
 ) -> pingora::Result<()> {
     let mut resp = ResponseHeader::build(reply.status, Some(5 + reply.headers.len()))?;
@@ -33,13 +34,11 @@ pub(super) async fn write_with_id(
     resp.insert_header("content-type", HeaderValue::from_static("application/json"))?;
     resp.insert_header("content-length", reply.body.len())?;
     resp.insert_header("cache-control", HeaderValue::from_static("no-store"))?;
-    for (name, value) in &reply.headers {
-        resp.insert_header(*name, value.clone())?;
+    for (name, value) in reply.headers {
+        resp.insert_header(name, value)?;
     }
     session.write_response_header(Box::new(resp), false).await?;
-    session
-        .write_response_body(Some(reply.body.clone()), true)
-        .await?;
+    session.write_response_body(Some(reply.body), true).await?;
     Ok(())
 }
 
@@ -55,7 +54,7 @@ pub(super) async fn fail(
     let (code, body) = failure(e);
     if code > 0 && session.response_written().is_none() {
         session.set_keepalive(None);
-        if let Err(err) = write_with_id(session, &error_reply(code, body), request_id).await {
+        if let Err(err) = write_with_id(session, error_reply(code, body), request_id).await {
             tracing::debug!(error = %err, "cannot write error response");
         }
     }

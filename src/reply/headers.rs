@@ -57,9 +57,15 @@ impl RateHeaders {
         }
     }
 
-    /// `(name, value)` pairs. The values share one buffer: one allocation for all of
-    /// them (a `HeaderValue` of its own each would cost one apiece).
+    /// `(name, value)` pairs, in order (`Retry-After` only when set). The values share
+    /// one buffer: one allocation for all of them (a `HeaderValue` of its own each would
+    /// cost one apiece).
     pub fn pairs(&self) -> impl Iterator<Item = (&'static str, HeaderValue)> {
+        self.slots().into_iter().flatten()
+    }
+
+    /// `pairs` in fixed slots: limit, remaining, reset, retry-after.
+    fn slots(&self) -> [Option<(&'static str, HeaderValue)>; 4] {
         let mut buf = itoa::Buffer::new();
         let mut out = bytes::BytesMut::with_capacity(48);
         let mut ends = [0usize; 4];
@@ -77,7 +83,7 @@ impl RateHeaders {
         }
         let all = out.freeze();
         let names = [LIMIT, REMAINING, RESET, RETRY_AFTER];
-        (0..4).filter_map(move |i| {
+        std::array::from_fn(|i| {
             numbers[i]?;
             let start = if i == 0 { 0 } else { ends[i - 1] };
             let v = HeaderValue::from_maybe_shared(all.slice(start..ends[i])).ok()?;
@@ -101,22 +107,21 @@ pub fn rate_pairs(
     if !retry {
         x.retry_after = None;
     }
-    let x_family = style.x_ratelimit().then(|| x.pairs());
-    // Without the X family, `Retry-After` still goes with a rejection.
-    let retry = match x_family {
-        Some(_) => None,
-        None => x.retry_after.map(|s| (RETRY_AFTER, HeaderValue::from(s))),
-    };
-    let ietf = style.ietf().then(|| {
-        let limit = ietf_limit(wd, rejected).map(|v| (IETF_LIMIT, v));
-        let policy = quotas.and_then(ietf_policy).map(|v| (IETF_POLICY, v));
-        policy.into_iter().chain(limit)
-    });
-    x_family
-        .into_iter()
-        .flatten()
-        .chain(retry)
-        .chain(ietf.into_iter().flatten())
+    // Fixed slots, in the order they are sent: the X family (limit, remaining, reset,
+    // retry-after), then the IETF pair. No iterator adapters chained per request.
+    let mut out: [Option<(&'static str, HeaderValue)>; 6] = Default::default();
+    if style.x_ratelimit() {
+        let [a, b, c, d] = x.slots();
+        (out[0], out[1], out[2], out[3]) = (a, b, c, d);
+    } else {
+        // Without the X family, `Retry-After` still goes with a rejection.
+        out[0] = x.retry_after.map(|s| (RETRY_AFTER, HeaderValue::from(s)));
+    }
+    if style.ietf() {
+        out[4] = quotas.and_then(ietf_policy).map(|v| (IETF_POLICY, v));
+        out[5] = ietf_limit(wd, rejected).map(|v| (IETF_LIMIT, v));
+    }
+    out.into_iter().flatten()
 }
 
 /// The item name of a window: `"<scope>-<window>"`, e.g. `key-1m`.

@@ -229,10 +229,49 @@ fn rate_limited_body(code: &str, g: &WindowDecision, template: &str) -> Vec<u8> 
     out.extend_from_slice(g.window.label().as_bytes());
     out.extend_from_slice(br#"","retry_after":"#);
     let _ = serde_json::to_writer(&mut out, &(d.retry_after_ms as f64 / 1000.0));
-    out.extend_from_slice(br#","message":"#);
-    let _ = serde_json::to_writer(&mut out, &render_message(template, g));
-    out.push(b'}');
+    out.extend_from_slice(br#","message":""#);
+    let d = &g.decision;
+    let values = (
+        d.limit,
+        g.window.noun(),
+        retry_after_secs(d.retry_after_ms),
+        g.scope,
+    );
+    fill_with(template, values, |part| escape_json(&mut out, part));
+    out.extend_from_slice(br#""}"#);
     out
+}
+
+/// Appends `s` as the inside of a JSON string, escaped as `serde_json` escapes it
+/// (`\"`, `\\`, the short escapes, `\u00xx` for other control characters; everything
+/// else, non-ASCII included, as it is), copying the runs between escapes whole.
+fn escape_json(out: &mut Vec<u8>, s: &str) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let bytes = s.as_bytes();
+    let mut start = 0;
+    for (i, &b) in bytes.iter().enumerate() {
+        let short: &[u8] = match b {
+            b'"' => b"\\\"",
+            b'\\' => b"\\\\",
+            b'\n' => b"\\n",
+            b'\r' => b"\\r",
+            b'\t' => b"\\t",
+            0x08 => b"\\b",
+            0x0c => b"\\f",
+            0..=0x1f => b"",
+            _ => continue,
+        };
+        out.extend_from_slice(&bytes[start..i]);
+        if short.is_empty() {
+            out.extend_from_slice(b"\\u00");
+            out.push(HEX[usize::from(b >> 4)]);
+            out.push(HEX[usize::from(b & 0xf)]);
+        } else {
+            out.extend_from_slice(short);
+        }
+        start = i + 1;
+    }
+    out.extend_from_slice(&bytes[start..]);
 }
 
 /// Fills `{limit}`, `{window}`, `{retry_after}` and `{scope}` of a message template, in
@@ -250,12 +289,27 @@ pub fn render_message(template: &str, wd: &WindowDecision) -> String {
 
 /// `render_message` on plain values.
 fn fill(template: &str, limit: u32, window: &str, retry_secs: u64, scope: Scope) -> String {
-    let mut num = itoa::Buffer::new();
     let mut out = String::with_capacity(template.len() + 16);
+    fill_with(template, (limit, window, retry_secs, scope), |part| {
+        out.push_str(part);
+    });
+    out
+}
+
+/// The parts of a filled template, in order, to `push`: the text between placeholders
+/// and each placeholder's value (`{limit}`, `{window}`, `{retry_after}`, `{scope}`; any
+/// other `{` is text).
+fn fill_with(
+    template: &str,
+    (limit, window, retry_secs, scope): (u32, &str, u64, Scope),
+    mut push: impl FnMut(&str),
+) {
+    let mut num = itoa::Buffer::new();
     let mut rest = template;
-    while let Some(i) = rest.find('{') {
-        out.push_str(&rest[..i]);
-        let tail = &rest[i..];
+    while let Some(i) = memchr::memchr(b'{', rest.as_bytes()) {
+        // `{` is ASCII: `i` and `i + 1` are character boundaries.
+        let (text, tail) = rest.split_at(i);
+        push(text);
         let (value, len): (&str, usize) = if tail.starts_with("{limit}") {
             (num.format(limit), 7)
         } else if tail.starts_with("{window}") {
@@ -267,11 +321,10 @@ fn fill(template: &str, limit: u32, window: &str, retry_secs: u64, scope: Scope)
         } else {
             ("{", 1)
         };
-        out.push_str(value);
-        rest = &tail[len..];
+        push(value);
+        rest = tail.get(len..).unwrap_or_default();
     }
-    out.push_str(rest);
-    out
+    push(rest);
 }
 
 fn json(status: u16, body: impl Into<Bytes>, headers: Vec<(&'static str, HeaderValue)>) -> Reply {
@@ -307,7 +360,14 @@ mod tests {
             "{limit}{limit} per {window} \"quoted\" \\ back\nnew line\t tab {unknown} {",
             "héllo {scope} {retry_after}s {{limit}} }{",
             "\u{1}control",
+            "\u{8}\u{c}\u{1f}\u{7f} {limit",
+            "{retry_after}",
         ];
+        // Every control character, each between placeholders.
+        let controls: String = (0u8..0x20)
+            .map(|b| format!("{}{{scope}}", char::from(b)))
+            .collect();
+        let templates = templates.into_iter().chain([controls.as_str()]);
         for (retry, current) in [(0, 1), (143, 6), (3_599_999, 2), (1_000, u64::MAX)] {
             let g = WindowDecision {
                 scope: Scope::Tenant,
@@ -321,7 +381,7 @@ mod tests {
                     retry_after_ms: retry,
                 },
             };
-            for t in templates {
+            for t in templates.clone() {
                 let old_message = t
                     .replace("{limit}", &g.decision.limit.to_string())
                     .replace("{window}", g.window.noun())
