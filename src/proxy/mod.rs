@@ -88,16 +88,20 @@ impl Gateway {
 
 #[async_trait]
 impl ProxyHttp for Gateway {
-    type CTX = RequestCtx;
+    /// Boxed: Pingora keeps the context inside the request's future, which moves (is
+    /// copied) a few times per request; a pointer instead of the 744 bytes of state costs
+    /// one allocation and saves about 2,600 instructions a request (callgrind, with limits
+    /// and on a 429 alike).
+    type CTX = Box<RequestCtx>;
 
-    fn new_ctx(&self) -> RequestCtx {
-        RequestCtx::default()
+    fn new_ctx(&self) -> Box<RequestCtx> {
+        Box::default()
     }
 
     async fn request_filter(
         &self,
         session: &mut Session,
-        ctx: &mut RequestCtx,
+        ctx: &mut Box<RequestCtx>,
     ) -> pingora::Result<bool> {
         timeouts::arm(session, ctx, &self.core);
         if self.access_log.is_some() {
@@ -147,7 +151,7 @@ impl ProxyHttp for Gateway {
     async fn upstream_peer(
         &self,
         _session: &mut Session,
-        ctx: &mut RequestCtx,
+        ctx: &mut Box<RequestCtx>,
     ) -> pingora::Result<Box<HttpPeer>> {
         upstream::peer(ctx)
     }
@@ -156,7 +160,7 @@ impl ProxyHttp for Gateway {
         &self,
         _session: &mut Session,
         _peer: &HttpPeer,
-        ctx: &mut RequestCtx,
+        ctx: &mut Box<RequestCtx>,
         e: Box<Error>,
     ) -> Box<Error> {
         upstream::retry(ctx, e)
@@ -166,7 +170,7 @@ impl ProxyHttp for Gateway {
         &self,
         session: &mut Session,
         upstream: &mut RequestHeader,
-        ctx: &mut RequestCtx,
+        ctx: &mut Box<RequestCtx>,
     ) -> pingora::Result<()> {
         let Some(a) = &ctx.admission else {
             return Ok(());
@@ -191,7 +195,7 @@ impl ProxyHttp for Gateway {
         session: &mut Session,
         _body: &mut Option<bytes::Bytes>,
         end_of_stream: bool,
-        ctx: &mut RequestCtx,
+        ctx: &mut Box<RequestCtx>,
     ) -> pingora::Result<()> {
         timeouts::body_read(session, ctx, end_of_stream, &self.core);
         Ok(())
@@ -201,7 +205,7 @@ impl ProxyHttp for Gateway {
         &self,
         _session: &mut Session,
         resp: &mut ResponseHeader,
-        ctx: &mut RequestCtx,
+        ctx: &mut Box<RequestCtx>,
     ) -> pingora::Result<()> {
         ctx.upstream_head = Some((tokio::time::Instant::now(), resp.status.as_u16()));
         // A 101 the client did not ask for (its `Upgrade` was removed, or never sent)
@@ -219,7 +223,7 @@ impl ProxyHttp for Gateway {
         &self,
         _session: &mut Session,
         resp: &mut ResponseHeader,
-        ctx: &mut RequestCtx,
+        ctx: &mut Box<RequestCtx>,
     ) -> pingora::Result<()> {
         if let Some(id) = &ctx.request_id {
             resp.insert_header(request_id::NAME, id.clone())?;
@@ -238,12 +242,12 @@ impl ProxyHttp for Gateway {
         &self,
         session: &mut Session,
         e: &Error,
-        ctx: &mut RequestCtx,
+        ctx: &mut Box<RequestCtx>,
     ) -> FailToProxy {
         respond::fail(session, e, ctx.request_id.as_ref()).await
     }
 
-    async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut RequestCtx) {
+    async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut Box<RequestCtx>) {
         let status = session.response_written().map_or(0, |r| r.status.as_u16());
         if let Some(log) = &self.access_log {
             log::write(log, &self.core, session, ctx, status);
