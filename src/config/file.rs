@@ -295,6 +295,12 @@ pub(crate) struct RouteFile {
     pub(crate) methods: Option<Spanned<Vec<Spanned<String>>>>,
     /// `hide_credentials = true`: the API key (header or query) is not forwarded.
     pub(crate) hide_credentials: Option<bool>,
+    /// `identity_headers = false`: no `X-Throttle-Tenant` / `X-Throttle-Key-Id` upstream.
+    pub(crate) identity_headers: Option<bool>,
+    /// `real_ip_header = false`: no `X-Real-IP` upstream.
+    pub(crate) real_ip_header: Option<bool>,
+    /// `hide_client_headers = true`: no rate-limit headers on the route's passed answers.
+    pub(crate) hide_client_headers: Option<bool>,
     /// `limits`: the route's own scope tables (`ip`, `key`, `tenant`, `global`, custom).
     #[serde(default)]
     pub(crate) limits: LimitsFile,

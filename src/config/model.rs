@@ -399,6 +399,15 @@ pub struct Route {
     pub methods: Option<Arc<[http::Method]>>,
     /// `hide_credentials`: the API key (header, Bearer or query) is not forwarded.
     pub hide_credentials: bool,
+    /// `identity_headers` (default true): the upstream gets `X-Throttle-Tenant` and
+    /// `X-Throttle-Key-Id` of a known caller (the client's are removed either way).
+    pub identity_headers: bool,
+    /// `real_ip_header` (default true): the upstream gets `X-Real-IP: <client>`
+    /// (`X-Forwarded-For` always goes).
+    pub real_ip_header: bool,
+    /// `hide_client_headers` (default false; Kong's name): a response the route forwards
+    /// carries no `X-RateLimit-*` / `RateLimit-*` (a 429 still carries them).
+    pub hide_client_headers: bool,
     /// `limits`: the route's own scope tables, counted for its requests alone.
     pub limits: Vec<RouteLimit>,
 }

@@ -57,9 +57,28 @@ pub fn reads_forwarded(rt: &Runtime) -> bool {
 /// known (both transports add them after scrubbing the client's). Static names: Pingora
 /// keeps a `&'static str` name as it is, while a `HeaderName` is copied into a new
 /// buffer (two allocations a request, measured by callgrind).
+///
+/// None on a route with `identity_headers = false`.
 pub fn identity_headers(a: &Admission) -> Option<[(&'static str, HeaderValue); 2]> {
+    if a.route.as_ref().is_some_and(|r| !r.route.identity_headers) {
+        return None;
+    }
     let (tenant, key_id) = a.key.as_ref().and_then(|k| k.headers.clone())?;
     Some([("x-throttle-tenant", tenant), ("x-throttle-key-id", key_id)])
+}
+
+/// Whether the upstream request of `a` gets `X-Real-IP` (not on a route with
+/// `real_ip_header = false`).
+pub fn sends_real_ip(a: &Admission) -> bool {
+    a.route.as_ref().is_none_or(|r| r.route.real_ip_header)
+}
+
+/// Whether the response forwarded for `a` carries its rate-limit headers (not on a route
+/// with `hide_client_headers = true`; the gateway's own 429 always does).
+pub fn shows_rate_headers(a: &Admission) -> bool {
+    a.route
+        .as_ref()
+        .is_none_or(|r| !r.route.hide_client_headers)
 }
 
 /// Whether a client-sent request header (lower-case `name`) is removed before the request

@@ -22,9 +22,11 @@ pub(super) fn identity_headers(headers: &mut HeaderMap, a: &Admission, trusted: 
 }
 
 /// Adds the admitted request's rate-limit headers (`Admission::rate_headers`) to the
-/// inner service's response.
+/// inner service's response, unless its route has `hide_client_headers`.
 pub(super) fn rate_headers(headers: &mut HeaderMap, a: &Admission) {
-    insert_all(headers, a.rate_headers());
+    if forward::shows_rate_headers(a) {
+        insert_all(headers, a.rate_headers());
+    }
 }
 
 /// The gateway's own answer as a response: the JSON body, `Content-Type`,

@@ -54,7 +54,9 @@ pub(super) fn rewrite(
     if let Some(fwd) = chain.forwarded {
         upstream.insert_header(http::header::FORWARDED, fwd)?;
     }
-    upstream.insert_header("x-real-ip", chain.real_ip)?;
+    if forward::sends_real_ip(a) {
+        upstream.insert_header("x-real-ip", chain.real_ip)?;
+    }
     for (name, value) in forward::identity_headers(a).into_iter().flatten() {
         upstream.insert_header(name, value)?;
     }

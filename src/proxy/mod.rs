@@ -232,8 +232,10 @@ impl ProxyHttp for Gateway {
             return Ok(());
         };
         a.settle_from(&resp.headers, &self.core.metrics);
-        for (name, value) in a.rate_headers() {
-            resp.insert_header(name, value)?;
+        if crate::edge::forward::shows_rate_headers(a) {
+            for (name, value) in a.rate_headers() {
+                resp.insert_header(name, value)?;
+            }
         }
         Ok(())
     }

@@ -344,6 +344,72 @@ async fn route_cost_spends_several_units() {
     );
 }
 
+/// A route may leave out `X-Real-IP` and `X-Throttle-*` upstream and the rate-limit
+/// headers of its forwarded answers; `X-Forwarded-For` and `X-Request-Id` still go, the
+/// client's `X-Throttle-*` are still removed, a 429 still carries `X-RateLimit-*`, and a
+/// route without those keys keeps every header.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_route_leaves_out_the_headers_it_does_not_need() {
+    let up = Upstream::start("u").await;
+    let config = format!(
+        "{}\n{}",
+        r#"
+[[routes]]
+name = "quiet"
+path_prefix = "/quiet"
+upstreams = ["{upstream}"]
+auth = "required"
+identity_headers = false
+real_ip_header = false
+hide_client_headers = true
+"#,
+        BASE
+    );
+    let gw = Gateway::start(&config, Some(&up)).await;
+    let c = client();
+    let ask = |path: &'static str| {
+        c.get(gw.url(path))
+            .header("x-api-key", "key-a-secret")
+            .header("x-throttle-tenant", "spoofed")
+            .send()
+    };
+    let r = ask("/quiet/x").await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(header(&r, "x-ratelimit-limit"), "");
+    assert_ne!(header(&r, "x-request-id"), "");
+    let echo: Value = r.json().await.unwrap();
+    let h = &echo["headers"];
+    for gone in ["x-real-ip", "x-throttle-tenant", "x-throttle-key-id"] {
+        assert!(h.get(gone).is_none(), "{gone}: {h}");
+    }
+    assert_eq!(h["x-forwarded-for"], "127.0.0.1");
+    assert!(h.get("x-request-id").is_some(), "{h}");
+    // The route without the keys, same key: every header is there.
+    let r = ask("/v1/x").await.unwrap();
+    assert_eq!(header(&r, "x-ratelimit-limit"), "3");
+    let echo: Value = r.json().await.unwrap();
+    let h = &echo["headers"];
+    assert_eq!(
+        (
+            &h["x-real-ip"],
+            &h["x-throttle-tenant"],
+            &h["x-throttle-key-id"]
+        ),
+        (&"127.0.0.1".into(), &"acme".into(), &"key_a".into())
+    );
+    // key_a's per-minute 3 is spent (2 so far): the quiet route's 429 says so.
+    assert_eq!(ask("/quiet/x").await.unwrap().status(), 200);
+    let r = ask("/quiet/x").await.unwrap();
+    assert_eq!(r.status(), 429);
+    assert_eq!(
+        (
+            header(&r, "x-ratelimit-limit"),
+            header(&r, "x-ratelimit-remaining")
+        ),
+        ("3".to_string(), "0".to_string())
+    );
+}
+
 /// The upstream sees X-Forwarded-For, X-Real-IP and the gateway's X-Throttle-* headers,
 /// never the client's.
 #[tokio::test(flavor = "multi_thread")]

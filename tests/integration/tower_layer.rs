@@ -320,6 +320,38 @@ async fn inner_request_carries_identity_and_normalized_path() {
     assert_eq!(json(r).await["error"], "client_address_unavailable");
 }
 
+/// A route with `identity_headers = false` and `hide_client_headers = true` leaves out
+/// the identity headers (still removing the client's) and the rate-limit headers in the
+/// layer as in the proxy; the other route keeps both.
+#[tokio::test]
+async fn a_route_leaves_out_identity_and_rate_headers() {
+    let quiet = "[[routes]]\nname = \"quiet\"\npath_prefix = \"/quiet\"\n\
+                 upstreams = [\"127.0.0.1:1\"]\nauth = \"optional\"\n\
+                 identity_headers = false\nhide_client_headers = true\n";
+    let svc = layer(quiet).layer(tower::service_fn(echo));
+    let peer = Some([192, 0, 2, 1]);
+    let key = [("x-api-key", "demo-key-123"), ("x-throttle-tenant", "evil")];
+    let r = svc
+        .clone()
+        .oneshot(get("/quiet/a", peer, &key))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert!(r.headers().get("x-ratelimit-limit").is_none());
+    let echo = json(r).await;
+    assert_eq!(
+        (&echo["route"], &echo["key_id"]),
+        (&"quiet".into(), &"key_demo".into())
+    );
+    assert_eq!(
+        (&echo["tenant_header"], &echo["key_id_header"]),
+        (&Value::Null, &Value::Null)
+    );
+    let r = svc.oneshot(get("/a", peer, &key)).await.unwrap();
+    assert_eq!(r.headers()["x-ratelimit-limit"], "100");
+    assert_eq!(json(r).await["tenant_header"], "acme");
+}
+
 /// A concurrency slot is held while the inner service works and given back when its
 /// response future resolves, and when the future is dropped unfinished.
 #[tokio::test]

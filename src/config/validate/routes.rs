@@ -72,6 +72,9 @@ fn route(cx: &Ctx<'_>, r: &RouteFile) -> Result<Route, ConfigError> {
         upgrade: r.upgrade.unwrap_or(false),
         methods: methods(cx, r)?,
         hide_credentials: r.hide_credentials.unwrap_or(false),
+        identity_headers: r.identity_headers.unwrap_or(true),
+        real_ip_header: r.real_ip_header.unwrap_or(true),
+        hide_client_headers: r.hide_client_headers.unwrap_or(false),
         limits: Vec::new(),
     })
 }
