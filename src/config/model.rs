@@ -402,8 +402,8 @@ pub struct Route {
     /// `identity_headers` (default true): the upstream gets `X-Throttle-Tenant` and
     /// `X-Throttle-Key-Id` of a known caller (the client's are removed either way).
     pub identity_headers: bool,
-    /// `real_ip_header` (default true): the upstream gets `X-Real-IP: <client>`
-    /// (`X-Forwarded-For` always goes).
+    /// `real_ip_header` (default true): the upstream gets `X-Real-IP: <client>`; false:
+    /// none, a client's own removed (`X-Forwarded-For` always goes).
     pub real_ip_header: bool,
     /// `hide_client_headers` (default false; Kong's name): a response the route forwards
     /// carries no `X-RateLimit-*` / `RateLimit-*` (a 429 still carries them).

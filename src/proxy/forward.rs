@@ -56,6 +56,10 @@ pub(super) fn rewrite(
     }
     if forward::sends_real_ip(a) {
         upstream.insert_header("x-real-ip", chain.real_ip)?;
+    } else {
+        // The gateway's header, left out on this route: a client's own must not reach
+        // an upstream that trusts the name.
+        upstream.remove_header("x-real-ip");
     }
     for (name, value) in forward::identity_headers(a).into_iter().flatten() {
         upstream.insert_header(name, value)?;

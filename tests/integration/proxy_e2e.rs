@@ -346,7 +346,7 @@ async fn route_cost_spends_several_units() {
 
 /// A route may leave out `X-Real-IP` and `X-Throttle-*` upstream and the rate-limit
 /// headers of its forwarded answers; `X-Forwarded-For` and `X-Request-Id` still go, the
-/// client's `X-Throttle-*` are still removed, a 429 still carries `X-RateLimit-*`, and a
+/// client's own `X-Real-IP` and `X-Throttle-*` are still removed, a 429 still carries `X-RateLimit-*`, and a
 /// route without those keys keeps every header.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_route_leaves_out_the_headers_it_does_not_need() {
@@ -371,6 +371,7 @@ hide_client_headers = true
         c.get(gw.url(path))
             .header("x-api-key", "key-a-secret")
             .header("x-throttle-tenant", "spoofed")
+            .header("x-real-ip", "203.0.113.9")
             .send()
     };
     let r = ask("/quiet/x").await.unwrap();
