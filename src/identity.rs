@@ -49,27 +49,60 @@ impl PartialEq for Presented<'_> {
 
 impl Eq for Presented<'_> {}
 
-/// A known key.
+/// An identified caller: an API key, a verified JWT, or (the Envoy rate-limit service) a
+/// tenant named without a key. Built once, when the caller is identified, with the tiers
+/// resolved by the one tenant-tier rule (`admission::Dynamic::tenant_tier`).
+///
+/// Identities live in namespaces and never meet by accident: a key's scope identity is its
+/// id, a JWT caller's is `jwt:<key_claim value>` (`JWT_PREFIX`; key ids may not start with
+/// it), and a tenant is only ever what a key's record, or a token's `tenant_claim`, names.
 #[derive(Debug, Clone)]
 pub struct KeyInfo {
-    /// The key id (what `X-Throttle-Key-Id` carries); never the key itself.
+    /// The bare id `X-Throttle-Key-Id` carries: the key id, or the JWT's `key_claim` value
+    /// (empty for a tenant-only caller). Never the key itself.
     pub key_id: Arc<str>,
-    /// The tenant id.
-    pub tenant: Arc<str>,
+    /// What kind of caller this is.
+    pub kind: CallerKind,
+    /// The tenant id, when the caller has one.
+    pub tenant: Option<Arc<str>>,
     /// The key's tier (its key limits).
     pub tier: Arc<Tier>,
-    /// The tenant's tier (its tenant limits): `[[tenants]]`, else the key's tier.
+    /// The tenant's tier (its tenant limits), by the one tenant-tier rule.
     pub tenant_tier: Arc<Tier>,
-    /// `Ident` of the key scope.
-    pub key_ident: Ident,
-    /// `Ident` of the tenant scope.
-    pub tenant_ident: Ident,
-    /// `X-Throttle-Tenant` and `X-Throttle-Key-Id` values, built once (None: an id that
-    /// cannot be a header value).
-    pub headers: Option<(http::HeaderValue, http::HeaderValue)>,
+    /// `Ident` of the key scope (namespaced: `jwt:<sub>` for a token); None for a
+    /// tenant-only caller.
+    pub key_ident: Option<Ident>,
+    /// `Ident` of the tenant scope; None without a tenant.
+    pub tenant_ident: Option<Ident>,
+    /// `X-Throttle-Tenant` and `X-Throttle-Key-Id` values, built once (None: absent, or an
+    /// id that cannot be a header value).
+    pub headers: CallerHeaders,
     /// A JWT caller's claims that custom scopes read (`jwt:<claim>`), by name; empty for
     /// an API key.
     pub claims: Box<[(String, String)]>,
+}
+
+/// The namespace of JWT callers' key-scope identities (`jwt:<sub>`).
+pub const JWT_PREFIX: &str = "jwt:";
+
+/// What kind of caller a `KeyInfo` is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallerKind {
+    /// An API key (`[[keys]]` or the database).
+    ApiKey,
+    /// A verified Bearer JWT.
+    Jwt,
+    /// A tenant named without a key (the rate-limit service's `tenant` entry).
+    Tenant,
+}
+
+/// The identity headers a caller sends upstream.
+#[derive(Debug, Clone, Default)]
+pub struct CallerHeaders {
+    /// `X-Throttle-Tenant`.
+    pub tenant: Option<http::HeaderValue>,
+    /// `X-Throttle-Key-Id`.
+    pub key_id: Option<http::HeaderValue>,
 }
 
 /// Digest -> key, swapped whole on refresh.
@@ -87,63 +120,121 @@ pub struct KeyTable {
 // === impl KeyInfo ===
 
 impl KeyInfo {
-    /// A key `id` of `tenant`, limited by `tier` (key) and `tenant_tier` (tenant).
-    pub fn new(id: &str, tenant: &str, tier: Arc<Tier>, tenant_tier: Arc<Tier>) -> Arc<Self> {
+    /// The API key `id` of `tenant`, limited by `tier` (key) and `tenant_tier` (tenant).
+    pub fn api_key(id: &str, tenant: &str, tier: Arc<Tier>, tenant_tier: Arc<Tier>) -> Arc<Self> {
         let key_id: Arc<str> = Arc::from(id);
-        let tenant: Arc<str> = Arc::from(tenant);
-        let headers = http::HeaderValue::from_str(&tenant)
-            .ok()
-            .zip(http::HeaderValue::from_str(&key_id).ok());
-        Arc::new(KeyInfo {
+        Arc::new(Self::build(
+            (
+                CallerKind::ApiKey,
+                key_id.clone(),
+                Some(Ident::Name(key_id)),
+            ),
+            Some(tenant),
+            (tier, tenant_tier),
+        ))
+    }
+
+    /// The caller of a verified JWT whose `key_claim` is `sub`: its key-scope identity is
+    /// `jwt:<sub>`; its tenant only what `tenant_claim` named (None: no tenant limits).
+    pub fn jwt(
+        sub: &str,
+        tenant: Option<&str>,
+        (tier, tenant_tier): (Arc<Tier>, Arc<Tier>),
+        claims: Vec<(String, String)>,
+    ) -> Arc<Self> {
+        let ident = Ident::Name(Arc::from(format!("{JWT_PREFIX}{sub}")));
+        let mut info = Self::build(
+            (CallerKind::Jwt, Arc::from(sub), Some(ident)),
+            tenant,
+            (tier, tenant_tier),
+        );
+        info.claims = claims.into_boxed_slice();
+        Arc::new(info)
+    }
+
+    /// A caller known only as `tenant` (no key scope, no key id), under `tenant_tier`.
+    pub fn tenant_only(tenant: &str, tenant_tier: Arc<Tier>) -> Arc<Self> {
+        Arc::new(Self::build(
+            (CallerKind::Tenant, Arc::from(""), None),
+            Some(tenant),
+            (tenant_tier.clone(), tenant_tier),
+        ))
+    }
+
+    fn build(
+        (kind, key_id, key_ident): (CallerKind, Arc<str>, Option<Ident>),
+        tenant: Option<&str>,
+        (tier, tenant_tier): (Arc<Tier>, Arc<Tier>),
+    ) -> Self {
+        let tenant: Option<Arc<str>> = tenant.map(Arc::from);
+        let value = |s: &str| http::HeaderValue::from_str(s).ok();
+        let headers = CallerHeaders {
+            tenant: tenant.as_deref().and_then(value),
+            key_id: Some(&*key_id).filter(|id| !id.is_empty()).and_then(value),
+        };
+        KeyInfo {
             headers,
-            key_ident: Ident::Name(key_id.clone()),
-            tenant_ident: Ident::Name(tenant.clone()),
+            tenant_ident: tenant.clone().map(Ident::Name),
+            key_ident,
             key_id,
+            kind,
             tenant,
             tier,
             tenant_tier,
             claims: Box::default(),
-        })
+        }
     }
 
-    /// `new`, with the claims custom scopes read.
-    pub fn with_claims(
-        id: &str,
-        tenant: &str,
-        (tier, tenant_tier): (Arc<Tier>, Arc<Tier>),
-        claims: Vec<(String, String)>,
-    ) -> Arc<Self> {
-        let mut info = Arc::unwrap_or_clone(Self::new(id, tenant, tier, tenant_tier));
-        info.claims = claims.into_boxed_slice();
-        Arc::new(info)
+    /// The key scope's identity as text (`key_demo`, `jwt:alice`): what key blocks, bans,
+    /// `/v1/top` and the violation log name. None for a tenant-only caller.
+    pub fn key_scope_id(&self) -> Option<&str> {
+        match &self.key_ident {
+            Some(Ident::Name(n)) => Some(n),
+            _ => None,
+        }
     }
+
+    /// The tenant id as text, when there is one.
+    pub fn tenant_id(&self) -> Option<&str> {
+        self.tenant.as_deref()
+    }
+}
+
+/// Whether `id` may be an API key id: not in the JWT callers' namespace (`jwt:`).
+pub fn key_id_allowed(id: &str) -> bool {
+    !id.starts_with(JWT_PREFIX)
 }
 
 // === impl KeyTable ===
 
 impl KeyTable {
-    /// The keys of `[[keys]]` (unknown tiers were rejected by validation).
+    /// The keys of `[[keys]]` (unknown tiers were rejected by validation), their tenants'
+    /// tiers from `[[tenants]]` (the tenant-tier rule before any database snapshot).
     pub fn from_config(config: &Config) -> Self {
-        Self::from_config_tiers(config, &config.tiers)
+        let tenant_tier = |tenant: &str| {
+            let name = config.tenants.get(tenant)?;
+            config.tiers.get(name).cloned()
+        };
+        Self::from_config_tiers(config, &config.tiers, &tenant_tier)
     }
 
-    /// The keys of `[[keys]]`, their tiers (and their tenants' `[[tenants]]` tiers) looked
-    /// up in `tiers` (the config's, with the database's policies applied); keys naming a
-    /// tier missing from `tiers` are left out.
-    pub fn from_config_tiers(config: &Config, tiers: &HashMap<String, Arc<Tier>>) -> Self {
+    /// The keys of `[[keys]]`, their tiers looked up in `tiers` (the config's, with the
+    /// database's policies applied) and their tenants' tiers given by `tenant_tier` (None:
+    /// the key's tier); keys naming a tier missing from `tiers` are left out.
+    pub fn from_config_tiers(
+        config: &Config,
+        tiers: &HashMap<String, Arc<Tier>>,
+        tenant_tier: &dyn Fn(&str) -> Option<Arc<Tier>>,
+    ) -> Self {
         let mut by_digest = HashMap::with_capacity(config.keys.len());
         for k in &config.keys {
             let Some(tier) = tiers.get(&k.tier) else {
                 continue;
             };
-            let tenant_tier = config
-                .tenants
-                .get(&k.tenant)
-                .and_then(|t| tiers.get(t))
-                .unwrap_or(tier);
+            let tenant = tenant_tier(&k.tenant).unwrap_or_else(|| tier.clone());
             by_digest.insert(
                 k.sha256,
-                KeyInfo::new(&k.id, &k.tenant, tier.clone(), tenant_tier.clone()),
+                KeyInfo::api_key(&k.id, &k.tenant, tier.clone(), tenant),
             );
         }
         Self {
@@ -635,7 +726,11 @@ cost = 5
         let t = KeyTable::from_config(&c);
         let demo = t.lookup(b"demo-key-123").unwrap();
         assert_eq!(
-            (&*demo.key_id, &*demo.tenant, demo.tier.name.as_str()),
+            (
+                &*demo.key_id,
+                demo.tenant_id().unwrap(),
+                demo.tier.name.as_str()
+            ),
             ("key_demo", "acme", "free")
         );
         let pro = t.lookup(b"pro-key-456").unwrap();

@@ -97,6 +97,7 @@ fn admit_path_allocates_nothing_for_a_known_key_and_ip() {
         also_charge: None,
         origin: Origin::Proxy,
         attrs: Default::default(),
+        skip: Default::default(),
     };
     rt.block_on(async {
         // The first request creates the identities' state; so may the metrics' first use.

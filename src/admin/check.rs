@@ -57,6 +57,7 @@ pub(super) async fn check(core: &Core, session: &mut ServerSession) -> Reply {
     let token_set = core.runtime().config.server.check_token.is_some();
     let caller = crate::edge::peer_addr(session.client_addr()).filter(|_| !token_set);
     let request = AdmitRequest {
+        skip: Default::default(),
         client_ip: crate::client_ip::canonical(req.ip),
         target: req.route.as_deref().map_or(Target::Any, Target::Named),
         key: req

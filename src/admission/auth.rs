@@ -78,15 +78,17 @@ pub(super) async fn identify(
     }
 }
 
-/// The caller a Bearer JWT names, as the key it stands in for: key id the `key_claim`
-/// value, tenant the `tenant_claim` value (else the key id: a caller without a tenant is a
-/// tenant of its own, so tenant limits never pool unrelated callers), tier the
-/// `tier_claim` value (else `default_tier`), resolved as a key's is (the database's
-/// policies, then the config's tiers); the tenant's tier is the tenants table's or
-/// `[[tenants]]`'s, else the token's. Verified at the request's clock reading.
+/// The caller a Bearer JWT names (`KeyInfo::jwt`): its key-scope identity `jwt:<key_claim
+/// value>`, never an API key's; its tenant only what `tenant_claim` names (the issuer is
+/// trusted for it; without `tenant_claim` the token has no tenant: no tenant limits, no
+/// tenant ban, no `X-Throttle-Tenant`); its tier the `tier_claim` value, else
+/// `default_tier`, resolved as a key's is (the database's policies, then the config's
+/// tiers); the tenant's tier by the one tenant-tier rule (`Dynamic::tenant_tier`), else
+/// the token's. Verified at the request's clock reading.
 ///
 /// # Errors
-/// 401 `invalid_token`: the token does not verify, or names no configured tier.
+/// 401 `invalid_token`: the token does not verify, names no configured tier, or carries a
+/// key or tenant claim that cannot be a header value.
 fn token_caller(
     rt: &Runtime,
     dynamic: &Dynamic,
@@ -98,39 +100,34 @@ fn token_caller(
         tracing::debug!(reason = e.as_str(), "bearer token refused");
         Rejection::InvalidToken
     })?;
-    let tier_of = |name: &str| {
-        dynamic
-            .tiers
-            .get(name)
-            .or_else(|| rt.config.tiers.get(name))
-            .cloned()
-    };
     let default = rt
         .config
         .jwt
         .as_ref()
         .and_then(|j| j.default_tier.as_deref());
-    let Some(tier) = caller.tier.as_deref().or(default).and_then(tier_of) else {
+    let tier_name = caller.tier.as_deref().or(default);
+    let Some(tier) = tier_name.and_then(|t| dynamic.tier(&rt.config, t)) else {
         tracing::debug!("bearer token refused: its tier is not configured");
         return Err(Rejection::InvalidToken);
     };
-    let tenant = caller.tenant.as_deref().unwrap_or(&caller.key_id);
-    let tenant_tier = dynamic
-        .tenants
-        .get(tenant)
-        .or_else(|| rt.config.tenants.get(tenant))
-        .and_then(|t| tier_of(t))
+    let tenant = caller.tenant.as_deref();
+    let tenant_tier = tenant
+        .and_then(|t| dynamic.tenant_tier(&rt.config, t))
         .unwrap_or_else(|| tier.clone());
-    if caller.claims.is_empty() {
-        return Ok(KeyInfo::new(&caller.key_id, tenant, tier, tenant_tier));
-    }
-    let tiers = (tier, tenant_tier);
-    Ok(KeyInfo::with_claims(
+    let info = KeyInfo::jwt(
         &caller.key_id,
         tenant,
-        tiers,
+        (tier, tenant_tier),
         caller.claims.clone(),
-    ))
+    );
+    // An id that cannot travel upstream in X-Throttle-* is refused, not dropped.
+    let unsendable =
+        info.headers.key_id.is_none() || (tenant.is_some() && info.headers.tenant.is_none());
+    if unsendable {
+        tracing::debug!("bearer token refused: a key or tenant claim is not a header value");
+        return Err(Rejection::InvalidToken);
+    }
+    Ok(info)
 }
 
 /// Resolves a presented key against the database snapshot, then the config's keys.

@@ -197,11 +197,8 @@ impl Pending {
             rule,
             now_ms,
             client_ip: who.client_ip,
-            tenant: who.key.map(|k| k.tenant.clone()),
-            key_id: who
-                .key
-                .map(|k| k.key_id.clone())
-                .filter(|id| !id.is_empty()),
+            tenant: who.key.and_then(|k| k.tenant.clone()),
+            key_id: who.key.and_then(KeyInfo::key_scope_id).map(Arc::from),
             events: core.events.clone(),
             counted: core.metrics.bans(scope),
             dropped: core.metrics.bans_dropped_total.clone(),

@@ -20,7 +20,7 @@ use crate::bans::Bans;
 use crate::blocklist::BlockList;
 use crate::client_ip::ClientIpResolver;
 use crate::clock::{Clock, SystemClock};
-use crate::config::{BlockEntry, BlockTarget, Config};
+use crate::config::{BlockEntry, BlockTarget, Config, Tier};
 use crate::db::blocks::BlockRow;
 use crate::db::events::EventQueue;
 use crate::identity::KeyTable;
@@ -194,6 +194,38 @@ impl Dynamic {
             tenants: HashMap::new(),
         }
     }
+}
+
+impl Dynamic {
+    /// The tier of `tenant`'s tenant limits, by the one rule every kind of caller follows
+    /// (config keys, database keys, JWT callers, the rate-limit service, `/v1/check`,
+    /// `/v1/usage`): see [`tenant_tier`].
+    pub fn tenant_tier(&self, config: &Config, tenant: &str) -> Option<Arc<Tier>> {
+        tenant_tier(config, &self.tenants, &self.tiers, tenant)
+    }
+
+    /// The tier named `name`: the effective tiers (with the database's policies), else
+    /// the config's.
+    pub fn tier(&self, config: &Config, name: &str) -> Option<Arc<Tier>> {
+        self.tiers
+            .get(name)
+            .or_else(|| config.tiers.get(name))
+            .cloned()
+    }
+}
+
+/// The tenant-tier rule: the tenants table's row for `tenant` (when a database is
+/// configured), else its `[[tenants]]` entry; the tier by that name among `tiers` (the
+/// effective tiers), else the config's. None (no entry, or a tier nobody defines): the
+/// tier of the key used.
+pub fn tenant_tier(
+    config: &Config,
+    table: &HashMap<String, String>,
+    tiers: &HashMap<String, Arc<Tier>>,
+    tenant: &str,
+) -> Option<Arc<Tier>> {
+    let name = table.get(tenant).or_else(|| config.tenants.get(tenant))?;
+    tiers.get(name).or_else(|| config.tiers.get(name)).cloned()
 }
 
 // === impl Core ===

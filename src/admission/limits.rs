@@ -16,20 +16,17 @@
 //! once per call that reached it.
 
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use super::bans::{self, Offender};
-use arrayvec::ArrayVec;
 
+use super::applied::{Applied, Tables};
 use super::core::{Core, Runtime};
 use super::Rejection;
-use crate::adaptive::Factor;
 use crate::config::{Counts, Mode, Route};
 use crate::db::events::Event;
 use crate::identity::KeyInfo;
-use crate::limiter::{
-    Check, Ident, OnFailure, Quota, Scope, ScopeCheck, ScopeLimits, Verdict, WindowDecision,
-    MAX_SCOPES,
-};
+use crate::limiter::{Check, Ident, OnFailure, Quota, Scope, ScopeCheck, Verdict, WindowDecision};
 use crate::metrics::Outcome;
 use crate::store::StoreError;
 
@@ -45,22 +42,18 @@ pub(super) struct LimitOutcome {
 }
 
 /// What the limits see of one request.
-#[derive(Debug, Clone, Copy)]
+#[derive(Clone, Copy)]
 pub(super) struct Charge<'a> {
+    /// The tables that apply (built once per request, scaled by the route's factor).
+    pub(super) applied: &'a Applied,
+    /// Where they are read from.
+    pub(super) tables: Tables<'a>,
     /// The resolved client address.
     pub(super) client_ip: IpAddr,
-    /// The caller's key, when identified.
-    pub(super) key: Option<&'a KeyInfo>,
-    /// The route (its own tables apply).
-    pub(super) route: Option<&'a Route>,
-    /// The custom scopes' identities (see `Who::customs`).
-    pub(super) customs: &'a [Option<Ident>],
     /// Units to spend.
     pub(super) cost: u32,
     /// The route's mode (a shadow-mode rejection is admitted).
     pub(super) mode: Mode,
-    /// The route's adaptive factor every limit is multiplied by.
-    pub(super) factor: Factor,
     /// Who asks (only some origins strike bans).
     pub(super) origin: super::Origin,
     /// The request's one limiter clock reading.
@@ -69,20 +62,8 @@ pub(super) struct Charge<'a> {
     pub(super) span: &'a std::sync::OnceLock<super::StoreSpan>,
 }
 
-impl<'a> Charge<'a> {
-    /// Who is charged.
-    pub(super) fn who(&self) -> Who<'a> {
-        Who {
-            client_ip: self.origin.addressed().then_some(self.client_ip),
-            key: self.key,
-            route: self.route,
-            customs: self.customs,
-        }
-    }
-}
-
-/// Enforces ip -> key -> tenant -> global for one request of `c.cost`, every limit
-/// multiplied by the route's adaptive `c.factor`.
+/// Enforces the rate windows of `c.applied` (ip -> key -> tenant -> global -> custom ->
+/// route) for one request of `c.cost`.
 ///
 /// # Errors
 /// 429 with the rejecting window (enforce mode), or 503 when a fail-closed scope's store
@@ -92,9 +73,7 @@ pub(super) async fn limit(
     rt: &Runtime,
     c: &Charge<'_>,
 ) -> Result<LimitOutcome, Rejection> {
-    let base = build_check(rt, c.who(), c.cost);
-    let scaled = scaled_limits(&base, c.factor);
-    let mut check = rebind(base, &scaled);
+    let mut check = c.applied.check(c.tables, c.cost);
     let outcome = |verdict, shadow_rejected, policy| LimitOutcome {
         verdict,
         shadow_rejected,
@@ -144,7 +123,7 @@ fn rejected(
     governing: WindowDecision,
     policy: Option<Box<[Quota]>>,
 ) -> Rejection {
-    let (client_ip, key, now_ms) = (c.client_ip, c.key, c.now_ms);
+    let (client_ip, key, now_ms) = (c.client_ip, c.tables.key, c.now_ms);
     let rejecting = check.scopes.iter().find(|s| s.scope == governing.scope);
     let ident = rejecting.map(|s| &s.ident);
     record(core, client_ip, key, &governing, ident, now_ms);
@@ -250,15 +229,22 @@ pub(super) fn record(
     let Some(queue) = &core.events else { return };
     let ident = match g.scope {
         Scope::Ip | Scope::Auth => ident.map_or_else(|| client_ip.to_string(), Ident::to_string),
-        Scope::Key => key.map_or_else(String::new, |k| k.key_id.to_string()),
-        Scope::Tenant => key.map_or_else(String::new, |k| k.tenant.to_string()),
+        Scope::Key => key
+            .and_then(KeyInfo::key_scope_id)
+            .unwrap_or_default()
+            .to_string(),
+        Scope::Tenant => key
+            .and_then(KeyInfo::tenant_id)
+            .unwrap_or_default()
+            .to_string(),
         Scope::Global => "all".to_string(),
         Scope::Named(_) => ident.map_or_else(|| "all".to_string(), Ident::to_string),
     };
     queue.push(Event {
-        tenant_id: key.map(|k| k.tenant.clone()),
-        // A caller known only by its tenant (the Envoy rate-limit service) has no key id.
-        api_key_id: key.map(|k| k.key_id.clone()).filter(|id| !id.is_empty()),
+        tenant_id: key.and_then(|k| k.tenant.clone()),
+        // The key scope's identity (`jwt:<sub>` for a token); a caller known only by its
+        // tenant (the Envoy rate-limit service) has none.
+        api_key_id: key.and_then(KeyInfo::key_scope_id).map(Arc::from),
         ip: client_ip,
         scope: g.scope.as_str(),
         limit_key: format!("{}:{ident}", g.scope.as_str()),
@@ -297,91 +283,15 @@ impl<'a> Who<'a> {
     }
 
     /// The identity a route table or custom scope counting `counts` counts, if any.
-    pub(super) fn ident(&self, rt: &Runtime, counts: Counts) -> Option<Ident> {
+    pub(crate) fn ident(&self, rt: &Runtime, counts: Counts) -> Option<Ident> {
         match counts {
             Counts::Ip => self
                 .client_ip
                 .map(|ip| Ident::client(ip, rt.config.ipv6_prefix)),
-            Counts::Key => self.key.map(|k| k.key_ident.clone()),
-            Counts::Tenant => self.key.map(|k| k.tenant_ident.clone()),
+            Counts::Key => self.key.and_then(|k| k.key_ident.clone()),
+            Counts::Tenant => self.key.and_then(|k| k.tenant_ident.clone()),
             Counts::Global => Some(Ident::Global),
             Counts::Custom(i) => self.customs.get(i).cloned().flatten(),
         }
     }
-}
-
-/// The scopes that apply to a caller, in order: ip, key, tenant, global, the custom
-/// scopes' `[limits.<name>]` (of the attributes the request carries), then the route's
-/// own tables.
-pub fn build_check<'a>(rt: &'a Runtime, who: Who<'a>, cost: u32) -> Check<'a> {
-    let mut check = Check::new(cost);
-    if let (Some(l), Some(ip)) = (&rt.config.ip_limits, who.client_ip) {
-        check.push(Scope::Ip, Ident::client(ip, rt.config.ipv6_prefix), l);
-    }
-    if let Some(k) = who.key {
-        check.push(Scope::Key, k.key_ident.clone(), &k.tier.key);
-        check.push(Scope::Tenant, k.tenant_ident.clone(), &k.tenant_tier.tenant);
-    }
-    if let Some(l) = &rt.config.global_limits {
-        check.push(Scope::Global, Ident::Global, l);
-    }
-    if !who.customs.is_empty() {
-        for (c, ident) in rt.config.scopes.iter().zip(who.customs) {
-            if let (Some(l), Some(ident)) = (&c.limits, ident) {
-                check.push(c.scope, ident.clone(), l);
-            }
-        }
-    }
-    if let Some(route) = who.route.filter(|r| !r.limits.is_empty()) {
-        for t in &route.limits {
-            if let Some(ident) = who.ident(rt, t.counts) {
-                check.push(t.scope, ident, &t.limits);
-            }
-        }
-    }
-    check
-}
-
-/// The limits of `check`'s scopes multiplied by `factor`, in scope order: every window's
-/// limit (and token-bucket capacity) and `concurrent` become `max(1, floor(n x factor))`.
-/// Empty when `factor` is 1, so a route that is not adapting allocates nothing.
-pub(super) fn scaled_limits(
-    check: &Check<'_>,
-    factor: Factor,
-) -> ArrayVec<ScopeLimits, MAX_SCOPES> {
-    if factor.is_one() {
-        return ArrayVec::new();
-    }
-    check
-        .scopes
-        .iter()
-        .map(|s| {
-            let mut l = s.limits.clone();
-            for w in &mut l.windows {
-                let limit = factor.apply(w.limit);
-                w.capacity = factor.apply(w.capacity).max(limit);
-                w.limit = limit;
-            }
-            l.concurrent = l.concurrent.map(|n| factor.apply(n));
-            l
-        })
-        .collect()
-}
-
-/// `check` over `scaled` (from `scaled_limits` of the same check), or `check` itself
-/// when nothing was scaled.
-pub(super) fn rebind<'a>(check: Check<'a>, scaled: &'a [ScopeLimits]) -> Check<'a> {
-    if scaled.is_empty() {
-        return check;
-    }
-    let mut out = Check::new(check.cost);
-    out.peek = check.peek;
-    for (s, limits) in check.scopes.into_iter().zip(scaled) {
-        out.scopes.push(ScopeCheck {
-            scope: s.scope,
-            ident: s.ident,
-            limits,
-        });
-    }
-    out
 }

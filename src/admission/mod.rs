@@ -35,9 +35,10 @@
 //! once when the request ends (`finish`, or its drop), handing the store back what the
 //! request holds.
 
+pub mod applied;
 mod auth;
 mod bans;
-pub mod concurrency;
+mod concurrency;
 pub mod core;
 pub mod custom;
 mod limits;
@@ -47,12 +48,12 @@ pub mod snapshot;
 use std::net::IpAddr;
 use std::sync::Arc;
 
+pub use self::applied::{Applied, Skip, Table, Tables};
 pub use self::auth::lookup_key;
 pub use self::core::{block_entry, parse_net, Core, Dynamic, Runtime, RuntimeError};
 pub use self::custom::Attrs;
-pub use self::limits::{build_check, decide, Who};
+pub use self::limits::{decide, Who};
 pub use self::pipeline::{admit_at, blocked_ip, ip_blocked, ip_blocked_at};
-use crate::adaptive::Factor;
 use crate::identity::{KeyInfo, Presented};
 use crate::limiter::{Quota, Scope, WindowDecision};
 use crate::metrics::Metrics;
@@ -78,6 +79,9 @@ pub struct AdmitRequest<'a> {
     pub origin: Origin,
     /// What custom scopes read (headers, query; empty for the decision APIs).
     pub attrs: Attrs<'a>,
+    /// Shared scopes another part of the same call already spent (the rate-limit
+    /// service's later descriptors); default: none.
+    pub skip: Skip,
 }
 
 /// Who asks for a decision. Automatic bans are struck only by proxied requests: a
@@ -240,10 +244,11 @@ pub struct Admission {
     pub store_span: Option<Box<StoreSpan>>,
     /// When the store decided each scope, on its own clock (what a settle names).
     decided_at: crate::limiter::DecidedAt,
-    /// The custom scopes' identities the request was charged under (for a settle).
+    /// The custom scopes' identities the request was charged under.
     customs: custom::Identities,
-    /// The route's adaptive factor the limits were multiplied by (1: not adapting).
-    pub factor: Factor,
+    /// The tables that applied, as decided (scaled by the route's adaptive factor): what a
+    /// settle charges or refunds, and what `/v1/usage`, simulate and the RLS report.
+    pub applied: Applied,
     /// Whether the store charged the rate windows (not when it failed open, or the local
     /// fallback decided): only then is there a cost to settle.
     charged: bool,
@@ -320,16 +325,13 @@ impl Admission {
         if delta == 0 {
             return 0;
         }
-        let who = Who {
-            client_ip: Some(self.client_ip),
+        let tables = Tables {
+            rt: &self.runtime,
             key: self.key.as_deref(),
             route: self.route.as_deref().map(|r| &r.route),
-            customs: &self.customs,
         };
-        let base = limits::build_check(&self.runtime, who, reserved);
-        // The same (scaled) limits the request was decided on.
-        let scaled = limits::scaled_limits(&base, self.factor);
-        let check = limits::rebind(base, &scaled);
+        // The same tables, at the same (scaled) limits, in the same positions as decided.
+        let check = self.applied.check(tables, reserved);
         l.store.settle(&check, delta, self.decided_at);
         l.held.cost = actual;
         metrics.cost_settled(delta);
@@ -340,9 +342,10 @@ impl Admission {
                 .iter()
                 .filter(|s| s.scope == wd.scope)
                 .flat_map(|s| s.limits.windows.iter())
-                .find(|w| w.window == wd.window);
+                .find(|w| w.window == wd.window)
+                .copied();
             if let Some(limit) = limit {
-                wd.decision = crate::limiter::algorithm::settled(&wd.decision, limit, delta);
+                wd.decision = crate::limiter::algorithm::settled(&wd.decision, &limit, delta);
             }
         }
         delta

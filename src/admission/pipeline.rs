@@ -5,9 +5,10 @@
 use std::net::IpAddr;
 use std::sync::Arc;
 
+use super::applied::{Applied, Tables};
 use super::core::{Core, Dynamic, Runtime};
 use super::custom::{self, Identities};
-use super::limits::{self, Charge, LimitOutcome};
+use super::limits::{self, Charge, LimitOutcome, Who};
 use super::{auth, bans, concurrency};
 use super::{Admission, AdmitRequest, Lifetime, Origin, Refusal, RefusalSeen, Rejection, Target};
 use crate::adaptive::Factor;
@@ -80,8 +81,12 @@ fn count_top(
         top.record(Scope::Ip, &client, rejected, now_ms);
     }
     if let Some(k) = &seen.key {
-        top.record(Scope::Key, &k.key_ident, rejected, now_ms);
-        top.record(Scope::Tenant, &k.tenant_ident, rejected, now_ms);
+        if let Some(ident) = &k.key_ident {
+            top.record(Scope::Key, ident, rejected, now_ms);
+        }
+        if let Some(ident) = &k.tenant_ident {
+            top.record(Scope::Tenant, ident, rejected, now_ms);
+        }
     }
     for (c, ident) in rt.config.scopes.iter().zip(&seen.customs) {
         if let Some(ident) = ident {
@@ -175,7 +180,11 @@ impl Step<'_> {
             Target::Match { host, path, method } => match self.rt.router.find(host, path, method) {
                 Some(r) => Ok(Some(r.clone())),
                 None => {
-                    let out = limits::limit(self.core, self.rt, &self.charge_of(None, 1)).await?;
+                    // The ip and global limits, as for any request, before the 404.
+                    let who = self.who(None, None, &[]);
+                    let applied = Applied::of(self.rt, who, self.req.skip, Factor::ONE);
+                    let charge = self.charge_of(&applied, who, 1, Mode::Enforce);
+                    let out = limits::limit(self.core, self.rt, &charge).await?;
                     Err(Rejection::NoRoute(out.verdict.governing))
                 }
             },
@@ -206,12 +215,19 @@ impl Step<'_> {
         auth::identify(core, rt, &self.dynamic, presented, auth, charged, now_ms).await
     }
 
-    /// Step 4: the blocks and bans of the key and its tenant.
+    /// Step 4: the blocks and bans of the key and its tenant (each in its namespace: a
+    /// JWT caller's key scope is `jwt:<sub>`, and a token has a tenant only by its
+    /// `tenant_claim`).
     fn screen_key(&self, k: &KeyInfo) -> Result<(), Rejection> {
         let (core, now_ms) = (self.core, self.now_ms);
         blocked_key(self.rt, &self.dynamic, k, now_ms)?;
-        bans::check(core, Scope::Key, &k.key_ident, now_ms)?;
-        bans::check(core, Scope::Tenant, &k.tenant_ident, now_ms)
+        if let Some(ident) = &k.key_ident {
+            bans::check(core, Scope::Key, ident, now_ms)?;
+        }
+        match &k.tenant_ident {
+            Some(ident) => bans::check(core, Scope::Tenant, ident, now_ms),
+            None => Ok(()),
+        }
     }
 
     /// The custom scopes' identities (none configured: nothing read), and their bans.
@@ -239,24 +255,47 @@ impl Step<'_> {
         Ok(ids)
     }
 
-    /// The limits' view of the request for `key` at `cost`, on the route's `mode` and
-    /// adaptive `factor`.
-    fn charge_of<'k>(&'k self, key: Option<&'k KeyInfo>, cost: u32) -> Charge<'k> {
-        Charge {
-            client_ip: self.req.client_ip,
+    /// Who the request is, as the limits see it.
+    fn who<'w>(
+        &self,
+        key: Option<&'w KeyInfo>,
+        route: Option<&'w Route>,
+        customs: &'w [Option<Ident>],
+    ) -> Who<'w> {
+        Who {
+            client_ip: self.req.origin.addressed().then_some(self.req.client_ip),
             key,
-            route: None,
-            customs: &[],
+            route,
+            customs,
+        }
+    }
+
+    /// The limits' view of the request: `applied` at `cost` in `mode`.
+    fn charge_of<'k>(
+        &'k self,
+        applied: &'k Applied,
+        who: Who<'k>,
+        cost: u32,
+        mode: Mode,
+    ) -> Charge<'k> {
+        Charge {
+            applied,
+            tables: Tables {
+                rt: self.rt,
+                key: who.key,
+                route: who.route,
+            },
+            client_ip: self.req.client_ip,
             cost,
-            mode: Mode::Enforce,
-            factor: Factor::ONE,
+            mode,
             origin: self.req.origin,
             now_ms: self.now_ms,
             span: self.span,
         }
     }
 
-    /// Steps 5 and 6: concurrency slots, then the layered limits, all or nothing; a
+    /// Steps 5 and 6: concurrency slots, then the layered limits, all or nothing, over the
+    /// one list of tables that apply (`Applied`, scaled by an adaptive route's factor); a
     /// refusal of the limits gives the slots back at once.
     async fn charge(
         &self,
@@ -268,17 +307,13 @@ impl Step<'_> {
         let (core, rt) = (self.core, self.rt);
         let r = route.as_ref().map(|r| &r.route);
         let cost = self.req.cost.or(r.map(|r| r.cost)).unwrap_or(1).max(1);
-        let charge = Charge {
-            route: r,
-            customs: &customs,
-            mode: r.map_or(Mode::Enforce, |r| r.mode),
-            // An adaptive route's limits follow its upstream's health (see `adaptive`).
-            factor: route.as_ref().map_or(Factor::ONE, |r| r.factor()),
-            ..self.charge_of(key.as_deref(), cost)
-        };
-        let ip = self.req.client_ip;
-        let slots =
-            concurrency::acquire(core, rt, charge.who(), charge.mode, charge.factor).await?;
+        let mode = r.map_or(Mode::Enforce, |r| r.mode);
+        // An adaptive route's limits follow its upstream's health (see `adaptive`).
+        let factor = route.as_ref().map_or(Factor::ONE, |r| r.factor());
+        let who = self.who(key.as_deref(), r, &customs);
+        let applied = Applied::of(rt, who, self.req.skip, factor);
+        let charge = self.charge_of(&applied, who, cost, mode);
+        let slots = concurrency::acquire(core, &charge).await?;
         // From here the slots are held by a guard: if this future is dropped while the
         // rate windows are checked (a gRPC deadline, a client gone, a timeout layer), its
         // drop gives them back; a refusal gives them back at once.
@@ -298,47 +333,57 @@ impl Step<'_> {
             cost,
             slots: guard.slots.take().unwrap_or_default(),
         };
-        let (factor, now_ms) = (charge.factor, self.now_ms);
+        let caller = Caller {
+            client_ip: self.req.client_ip,
+            route,
+            key,
+            customs,
+            applied,
+        };
         Ok(admitted(
             core,
             runtime.clone(),
-            (ip, route, key, customs),
+            caller,
             out,
             held,
-            (factor, now_ms),
+            self.now_ms,
         ))
     }
+}
+
+/// Who an admitted request is: its route, its caller and the tables that applied.
+pub(super) struct Caller {
+    pub(super) client_ip: IpAddr,
+    pub(super) route: Option<Arc<RouteEntry>>,
+    pub(super) key: Option<Arc<KeyInfo>>,
+    pub(super) customs: Identities,
+    pub(super) applied: Applied,
 }
 
 /// The `Admission` of a request that passed every step.
 fn admitted(
     core: &Core,
     runtime: Arc<Runtime>,
-    (client_ip, route, key, customs): (
-        IpAddr,
-        Option<Arc<RouteEntry>>,
-        Option<Arc<KeyInfo>>,
-        Identities,
-    ),
+    caller: Caller,
     out: LimitOutcome,
     held: Held,
-    (factor, now_ms): (Factor, u64),
+    now_ms: u64,
 ) -> Admission {
     let v = &out.verdict;
     // A shadow-mode would-be rejection was admitted, but the store charged nothing.
     let charged = v.allowed && v.scopes_checked != 0 && !v.fallback && v.failed_open == 0;
     Admission {
-        client_ip,
-        route,
-        key,
+        client_ip: caller.client_ip,
+        route: caller.route,
+        key: caller.key,
         rate: out.verdict.governing,
         shadow_rejected: out.shadow_rejected,
         rate_policy: out.policy,
         decided_at: out.verdict.decided_at,
-        customs,
+        customs: caller.customs,
+        applied: caller.applied,
         now_ms,
         store_span: None,
-        factor,
         charged,
         settled: false,
         lifetime: Some(Lifetime {
@@ -389,22 +434,23 @@ pub fn blocked_ip(rt: &Runtime, dynamic: &Dynamic, ip: IpAddr, now_ms: u64) -> b
     rt.blocks.ip(ip, now_ms).is_some() || dynamic.blocks.ip(ip, now_ms).is_some()
 }
 
-/// 403 when the key or its tenant is blocked.
+/// 403 when the key or its tenant is blocked. A key block names the key scope's identity
+/// (a key id, or `jwt:<sub>` for a token); a tenant block a tenant the caller really has.
 fn blocked_key(
     rt: &Runtime,
     dynamic: &Dynamic,
     key: &KeyInfo,
     now_ms: u64,
 ) -> Result<(), Rejection> {
-    if rt.blocks.key(&key.key_id, now_ms).is_some()
-        || dynamic.blocks.key(&key.key_id, now_ms).is_some()
-    {
-        return Err(Rejection::Blocked(Scope::Key));
+    if let Some(id) = key.key_scope_id() {
+        if rt.blocks.key(id, now_ms).is_some() || dynamic.blocks.key(id, now_ms).is_some() {
+            return Err(Rejection::Blocked(Scope::Key));
+        }
     }
-    if rt.blocks.tenant(&key.tenant, now_ms).is_some()
-        || dynamic.blocks.tenant(&key.tenant, now_ms).is_some()
-    {
-        return Err(Rejection::Blocked(Scope::Tenant));
+    if let Some(t) = key.tenant_id() {
+        if rt.blocks.tenant(t, now_ms).is_some() || dynamic.blocks.tenant(t, now_ms).is_some() {
+            return Err(Rejection::Blocked(Scope::Tenant));
+        }
     }
     Ok(())
 }

@@ -119,8 +119,13 @@ pub fn build(
     let max_cost = config.max_cost();
     let tiers = effective_tiers(config, &records.policies, &mut refusals);
     let tenants: HashMap<String, String> = records.tenants.into_iter().collect();
+    let tenant_tier = |t: &str| super::core::tenant_tier(config, &tenants, &tiers, t);
     let mut keys = KeyTable::default();
     for k in &records.keys {
+        if !crate::identity::key_id_allowed(&k.id) {
+            tracing::warn!(key_id = %k.id, "key id is in the JWT callers' namespace (jwt:); ignored");
+            continue;
+        }
         let policy = k.policy_id.as_deref().and_then(|p| tiers.get(p));
         let Some(base) = policy.or_else(|| tiers.get(&k.tier)) else {
             let named = k.policy_id.as_deref().unwrap_or(&k.tier);
@@ -137,16 +142,15 @@ pub fn build(
             },
             None => base.clone(),
         };
-        let tenant_tier = tenants
-            .get(&k.tenant)
-            .or_else(|| config.tenants.get(&k.tenant))
-            .and_then(|t| tiers.get(t))
-            .unwrap_or(base)
-            .clone();
-        keys.insert(k.sha256, KeyInfo::new(&k.id, &k.tenant, tier, tenant_tier));
+        let of_tenant = tenant_tier(&k.tenant).unwrap_or_else(|| base.clone());
+        keys.insert(
+            k.sha256,
+            KeyInfo::api_key(&k.id, &k.tenant, tier, of_tenant),
+        );
     }
-    // The config's own keys, last: a key in both is the config's.
-    for (sha256, info) in KeyTable::from_config_tiers(config, &tiers).iter() {
+    // The config's own keys, last: a key in both is the config's; its tenant's tier by
+    // the same rule (the tenants table first), so one tenant is limited at one size.
+    for (sha256, info) in KeyTable::from_config_tiers(config, &tiers, &tenant_tier).iter() {
         keys.insert(*sha256, info.clone());
     }
     keys.set_refused(refusals.seen);

@@ -75,6 +75,7 @@ async fn admit_token(core: &Core, ip: &str, token: &str) -> Result<Admission, Re
         also_charge: None,
         origin: Origin::Proxy,
         attrs: Default::default(),
+        skip: Default::default(),
     };
     admit(core, &req).await
 }
@@ -83,8 +84,9 @@ fn refused(r: Result<Admission, Refusal>) -> Rejection {
     r.unwrap_err().rejection
 }
 
-/// Claims become the caller: key id, tenant (else the key id), tier (else the default),
-/// the tenant's tier from `[[tenants]]`; the token is checked at the request's clock.
+/// Claims become the caller: key id (its key scope `jwt:<sub>`), tenant only from
+/// `tenant_claim`, tier (else the default), the tenant's tier from `[[tenants]]`; the token
+/// is checked at the request's clock.
 #[tokio::test]
 async fn claims_become_the_caller_at_the_request_clock() {
     let clock = Arc::new(ManualClock::at(NOW_MS));
@@ -98,7 +100,8 @@ async fn claims_become_the_caller_at_the_request_clock() {
     .await
     .unwrap();
     let k = a.key.clone().unwrap();
-    assert_eq!((&*k.key_id, &*k.tenant), ("u1", "big-org"));
+    assert_eq!((&*k.key_id, k.tenant_id()), ("u1", Some("big-org")));
+    assert_eq!(k.key_scope_id(), Some("jwt:u1"));
     assert_eq!(
         (k.tier.name.as_str(), k.tenant_tier.name.as_str()),
         ("free", "gold")
@@ -111,7 +114,9 @@ async fn claims_become_the_caller_at_the_request_clock() {
         .key
         .clone()
         .unwrap();
-    assert_eq!((&*k.tenant, k.tier.name.as_str()), ("u2", "gold"));
+    // No tenant claim: no tenant (not a tenant named after the subject).
+    assert_eq!((k.tenant_id(), k.tier.name.as_str()), (None, "gold"));
+    assert!(k.tenant_ident.is_none() && k.headers.tenant.is_none());
     // Past exp and the 30 s leeway on the request's clock: refused.
     clock.advance(Duration::from_secs(91));
     assert!(matches!(

@@ -58,13 +58,17 @@ pub fn reads_forwarded(rt: &Runtime) -> bool {
 /// keeps a `&'static str` name as it is, while a `HeaderName` is copied into a new
 /// buffer (two allocations a request, measured by callgrind).
 ///
-/// None on a route with `identity_headers = false`.
-pub fn identity_headers(a: &Admission) -> Option<[(&'static str, HeaderValue); 2]> {
+/// Each is None when the caller has no such id (a JWT without `tenant_claim` has no
+/// tenant), and both on a route with `identity_headers = false`.
+pub fn identity_headers(a: &Admission) -> Option<[Option<(&'static str, HeaderValue)>; 2]> {
     if a.route.as_ref().is_some_and(|r| !r.route.identity_headers) {
         return None;
     }
-    let (tenant, key_id) = a.key.as_ref().and_then(|k| k.headers.clone())?;
-    Some([("x-throttle-tenant", tenant), ("x-throttle-key-id", key_id)])
+    let h = &a.key.as_ref()?.headers;
+    Some([
+        h.tenant.clone().map(|v| ("x-throttle-tenant", v)),
+        h.key_id.clone().map(|v| ("x-throttle-key-id", v)),
+    ])
 }
 
 /// Whether the upstream request of `a` gets `X-Real-IP` (not on a route with

@@ -149,6 +149,7 @@ pub async fn admit_asked(
         Err(rejection) => return Err(refused_before(core, at, client_ip, rejection)),
     };
     let request = AdmitRequest {
+        skip: Default::default(),
         client_ip,
         target: admission::Target::Match {
             host: ask.host,

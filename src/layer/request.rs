@@ -16,7 +16,7 @@ pub(super) fn identity_headers(headers: &mut HeaderMap, a: &Admission, trusted: 
     for name in forward::doomed(headers, a, trusted) {
         headers.remove(name);
     }
-    for (name, value) in forward::identity_headers(a).into_iter().flatten() {
+    for (name, value) in forward::identity_headers(a).into_iter().flatten().flatten() {
         headers.insert(name, value);
     }
 }

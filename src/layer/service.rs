@@ -159,7 +159,7 @@ fn caller(a: &Admission) -> Caller {
         client_ip: a.client_ip,
         route: a.route_name().cloned(),
         key_id: a.key.as_ref().map(|k| k.key_id.clone()),
-        tenant: a.key.as_ref().map(|k| k.tenant.clone()),
+        tenant: a.key.as_ref().and_then(|k| k.tenant.clone()),
     }
 }
 

@@ -13,6 +13,7 @@ pub mod check;
 pub mod decision;
 pub mod named;
 pub mod policy;
+pub mod scale;
 
 pub use check::{
     canonical, canonical_net, network, Check, Ident, Quota, ScopeCheck, MAX_SCOPES, MAX_SLOTS,

@@ -61,7 +61,7 @@ pub(super) fn rewrite(
         // an upstream that trusts the name.
         upstream.remove_header("x-real-ip");
     }
-    for (name, value) in forward::identity_headers(a).into_iter().flatten() {
+    for (name, value) in forward::identity_headers(a).into_iter().flatten().flatten() {
         upstream.insert_header(name, value)?;
     }
     Ok(())

@@ -6,10 +6,11 @@
 //! the database's, which win, as in a key lookup) and rebuilt when either is swapped, on
 //! the first call that needs it: O(keys) once per snapshot, then one map lookup per call.
 //!
-//! A tenant's tier is the one its keys carry as their tenant tier (the tenants table, else
-//! `[[tenants]]`, else the key's own tier); a tenant without keys takes its `[[tenants]]`
-//! tier. A tenant with no tier of its own whose keys are in different tiers has no single
-//! answer and is refused, as is a tenant the gateway does not know.
+//! A tenant's tier follows the one tenant-tier rule (`Dynamic::tenant_tier`: the tenants
+//! table, else `[[tenants]]`), so a tenant made through the admin API is known at once,
+//! keys or not; a tenant with no tier of its own takes the tier its keys share. One with
+//! no tier of its own whose keys are in different tiers has no single answer and is
+//! refused, as is a tenant the gateway does not know.
 
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
@@ -20,7 +21,6 @@ use arc_swap::ArcSwapOption;
 use crate::admission::{Core, Dynamic, Runtime};
 use crate::config::Tier;
 use crate::identity::KeyInfo;
-use crate::limiter::ScopeLimits;
 
 /// Key ids and tenants of the current snapshots, indexed.
 #[derive(Default)]
@@ -82,35 +82,42 @@ impl Index {
         for (_, k) in runtime.keys.iter().chain(dynamic.keys.iter()) {
             keys.insert(k.key_id.clone(), k.clone());
         }
-        // Each tenant's tier, None when its keys disagree.
+        let config = &runtime.config;
+        // Each tenant's tier: by the tenant-tier rule (the tenants table, else
+        // `[[tenants]]`), else the one its keys share (None when they disagree).
         let mut tiers: HashMap<Arc<str>, Option<Arc<Tier>>> = HashMap::new();
+        let declared = dynamic.tenants.keys().chain(config.tenants.keys());
+        for tenant in declared {
+            if let Some(tier) = dynamic.tenant_tier(config, tenant) {
+                tiers
+                    .entry(Arc::from(tenant.as_str()))
+                    .or_insert(Some(tier));
+            }
+        }
         for k in keys.values() {
-            match tiers.entry(k.tenant.clone()) {
+            let Some(tenant) = k.tenant.clone() else {
+                continue;
+            };
+            match tiers.entry(tenant) {
                 Entry::Vacant(e) => {
                     e.insert(Some(k.tenant_tier.clone()));
                 }
                 Entry::Occupied(mut e) => {
-                    if e.get()
+                    let disagree = e
+                        .get()
                         .as_ref()
-                        .is_some_and(|t| t.name != k.tenant_tier.name)
-                    {
+                        .is_some_and(|t| t.name != k.tenant_tier.name);
+                    let declared = dynamic.tenant_tier(config, e.key()).is_some();
+                    if disagree && !declared {
                         e.insert(None);
                     }
                 }
             }
         }
-        let config = &runtime.config;
-        for (tenant, tier) in &config.tenants {
-            if let Some(tier) = config.tiers.get(tier) {
-                tiers
-                    .entry(Arc::from(tenant.as_str()))
-                    .or_insert_with(|| Some(tier.clone()));
-            }
-        }
         let tenants = tiers
             .into_iter()
             .map(|(tenant, tier)| {
-                let caller = tier.map(|t| tenant_caller(&tenant, t));
+                let caller = tier.map(|t| KeyInfo::tenant_only(&tenant, t));
                 (tenant, caller)
             })
             .collect();
@@ -123,29 +130,11 @@ impl Index {
     }
 }
 
-/// A caller of `tenant` with no key: the tenant scope under `tier`, and no key scope (its
-/// key limits have no windows) and no key id (none is logged with its violations).
-fn tenant_caller(tenant: &str, tier: Arc<Tier>) -> Arc<KeyInfo> {
-    let no_key_limits = ScopeLimits {
-        windows: Vec::new(),
-        concurrent: None,
-        ban: None,
-        message: None,
-        on_failure: tier.key.on_failure,
-    };
-    let keyless = Arc::new(Tier {
-        name: tier.name.clone(),
-        key: Arc::new(no_key_limits),
-        key_settings: tier.key_settings,
-        tenant: tier.tenant.clone(),
-    });
-    KeyInfo::new("", tenant, keyless, tier)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::admission::build_check;
+    use crate::adaptive::Factor;
+    use crate::admission::{Applied, Skip, Tables};
     use crate::config;
     use crate::limiter::Scope;
 
@@ -202,7 +191,7 @@ tier = "pro"
     #[test]
     fn finds_keys_by_id() {
         let i = index();
-        assert_eq!(&*i.keys["k_acme"].tenant, "acme");
+        assert_eq!(i.keys["k_acme"].tenant_id(), Some("acme"));
         assert!(!i.keys.contains_key("acme-key"));
     }
 
@@ -226,7 +215,13 @@ tier = "pro"
         assert!(caller.key_id.is_empty());
         let rt = i.runtime.clone();
         let who = crate::admission::Who::of("10.0.0.1".parse().unwrap(), Some(&caller));
-        let check = build_check(&rt, who, 1);
+        let applied = Applied::of(&rt, who, Skip::default(), Factor::ONE);
+        let tables = Tables {
+            rt: &rt,
+            key: Some(&caller),
+            route: None,
+        };
+        let check = applied.check(tables, 1);
         let scopes: Vec<Scope> = check.scopes.iter().map(|s| s.scope).collect();
         assert_eq!(scopes, [Scope::Tenant]);
         assert_eq!(check.scopes[0].limits.windows.len(), 1);

@@ -58,7 +58,7 @@ use tonic::{Request, Response, Status};
 
 use self::directory::Directory;
 use self::request::Caller;
-use crate::admission::{self, AdmitRequest, Core, Origin, Rejection, Target};
+use crate::admission::{self, AdmitRequest, Core, Origin, Rejection, Skip, Target};
 use crate::config::Auth;
 use crate::edge::guarded::Guarded;
 use crate::identity::{validate_key, Presented};
@@ -114,7 +114,12 @@ impl Rls {
         }
         drop(runtime);
         let asked = request::read(req).map_err(invalid)?;
-        let decided = futures_util::future::join_all(asked.iter().map(|a| self.decide_one(a)))
+        let skips = shared_once(&asked);
+        let one = asked
+            .iter()
+            .zip(skips)
+            .map(|(a, skip)| self.decide_one(a, skip));
+        let decided = futures_util::future::join_all(one)
             .await
             .into_iter()
             .collect::<Result<Vec<_>, Status>>()?;
@@ -125,6 +130,7 @@ impl Rls {
     async fn decide_one(
         &self,
         asked: &request::Asked<'_>,
+        skip: Skip,
     ) -> Result<Result<admission::Admission, admission::Refusal>, Status> {
         let known = match (asked.caller, asked.tenant) {
             (Caller::KeyId(id), _) => self.directory.key(&self.core, id),
@@ -156,6 +162,7 @@ impl Rls {
             also_charge: None,
             origin,
             attrs: Default::default(),
+            skip,
         };
         match admission::admit(&self.core, &request).await {
             Ok(a) => Ok(Ok(a)),
@@ -201,17 +208,32 @@ impl Rls {
         };
         // The owner of a raw `api_key` is never named: the answer must not tell a caller
         // whose key it guessed (a `key_id` is an identity Envoy vouches for).
-        match (owner, key) {
-            (Some(k), Presented::Known(_)) if *k.tenant != *tenant => Err(invalid(format!(
-                "tenant {tenant:?} conflicts with the key's tenant {:?}",
-                &*k.tenant
+        let theirs = owner.as_ref().map(|k| k.tenant_id().unwrap_or(""));
+        match (theirs, key) {
+            (Some(t), Presented::Known(_)) if t != tenant => Err(invalid(format!(
+                "tenant {tenant:?} conflicts with the key's tenant {t:?}"
             ))),
-            (Some(k), _) if *k.tenant != *tenant => Err(invalid(format!(
+            (Some(t), _) if t != tenant => Err(invalid(format!(
                 "tenant {tenant:?} is not the tenant of the api_key"
             ))),
             _ => Ok(()),
         }
     }
+}
+
+/// What each descriptor of one call leaves out: a call spends `global` once (with its
+/// first descriptor) and `ip` once per `remote_address` (with the first descriptor naming
+/// it), whatever its number of descriptors. A refused descriptor refuses the whole call,
+/// and nothing of it is charged, so a scope left out is never left unpaid.
+fn shared_once(asked: &[request::Asked<'_>]) -> Vec<Skip> {
+    asked
+        .iter()
+        .enumerate()
+        .map(|(i, a)| Skip {
+            global: i > 0,
+            ip: a.client_ip.is_some() && asked[..i].iter().any(|b| b.client_ip == a.client_ip),
+        })
+        .collect()
 }
 
 #[async_trait]

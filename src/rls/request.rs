@@ -118,13 +118,6 @@ fn descriptor(i: usize, d: &RateLimitDescriptor, request_hits: u32) -> Result<As
         )?)),
         None => None,
     };
-    if found.api_key.is_some() && client_ip.is_none() {
-        // A raw key is a guess until looked up: failed lookups are counted per address
-        // ([limits.auth]), so a key needs one to be charged to.
-        return Err(format!(
-            "descriptor {i}: api_key needs remote_address (failed key lookups are counted per address)"
-        ));
-    }
     let caller = match (found.api_key, found.key_id) {
         (Some(_), Some(_)) => {
             return Err(format!(
@@ -284,8 +277,14 @@ mod tests {
             let e = err(r);
             assert!(e.contains(want), "{e:?} should contain {want:?}");
         }
-        let e = err(req(vec![d(&[("api_key", "guess")])], 0));
-        assert!(e.contains("api_key needs remote_address"), "{e}");
+        // An api_key without remote_address is read (its failed lookups are counted in
+        // throttle_rls_unmetered_lookups_total, not refused here).
+        let r = req(vec![d(&[("api_key", "guess")])], 0);
+        let a = read(&r).unwrap();
+        assert_eq!(
+            (a[0].client_ip, a[0].caller),
+            (None, Caller::ApiKey("guess"))
+        );
         let e = err(req(
             vec![d(&[
                 ("remote_address", "10.0.0.1"),

@@ -31,11 +31,12 @@ use sha2::{Digest, Sha256};
 
 pub use self::report::{Counts, Report, ScopeCounts};
 use self::trace::{Key, Row};
+use crate::adaptive::Factor;
 use crate::admission::{self, Core, Dynamic, Rejection, Runtime};
 use crate::clock::ManualClock;
 use crate::config::{Auth, Config, PathParameters};
 use crate::edge::{self, target};
-use crate::identity::{validate_key, KeyTable, Presented};
+use crate::identity::{validate_key, KeyInfo, KeyTable, Presented};
 use crate::limiter::Scope;
 use crate::metrics::Metrics;
 use crate::store::{Ending, MemoryStore};
@@ -215,9 +216,15 @@ impl Replay {
             Ok(a) => {
                 let shadow = a.rate.filter(|_| a.shadow_rejected).map(|g| g.scope);
                 let key = a.key.as_deref();
-                let checked = admission::build_check(&rt, a.who(), 1);
+                let tables = admission::Tables {
+                    rt: &rt,
+                    key,
+                    route: a.route.as_deref().map(|r| &r.route),
+                };
+                // The scopes whose windows the request was charged in, as decided.
+                let checked = a.applied.check(tables, 1);
                 let scopes = checked.scopes.iter().map(|s| s.scope);
-                report.admitted(scopes, key.map(|k| &*k.tenant), shadow);
+                report.admitted(scopes, key.and_then(KeyInfo::tenant_id), shadow);
                 drop(checked);
                 a.finish(Ending::Completed { status: 200 });
             }
@@ -246,12 +253,22 @@ impl Replay {
                 let info = auth
                     .filter(|a| *a != Auth::None)
                     .and_then(|a| admission::lookup_key(rt, &dynamic, key, a).ok().flatten());
-                report.rejected(governing.scope, info.as_ref().map(|k| &*k.tenant));
+                report.rejected(
+                    governing.scope,
+                    info.as_deref().and_then(KeyInfo::tenant_id),
+                );
                 return;
             }
             Rejection::NoRoute(_) => {
                 // The ip and global limits passed (and were charged) before the 404.
-                let passed = admission::build_check(rt, admission::Who::of(row.ip, None), 1);
+                let who = admission::Who::of(row.ip, None);
+                let applied = admission::Applied::of(rt, who, Default::default(), Factor::ONE);
+                let tables = admission::Tables {
+                    rt,
+                    key: None,
+                    route: None,
+                };
+                let passed = applied.check(tables, 1);
                 report.refused("no_route", passed.scopes.iter().map(|s| s.scope));
                 return;
             }

@@ -34,7 +34,7 @@ use async_trait::async_trait;
 use super::breaker::{BreakerState, CircuitBreaker};
 use super::slots::{self, Acquired, Origin, SlotRequest};
 use super::{LimitStore, MemoryStore, StoreError};
-use crate::limiter::{Check, DecidedAt, OnFailure, ScopeLimits, Verdict, WindowLimit, MAX_SCOPES};
+use crate::limiter::{Check, DecidedAt, OnFailure, ScopeLimits, Verdict, MAX_SCOPES};
 use crate::metrics::Metrics;
 
 /// Consecutive failures that open the breaker.
@@ -162,22 +162,7 @@ impl TieredStore {
 
 /// `limits` with every window's limit and capacity divided by `n` (at least 1).
 pub fn divide(limits: &ScopeLimits, n: u32) -> ScopeLimits {
-    let windows = limits
-        .windows
-        .iter()
-        .map(|w| WindowLimit {
-            limit: (w.limit / n).max(1),
-            capacity: (w.capacity / n).max(1),
-            ..*w
-        })
-        .collect();
-    ScopeLimits {
-        concurrent: limits.concurrent.map(|c| (c / n.max(1)).max(1)),
-        ban: limits.ban,
-        windows,
-        on_failure: limits.on_failure,
-        message: limits.message.clone(),
-    }
+    crate::limiter::scale::scaled(limits, |c| c / n.max(1))
 }
 
 #[async_trait]

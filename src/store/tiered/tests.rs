@@ -1,7 +1,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize};
 
 use super::*;
-use crate::limiter::{Ident, Scope, Window};
+use crate::limiter::{Ident, Scope, Window, WindowLimit};
 
 /// A store that fails on demand and counts its calls (a stateful fake, not a mock).
 struct FakeStore {
