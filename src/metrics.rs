@@ -107,6 +107,10 @@ pub struct Metrics {
     /// has `detailed_metric`, by the config path that matched (never a runtime value)
     /// and their own code (`ok`, `over_limit`, `shadow_over_limit`).
     pub rls_descriptor_total: IntCounterVec,
+    /// `throttle_rls_unmetered_lookups_total`: failed key lookups (an unknown `api_key`, a
+    /// token that does not verify) of rate-limit service descriptors without
+    /// `remote_address`, which `[limits.auth]` cannot count against an address.
+    pub rls_unmetered_lookups_total: IntCounter,
 }
 
 // === impl Outcome ===
@@ -200,6 +204,7 @@ impl Metrics {
                 &["route", "upstream"],
             )?)?,
             rls_decisions_total: r.counter_vec(&RLS_DECISIONS_TOTAL, &["domain", "code"])?,
+            rls_unmetered_lookups_total: r.counter(&RLS_UNMETERED_LOOKUPS_TOTAL)?,
             rls_descriptor_total: r
                 .counter_vec(&RLS_DESCRIPTOR_TOTAL, &["domain", "descriptor", "code"])?,
             registry: r.0,
@@ -448,6 +453,11 @@ const BAN_SYNCS_TOTAL: Def = Def {
 const RLS_DECISIONS_TOTAL: Def = Def {
     name: "throttle_rls_decisions_total",
     help: "Rate-limit service answers with [rls] config, by domain and overall code.",
+};
+
+const RLS_UNMETERED_LOOKUPS_TOTAL: Def = Def {
+    name: "throttle_rls_unmetered_lookups_total",
+    help: "Failed key lookups of rate-limit service descriptors without remote_address (not counted in [limits.auth]).",
 };
 
 const RLS_DESCRIPTOR_TOTAL: Def = Def {

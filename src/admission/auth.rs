@@ -69,6 +69,10 @@ pub(super) async fn identify(
     };
     match found {
         Err(refused @ (Rejection::InvalidKey | Rejection::InvalidToken)) => {
+            if !charged.origin.addressed() {
+                // No address to count the guess against: counted, so an operator sees it.
+                core.metrics.rls_unmetered_lookups_total.inc();
+            }
             for ip in charged.addresses() {
                 auth_limit(core, rt, ip, false, now_ms, charged.origin).await?;
             }

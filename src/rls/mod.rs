@@ -7,13 +7,18 @@
 //! (`configured`). Without it, the built-in mapping (`request`, `answer`): each
 //! descriptor is its own admission request, decided all-or-nothing across its scopes (the
 //! layered ip -> key -> tenant -> global check), and the call is all-or-nothing across
-//! descriptors (one refused: the others are refunded):
+//! descriptors (one refused: the others are refunded). One call spends each shared scope
+//! at most once, whatever its number of descriptors: `global` with its first descriptor,
+//! `ip` with the first descriptor naming each `remote_address` (`shared_once`):
 //! - `remote_address` -> the `ip` scope (absent: no address, so nothing keyed by one
-//!   applies, see `Origin::Unaddressed`); `api_key` -> the key (the raw key, hashed and
-//!   looked up as the proxy does); `key_id` -> the key of that id; `tenant` -> the tenant
-//!   (alone: its tenant limits only; with a key: it must be the key's tenant); `route` ->
-//!   that route's `cost`, `mode` and `auth` (none: no route, cost 1, enforce), and an
-//!   adaptive route's current factor (learned from proxied traffic only);
+//!   applies, see `Origin::Unaddressed`, and it is no error); `api_key` -> the key (the
+//!   raw key, hashed and looked up as the proxy does; without `remote_address` its failed
+//!   lookups cannot be counted against an address in `[limits.auth]` and are counted in
+//!   `throttle_rls_unmetered_lookups_total`: send `remote_address` to meter guessing);
+//!   `key_id` -> the key of that id; `tenant` -> the tenant (alone: its tenant limits
+//!   only, its tier by the tenant-tier rule; with a key: it must be the key's tenant);
+//!   `route` -> that route's `cost`, `mode` and `auth` (none: no route, cost 1, enforce),
+//!   and an adaptive route's current factor (learned from proxied traffic only);
 //! - `hits_addend` is the cost (a descriptor's own, else the request's); 0 (unset) means
 //!   the default: the route's `cost`, else 1;
 //! - `domain` is not used. Unknown entries, conflicting values within a descriptor, an

@@ -62,7 +62,7 @@ tier = "free"
 
 [[blocks]]
 scope = "key"
-value = "blocked-user"
+value = "jwt:blocked-user"
 
 [[blocks]]
 scope = "tenant"
@@ -134,7 +134,8 @@ async fn start(body: &str, up: &Upstream) -> Gateway {
 
 /// A verified RS256 token is the caller: its claims go upstream as the key id and tenant,
 /// its tier claim (or `default_tier`) sets the key limits, a caller without a tenant claim
-/// is its own tenant, key and tenant blocks apply, and `hide_credentials` drops the token.
+/// has no tenant, key blocks name `jwt:<sub>` and tenant blocks the claimed tenant, and
+/// `hide_credentials` drops the token.
 #[tokio::test(flavor = "multi_thread")]
 async fn verified_token_is_the_caller() {
     let k1 = RsaKey::new(0, "k1");
@@ -154,14 +155,15 @@ async fn verified_token_is_the_caller() {
     assert_eq!(echo["headers"]["x-throttle-tenant"], "acme");
     assert_eq!(echo["headers"]["authorization"], format!("Bearer {gold}"));
 
-    // No tier claim: default_tier; no tenant claim: the key id is the tenant.
+    // No tier claim: default_tier; no tenant claim: no tenant (never one named after
+    // the subject).
     let plain = k1.sign(&claims("user-2", json!({})));
     let r = call(&gw, "/v1/x", &plain).await;
     assert_eq!(r.status(), 200);
     assert_eq!(header(&r, "x-ratelimit-limit"), "100", "default_tier free");
     let echo: Value = r.json().await.unwrap();
     assert_eq!(echo["headers"]["x-throttle-key-id"], "user-2");
-    assert_eq!(echo["headers"]["x-throttle-tenant"], "user-2");
+    assert!(echo["headers"].get("x-throttle-tenant").is_none(), "{echo}");
 
     // Optional routes take it too; hide_credentials drops it before the upstream.
     let r = call(&gw, "/opt/x", &gold).await;
@@ -174,7 +176,8 @@ async fn verified_token_is_the_caller() {
     assert!(echo["headers"].get("authorization").is_none(), "{echo}");
     assert_eq!(echo["headers"]["x-throttle-key-id"], "user-1");
 
-    // Blocks on the key id and the tenant apply to the claims.
+    // A key block names the JWT caller's key scope (`jwt:<sub>`), a tenant block the
+    // tenant its tenant claim names.
     for (sub, org, scope) in [
         ("blocked-user", "acme", "key"),
         ("user-3", "blocked-org", "tenant"),

@@ -432,3 +432,126 @@ async fn configured_descriptors_follow_on_failure_when_redis_is_away() {
         }
     }
 }
+
+/// One call spends each shared scope once, whatever its number of descriptors: three
+/// descriptors of one address cost the `ip` limit 1 (not 3), and three descriptors of
+/// different callers cost `[limits.global]` 1; a second address in the same call has its
+/// own `ip` unit. Fails when each descriptor spends the shared scopes on its own.
+#[tokio::test]
+async fn one_call_spends_shared_scopes_once() {
+    let up = Upstream::start("rls").await;
+    let keys = "[tiers.free]\nkey = { per_minute = 50 }\n\n[[keys]]\nid = \"k1\"\nkey = \"key-one\"\ntenant = \"acme\"\ntier = \"free\"\n";
+    let body = format!("[limits.ip]\nper_minute = 10\n\n{keys}\n{}", route());
+    let mut rls = Rls::start(&body, &up).await;
+    let (a, b) = (
+        ("remote_address", "198.51.100.60"),
+        ("remote_address", "198.51.100.61"),
+    );
+    let r = rls
+        .ask(request(&[
+            &[a],
+            &[a, ("key_id", "k1")],
+            &[a, ("route", "api")],
+            &[b],
+        ]))
+        .await;
+    assert_eq!(r.overall_code(), Code::Ok);
+    // The address alone, next: 10 - 1 (the call) - 1 (this one).
+    assert_eq!(remaining(&rls.ask(request(&[&[a]])).await), [8]);
+    assert_eq!(remaining(&rls.ask(request(&[&[b]])).await), [8]);
+
+    let body = format!("[limits.global]\nper_minute = 20\n\n{keys}\n{}", route());
+    let mut rls = Rls::start(&body, &up).await;
+    let r = rls
+        .ask(request(&[
+            &[a],
+            &[("key_id", "k1")],
+            &[b],
+            &[("tenant", "acme")],
+        ]))
+        .await;
+    assert_eq!(r.overall_code(), Code::Ok);
+    let r = rls.ask(request(&[&[a]])).await;
+    assert_eq!(
+        r.statuses[0].current_limit.clone().unwrap().name,
+        "global-1m"
+    );
+    assert_eq!(remaining(&r), [18], "20 - 1 (the call) - 1 (this one)");
+}
+
+/// A descriptor without `remote_address` is decided, not INVALID_ARGUMENT: a valid
+/// `api_key` is looked up and admitted, an unknown one is OVER_LIMIT 401 and counted in
+/// `throttle_rls_unmetered_lookups_total`, a tenant alone is limited at its tier, and a
+/// blocked key or tenant is OVER_LIMIT with the 403 body.
+#[tokio::test]
+async fn descriptors_without_remote_address_are_decided() {
+    let up = Upstream::start("rls").await;
+    let body = format!(
+        r#"[tiers.free]
+key = {{ per_minute = 5 }}
+tenant = {{ per_hour = 40 }}
+
+[[keys]]
+id = "k_good"
+key = "good-key"
+tenant = "acme"
+tier = "free"
+
+[[keys]]
+id = "k_bad"
+key = "blocked-key"
+tenant = "acme"
+tier = "free"
+
+[[keys]]
+id = "k_evil"
+key = "evil-key"
+tenant = "evil"
+tier = "free"
+
+[[blocks]]
+scope = "key"
+value = "k_bad"
+
+[[blocks]]
+scope = "tenant"
+value = "evil"
+
+{}"#,
+        route()
+    );
+    let mut rls = Rls::start(&body, &up).await;
+    let r = rls.ask(request(&[&[("api_key", "good-key")]])).await;
+    assert_eq!((r.overall_code(), remaining(&r)), (Code::Ok, vec![4]));
+    assert_eq!(r.statuses[0].current_limit.clone().unwrap().name, "key-1m");
+    let r = rls.ask(request(&[&[("tenant", "acme")]])).await;
+    assert_eq!(r.overall_code(), Code::Ok);
+    assert_eq!(
+        r.statuses[0].current_limit.clone().unwrap().name,
+        "tenant-1h"
+    );
+    assert_eq!(remaining(&r), [38], "the key's call and this one");
+    let r = rls.ask(request(&[&[("api_key", "not-a-key")]])).await;
+    assert_eq!(r.overall_code(), Code::OverLimit);
+    let body: serde_json::Value = serde_json::from_slice(&r.raw_body).unwrap();
+    assert_eq!(body["error"], "invalid_api_key");
+    let metrics = rls.gw.metrics().await;
+    assert!(
+        metrics.contains("throttle_rls_unmetered_lookups_total 1"),
+        "{metrics}"
+    );
+    for (entry, scope) in [
+        (("api_key", "blocked-key"), "key"),
+        (("key_id", "k_bad"), "key"),
+        (("tenant", "evil"), "tenant"),
+        (("api_key", "evil-key"), "tenant"),
+    ] {
+        let r = rls.ask(request(&[&[entry]])).await;
+        assert_eq!(r.overall_code(), Code::OverLimit, "{entry:?}");
+        let body: serde_json::Value = serde_json::from_slice(&r.raw_body).unwrap();
+        assert_eq!(
+            body,
+            serde_json::json!({"error": "blocked", "scope": scope})
+        );
+    }
+}
