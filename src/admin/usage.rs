@@ -172,10 +172,10 @@ fn subject(rt: &Runtime, dynamic: &Dynamic, query: &str) -> Result<Subject, Repl
     let mut pairs: Vec<(String, String)> = form_urlencoded::parse(query.as_bytes())
         .map(|(n, v)| (n.into_owned(), v.into_owned()))
         .collect();
-    let tier = match pairs.iter().position(|(n, _)| n == "tier") {
-        Some(i) => Some(pairs.remove(i).1),
-        None => None,
-    };
+    let tier = pairs
+        .iter()
+        .position(|(n, _)| n == "tier")
+        .map(|i| pairs.remove(i).1);
     if pairs.iter().any(|(n, _)| n == "tier") {
         return Err(invalid_field("tier", "tier is given twice"));
     }

@@ -129,25 +129,24 @@ auth = "none"
 #[tokio::test(flavor = "multi_thread")]
 async fn a_token_subject_never_meets_a_tenant_or_a_key() {
     let up = Upstream::start("one-caller").await;
-    let body = format!(
-        r#"
+    let body = r#"
 [auth.jwt]
 algorithms = ["HS256"]
 hs256_secret_env = "THROTTLE_TEST_JWT_SECRET"
 default_tier = "tokens"
 
 [tiers.tokens]
-key = {{ per_minute = 3 }}
-tenant = {{ per_minute = 2, ban = {{ after = 2, within_secs = 60, for_secs = 600 }} }}
+key = { per_minute = 3 }
+tenant = { per_minute = 2, ban = { after = 2, within_secs = 60, for_secs = 600 } }
 
 [tiers.keys]
-key = {{ per_minute = 3 }}
-tenant = {{ per_minute = 100, ban = {{ after = 2, within_secs = 60, for_secs = 600 }} }}
+key = { per_minute = 3 }
+tenant = { per_minute = 100, ban = { after = 2, within_secs = 60, for_secs = 600 } }
 
 [[routes]]
 name = "api"
 path_prefix = "/"
-upstreams = ["{{upstream}}"]
+upstreams = ["{upstream}"]
 auth = "required"
 
 [[keys]]
@@ -155,8 +154,7 @@ id = "key_acme"
 key = "acme-secret-key"
 tenant = "acme"
 tier = "keys"
-"#
-    );
+"#;
     let env = [("THROTTLE_TEST_JWT_SECRET", Some(SECRET))];
     let gw = Gateway::start_env(
         &["run"],

@@ -17,6 +17,15 @@ pub(super) fn keys(
                 format!("duplicate key id {:?}", k.id.get_ref()),
             ));
         }
+        if !crate::identity::key_id_allowed(k.id.get_ref()) {
+            return Err(cx.err(
+                k.id.span(),
+                format!(
+                    "key id {:?}: ids starting with \"jwt:\" are JWT callers' (their key scope is jwt:<sub>)",
+                    k.id.get_ref()
+                ),
+            ));
+        }
         known_tier(cx, &k.tier, tiers)?;
         let sha256 = match (&k.key, &k.key_sha256) {
             (Some(_), Some(h)) => {
