@@ -3,7 +3,7 @@
 //! Every consumer reads the same list: the rate check (`Applied::check`), the concurrency
 //! slots (`Applied::slots`), settle and refund (the `Admission` keeps its `Applied`, so a
 //! settle charges exactly the windows the request was decided on), the failure plan
-//! (`Applied::on_failure`), `/v1/usage`, `throttle simulate`, `POST /v1/check` and the
+//! (`Applied::on_failure`, `Applied::closed`), `/v1/usage`, `throttle simulate`, `POST /v1/check` and the
 //! Envoy rate-limit service. An entry is a table that applies (it has a rate window or
 //! `concurrent`; `throttle check` refuses a table with neither), with the scope it counts
 //! in, the identity it counts and where its limits live (`Table`); its position is its
@@ -63,6 +63,15 @@ pub struct Skip {
     pub global: bool,
     /// Leave `[limits.ip]` out.
     pub ip: bool,
+}
+
+/// A part of a request's limits, each decided by its own store call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Part {
+    /// The rate windows (`Applied::check`).
+    Rate,
+    /// The concurrency slots (`Applied::slots`).
+    Slots,
 }
 
 /// Where the tables of one request are read from: its runtime config, its caller and its
@@ -227,22 +236,35 @@ impl Applied {
         self.limits(tables, i)?.message.clone()
     }
 
-    /// The failure plan: each entry's scope and what it does when its store cannot be
-    /// reached (`closed` refuses the request with 503, `open` skips the scope, `local`
-    /// decides it in this process).
+    /// The failure plan of one part of the request (its rate windows, or its concurrency
+    /// slots): each entry of that part with its scope and what it does when its store
+    /// cannot be reached (`closed` refuses the request with 503, `open` skips the scope,
+    /// `local` decides it in this process). The stores apply it (`TieredStore`); the
+    /// pipeline counts it.
     pub fn on_failure<'s>(
         &'s self,
         tables: Tables<'s>,
+        part: Part,
     ) -> impl Iterator<Item = (Scope, OnFailure)> + 's {
         (0..self.entries.len()).filter_map(move |i| {
             let l = self.limits(tables, i)?;
-            Some((self.entries[i].scope, l.on_failure))
+            let in_part = match part {
+                Part::Rate => !l.windows.is_empty(),
+                Part::Slots => l.concurrent.is_some(),
+            };
+            in_part.then_some((self.entries[i].scope, l.on_failure))
         })
     }
 
-    /// Whether a scope of the plan fails closed.
-    pub fn fails_closed(&self, tables: Tables<'_>) -> bool {
-        self.on_failure(tables).any(|(_, f)| f == OnFailure::Closed)
+    /// The scopes of `part` that fail closed.
+    pub fn closed<'s>(
+        &'s self,
+        tables: Tables<'s>,
+        part: Part,
+    ) -> impl Iterator<Item = Scope> + 's {
+        self.on_failure(tables, part)
+            .filter(|(_, f)| *f == OnFailure::Closed)
+            .map(|(s, _)| s)
     }
 
     /// The scaled copies, when the factor is not 1.

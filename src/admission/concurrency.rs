@@ -4,11 +4,11 @@
 //! The slots are those of the request's `Applied` tables with `concurrent`, scaled with
 //! them on an adaptive route.
 
+use super::applied::Part;
 use super::core::Core;
 use super::limits::Charge;
 use super::Rejection;
 use crate::config::Mode;
-use crate::limiter::OnFailure;
 use crate::metrics::Outcome;
 use crate::store::slots::SlotLease;
 
@@ -36,8 +36,8 @@ pub(super) async fn acquire(core: &Core, c: &Charge<'_>) -> Result<SlotLease, Re
         Err(e) => {
             // The store answers an error only for a fail-closed scope (see `TieredStore`).
             tracing::debug!(error = %e, "concurrency slots: store failed");
-            for r in reqs.iter().filter(|r| r.on_failure == OnFailure::Closed) {
-                core.metrics.decision(r.scope, Outcome::FailedClosed);
+            for scope in c.applied.closed(c.tables, Part::Slots) {
+                core.metrics.decision(scope, Outcome::FailedClosed);
             }
             Err(Rejection::Unavailable)
         }

@@ -20,13 +20,13 @@ use std::sync::Arc;
 
 use super::bans::{self, Offender};
 
-use super::applied::{Applied, Tables};
+use super::applied::{Applied, Part, Tables};
 use super::core::{Core, Runtime};
 use super::Rejection;
 use crate::config::{Counts, Mode, Route};
 use crate::db::events::Event;
 use crate::identity::KeyInfo;
-use crate::limiter::{Check, Ident, OnFailure, Quota, Scope, ScopeCheck, Verdict, WindowDecision};
+use crate::limiter::{Check, Ident, Quota, Scope, Verdict, WindowDecision};
 use crate::metrics::Outcome;
 use crate::store::StoreError;
 
@@ -99,7 +99,7 @@ pub(super) async fn limit(
         Ok(v) => v,
         Err(e) => {
             tracing::debug!(error = %e, "limit store failed");
-            return store_failed(core, &check);
+            return store_failed(core, c, &check);
         }
     };
     count(core, &check, &verdict, c.mode);
@@ -162,11 +162,11 @@ pub async fn decide(core: &Core, check: &Check<'_>) -> Result<Verdict, StoreErro
 
 /// The store could not decide (the tiered store answers so only for a fail-closed
 /// scope; a bare store fails open).
-fn store_failed(core: &Core, check: &Check<'_>) -> Result<LimitOutcome, Rejection> {
-    let closed = |s: &&ScopeCheck<'_>| s.limits.on_failure == OnFailure::Closed;
-    if check.scopes.iter().any(|s| closed(&s)) {
-        for s in check.scopes.iter().filter(closed) {
-            core.metrics.decision(s.scope, Outcome::FailedClosed);
+fn store_failed(core: &Core, c: &Charge<'_>, check: &Check<'_>) -> Result<LimitOutcome, Rejection> {
+    let mut closed = c.applied.closed(c.tables, Part::Rate).peekable();
+    if closed.peek().is_some() {
+        for scope in closed {
+            core.metrics.decision(scope, Outcome::FailedClosed);
         }
         return Err(Rejection::Unavailable);
     }

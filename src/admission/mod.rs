@@ -408,3 +408,5 @@ pub async fn admit(core: &Core, req: &AdmitRequest<'_>) -> Result<Admission, Ref
 mod tests;
 #[cfg(test)]
 mod tests_jwt;
+#[cfg(test)]
+mod tests_tables;
