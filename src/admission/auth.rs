@@ -54,7 +54,7 @@ pub(super) async fn identify(
     );
     if attempt && rt.config.auth_limits.is_some() {
         for ip in charged.addresses() {
-            if core.is_suspect(ip, now_ms) {
+            if core.is_suspect(client_net(rt, ip), now_ms) {
                 // Past the failed-lookup limit no key is even looked at, valid or not.
                 auth_limit(core, rt, ip, true, now_ms, charged.origin).await?;
             }
@@ -190,7 +190,7 @@ async fn auth_limit(
             .map(|w| w.window.period_ms())
             .max()
             .unwrap_or(0);
-        core.suspect(ip, now_ms.saturating_add(longest), now_ms);
+        core.suspect(client_net(rt, ip), now_ms.saturating_add(longest), now_ms);
     }
     match verdict.governing {
         Some(g) if !verdict.allowed => {
@@ -226,4 +226,9 @@ async fn auth_limit(
         }
         _ => Ok(()),
     }
+}
+
+/// What `[limits.auth]` counts `ip` by: the address (IPv4), an IPv6 client's network.
+fn client_net(rt: &Runtime, ip: IpAddr) -> ipnet::IpNet {
+    crate::limiter::network(ip, rt.config.ipv6_prefix)
 }

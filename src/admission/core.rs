@@ -123,11 +123,13 @@ pub struct CoreBuilder {
     upstream_override: Option<SocketAddr>,
 }
 
-/// Addresses that recently presented a bad key, so only they pay the extra
-/// `[limits.auth]` look before a key is checked. Bounded.
+/// Clients that recently presented a bad key, so only they pay the extra `[limits.auth]`
+/// look before a key is checked. Keyed by what `[limits.auth]` counts (an IPv4 address,
+/// an IPv6 client's `/ipv6_prefix` network), so every address of an IPv6 network over
+/// the limit is refused before any lookup, not only the one that failed. Bounded.
 #[derive(Default)]
 struct Suspects {
-    map: Mutex<HashMap<IpAddr, u64>>,
+    map: Mutex<HashMap<ipnet::IpNet, u64>>,
     /// Whether `map` may hold anything: lets the common case skip the lock.
     any: AtomicBool,
 }
@@ -304,27 +306,28 @@ impl Core {
         self.dynamic.store(Arc::new(d));
     }
 
-    /// Remembers that `ip` presented a bad key, until `until_ms`.
-    pub fn suspect(&self, ip: IpAddr, until_ms: u64, now_ms: u64) {
+    /// Remembers that the client `net` (what `[limits.auth]` counts) presented a bad key,
+    /// until `until_ms`.
+    pub fn suspect(&self, net: ipnet::IpNet, until_ms: u64, now_ms: u64) {
         let s = &self.suspects;
         let mut m = s.map.lock().unwrap_or_else(PoisonError::into_inner);
         if m.len() >= MAX_SUSPECTS {
             m.retain(|_, t| *t > now_ms);
         }
         if m.len() < MAX_SUSPECTS {
-            m.insert(ip, until_ms);
+            m.insert(net, until_ms);
             s.any.store(true, Ordering::Relaxed);
         }
     }
 
-    /// Whether `ip` presented a bad key recently.
-    pub fn is_suspect(&self, ip: IpAddr, now_ms: u64) -> bool {
+    /// Whether the client `net` presented a bad key recently.
+    pub fn is_suspect(&self, net: ipnet::IpNet, now_ms: u64) -> bool {
         let s = &self.suspects;
         if !s.any.load(Ordering::Relaxed) {
             return false; // nobody has failed a lookup: no lock on the request path
         }
         let m = s.map.lock().unwrap_or_else(PoisonError::into_inner);
-        m.get(&ip).is_some_and(|t| *t > now_ms)
+        m.get(&net).is_some_and(|t| *t > now_ms)
     }
 }
 

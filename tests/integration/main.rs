@@ -25,6 +25,7 @@ mod dashboards;
 mod db;
 mod edge;
 mod edge_round2;
+mod edge_round3;
 mod events;
 mod hardening;
 mod health;

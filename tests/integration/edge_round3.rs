@@ -1,0 +1,63 @@
+//! Edge hardening, third round, on the real binary: what an attacker's probe found in the
+//! newest features. Each test failed before its fix.
+
+use serde_json::Value;
+
+use crate::support::{client, Gateway, Upstream};
+
+/// A request through the trusted proxy on 127.0.0.1 for client `xff`, with API key `key`.
+async fn as_client(gw: &Gateway, xff: &str, key: &str) -> (u16, Value) {
+    let r = client()
+        .get(gw.url("/v1/x"))
+        .header("x-forwarded-for", xff)
+        .header("x-api-key", key)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+/// `[limits.auth]` counts an IPv6 client by its /64, and so does the early refusal: once
+/// a /64 is over the limit, every address of it gets 429 `auth` before any key is looked
+/// at, a valid key included; another /64 is untouched.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_auth_refusal_covers_the_whole_ipv6_network() {
+    let up = Upstream::start("round3").await;
+    let body = r#"
+[client_ip]
+trusted_proxies = ["127.0.0.1/32"]
+
+[limits.auth]
+per_minute = 3
+
+[tiers.free]
+key = { per_minute = 100 }
+
+[[routes]]
+name = "api"
+path_prefix = "/v1"
+upstreams = ["{upstream}"]
+auth = "required"
+
+[[keys]]
+id = "k1"
+key = "valid-key-123"
+tenant = "acme"
+tier = "free"
+"#;
+    let gw = Gateway::start(body, Some(&up)).await;
+    for i in 1..=3 {
+        let (status, _) = as_client(&gw, &format!("2001:db8:1:2::{i}"), "guess").await;
+        assert_eq!(status, 401, "guess {i}");
+    }
+    let (status, body) = as_client(&gw, "2001:db8:1:2::1", "guess").await;
+    assert_eq!((status, &body["scope"]), (429, &Value::from("auth")));
+    // A fresh address of the same /64, with a valid key: refused before the lookup.
+    for fresh in ["2001:db8:1:2::99", "2001:db8:1:2:ffff::7"] {
+        let (status, body) = as_client(&gw, fresh, "valid-key-123").await;
+        assert_eq!((status, &body["scope"]), (429, &Value::from("auth")), "{fresh}");
+    }
+    let (status, _) = as_client(&gw, "2001:db8:1:3::1", "valid-key-123").await;
+    assert_eq!(status, 200, "another /64");
+}
