@@ -129,7 +129,11 @@ fn read(from: &Attribute, seen: &Seen<'_>, path: Option<&str>) -> Result<Option<
     }
 }
 
-/// The cookie `name` over every `Cookie` header (RFC 6265 `name=value; ...`).
+/// The cookie `name` over every `Cookie` header, read as common parsers read it (RFC 6265
+/// `name=value; ...`, and `,` separating cookies as `;` does, as older servers and
+/// frameworks split them): names and values trimmed of spaces and tabs, then a value's
+/// surrounding double quotes dropped. So `sess= abc`, `sess="abc"` and `other=1, sess=abc`
+/// are all the session `abc` an upstream would read; the name twice is ambiguous.
 fn cookie(headers: Option<&http::HeaderMap>, name: &str) -> Result<Option<String>, Invalid> {
     let Some(headers) = headers else {
         return Ok(None);
@@ -138,15 +142,20 @@ fn cookie(headers: Option<&http::HeaderMap>, name: &str) -> Result<Option<String
     for h in headers.get_all(http::header::COOKIE) {
         // Not skipped when not UTF-8: a second cookie of the name could hide there.
         let s = std::str::from_utf8(h.as_bytes()).map_err(|_| Invalid)?;
-        for pair in s.split(';') {
-            let Some((n, v)) = pair.trim().split_once('=') else {
+        for pair in s.split([';', ',']) {
+            let Some((n, v)) = pair.split_once('=') else {
                 continue;
             };
-            if n.trim() == name {
+            if n.trim_matches([' ', '\t']) == name {
                 if found.is_some() {
                     return Err(Invalid);
                 }
-                found = Some(v.trim_matches('"').to_string());
+                let v = v.trim_matches([' ', '\t']);
+                let v = v
+                    .strip_prefix('"')
+                    .and_then(|v| v.strip_suffix('"'))
+                    .unwrap_or(v);
+                found = Some(v.to_string());
             }
         }
     }
@@ -203,6 +212,33 @@ mod tests {
         assert_eq!(read(Attribute::Cookie("b".into())).as_deref(), Some("2"));
         assert_eq!(read(Attribute::Path(3)).as_deref(), Some("acme"));
         assert_eq!(read(Attribute::Path(9)), None);
+    }
+
+    /// Cookies as common parsers read them: one session whatever the spacing, quoting or
+    /// separator; the name twice (however spelled) is ambiguous.
+    #[test]
+    fn cookies_read_as_parsers_read_them() {
+        let cases: [(&[&str], Result<Option<&str>, ()>); 11] = [
+            (&["sess=abc"], Ok(Some("abc"))),
+            (&["sess= abc"], Ok(Some("abc"))),
+            (&["sess =abc "], Ok(Some("abc"))),
+            (&["sess=\tabc\t"], Ok(Some("abc"))),
+            (&["sess=\"abc\""], Ok(Some("abc"))),
+            (&["other=1, sess=abc"], Ok(Some("abc"))),
+            (&["other=1,sess=abc; x=2"], Ok(Some("abc"))),
+            (&["other=1"], Ok(None)),
+            (&["sess=abc, sess=abd"], Err(())),
+            (&["sess=abc", "sess= abc"], Err(())),
+            (&["a=1; sess=abc,sess=abc"], Err(())),
+        ];
+        for (values, want) in cases {
+            let mut h = http::HeaderMap::new();
+            for v in values {
+                h.append("cookie", http::HeaderValue::from_str(v).unwrap());
+            }
+            let got = cookie(Some(&h), "sess").map_err(|_| ());
+            assert_eq!(got.as_ref().map(|o| o.as_deref()), want.as_ref().map(|o| *o), "{values:?}");
+        }
     }
 
     #[test]

@@ -61,3 +61,40 @@ tier = "free"
     let (status, _) = as_client(&gw, "2001:db8:1:3::1", "valid-key-123").await;
     assert_eq!(status, 200, "another /64");
 }
+
+/// A cookie scope cannot be escaped by reformatting the cookie: once `sess=abc` is over
+/// its limit, `sess= abc`, `sess="abc"` and `other=1, sess=abc` (the same session to
+/// common parsers) are refused too, and naming the cookie twice is 400.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cookie_scope_is_not_escaped_by_reformatting() {
+    let up = Upstream::start("round3").await;
+    let body = r#"
+[scopes.session]
+from = "cookie:sess"
+
+[limits.session]
+per_minute = 2
+
+[[routes]]
+name = "api"
+path_prefix = "/"
+upstreams = ["{upstream}"]
+auth = "none"
+"#;
+    let gw = Gateway::start(body, Some(&up)).await;
+    let with = |cookie: &'static str| client().get(gw.url("/x")).header("cookie", cookie).send();
+    for _ in 0..2 {
+        assert_eq!(with("sess=abc").await.unwrap().status(), 200);
+    }
+    for spelled in ["sess=abc", "sess= abc", "sess=\"abc\"", "other=1, sess=abc", " sess =abc;x=1"] {
+        let r = with(spelled).await.unwrap();
+        assert_eq!(r.status(), 429, "{spelled:?}");
+        let body: Value = r.json().await.unwrap();
+        assert_eq!(body["scope"], "session", "{spelled:?}");
+    }
+    let r = with("sess=abc, sess=other").await.unwrap();
+    assert_eq!(r.status(), 400);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body, serde_json::json!({"error": "invalid_identity", "scope": "session"}));
+    assert_eq!(with("sess=xyz").await.unwrap().status(), 200, "another session");
+}
