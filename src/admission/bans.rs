@@ -84,7 +84,13 @@ pub(super) fn strike(
     match tally {
         Tally::Held => {}
         Tally::Ban => {
-            runtime.spawn(publish(redis, ban));
+            // This gateway saw the `after`-th rejection: the ban is in force here at once
+            // (the next request is refused, whatever Redis takes), then published; the
+            // fleet's answer may replace it with another gateway's earlier ban, or lift it
+            // when the fleet's table is full.
+            let here = ban.ban();
+            let held = ban.bans.insert(ban.ident.clone(), here.clone(), now_ms);
+            runtime.spawn(publish(redis, ban, held.then(|| here.id())));
         }
         Tally::Send { n, span_ms } => {
             runtime.spawn(async move {
@@ -111,16 +117,18 @@ pub(super) fn strike(
                 // count stays quiet until the ban ends, see `RedisStore::quiet_strikes`).
                 let after = i64::from(rule.after);
                 if count.saturating_sub(i64::from(n)) < after && after <= count {
-                    publish(redis, ban).await;
+                    publish(redis, ban, None).await;
                 }
             });
         }
     }
 }
 
-/// Publishes the ban to the fleet and imposes it here; a ban already in force on the
-/// identity (another gateway was first) is taken as it is, not imposed twice.
-async fn publish(redis: Arc<RedisStore>, ban: Pending) {
+/// Publishes the ban to the fleet and imposes it here (counted and logged once); a ban
+/// already in force on the identity (another gateway was first) is taken as it is, not
+/// imposed twice. `here`: the id of the ban this gateway already put in force while it
+/// published, lifted again if the fleet refuses it (its table is full).
+async fn publish(redis: Arc<RedisStore>, ban: Pending, here: Option<i64>) {
     let published = ban.ban();
     match redis.publish_ban(&published, ban.now_ms).await {
         Ok(Published::Set) => {
@@ -137,7 +145,12 @@ async fn publish(redis: Arc<RedisStore>, ban: Pending) {
         }
         Ok(Published::InForce(first)) => ban.adopt(first),
         // The fleet's table is full of bans in force: refused, not put in place of one.
-        Ok(Published::Full) => ban.dropped.inc(),
+        Ok(Published::Full) => {
+            if let Some(id) = here {
+                ban.bans.lift(id);
+            }
+            ban.dropped.inc();
+        }
         Err(e) => {
             tracing::warn!(error = %e, "publishing an automatic ban failed: it holds on this gateway only");
             ban.impose();

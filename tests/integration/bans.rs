@@ -782,3 +782,22 @@ async fn the_ban_scripts_run_on_redis_cluster() {
     // The lift reset the count.
     assert_eq!(store.strike(Scope::Ip, &who, 1, 60_000).await.unwrap(), 1);
 }
+
+/// On Redis, the gateway that sees a client's `after`-th rejection bans it at once: the
+/// very next request is 403, never a fourth 429, however the publishing call to Redis
+/// is scheduled. Repeated for 20 clients, every request through one gateway.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_gateway_seeing_the_after_th_rejection_bans_at_once() {
+    let redis = RedisServer::start().await;
+    let up = Upstream::start("bans").await;
+    let gw = Gateway::start(&config(&redis), Some(&up)).await;
+    for run in 0..20 {
+        let ip = format!("198.51.100.{}", 100 + run);
+        let mut codes = Vec::new();
+        for _ in 0..6 {
+            codes.push(get(&gw, &ip).await.status().as_u16());
+        }
+        // per_minute = 2, after = 3: two 200s, three 429s, then banned.
+        assert_eq!(codes, [200, 200, 429, 429, 429, 403], "run {run} ({ip})");
+    }
+}
