@@ -784,20 +784,37 @@ async fn the_ban_scripts_run_on_redis_cluster() {
 }
 
 /// On Redis, the gateway that sees a client's `after`-th rejection bans it at once: the
-/// very next request is 403, never a fourth 429, however the publishing call to Redis
-/// is scheduled. Repeated for 20 clients, every request through one gateway.
+/// very next request is 403, never a fourth 429, however long the publishing call to
+/// Redis takes. Redis is paused (`CLIENT PAUSE`) from the second rejection on, so the ban
+/// cannot reach Redis before the next request: the rejections come from the over-limit
+/// cache and the ban must hold here. Repeated for 20 clients through one gateway.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_gateway_seeing_the_after_th_rejection_bans_at_once() {
     let redis = RedisServer::start().await;
+    let mut conn = redis.client().await;
     let up = Upstream::start("bans").await;
     let gw = Gateway::start(&config(&redis), Some(&up)).await;
     for run in 0..20 {
         let ip = format!("198.51.100.{}", 100 + run);
         let mut codes = Vec::new();
-        for _ in 0..6 {
+        for i in 0..6 {
+            if i == 3 {
+                let _: () = redis::cmd("CLIENT")
+                    .arg("PAUSE")
+                    .arg(400)
+                    .arg("ALL")
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+            }
             codes.push(get(&gw, &ip).await.status().as_u16());
         }
         // per_minute = 2, after = 3: two 200s, three 429s, then banned.
         assert_eq!(codes, [200, 200, 429, 429, 429, 403], "run {run} ({ip})");
+        eventually(Duration::from_secs(5), "the ban published", || async {
+            let banned = automatic(&gw).await.iter().any(|b| b["value"] == ip.as_str());
+            banned.then_some(())
+        })
+        .await;
     }
 }
