@@ -8,7 +8,8 @@
 //! `duration_until_reset` of each limited status is the rest of the epoch-aligned window
 //! of its unit (so never more than the unit) and never grows for a descriptor within a
 //! case; without `[rls] response_headers` none of the RateLimit-* headers is added; on
-//! Redis the counters are under `<prefix>:{rls.<domain>:` (no silent memory fallback).
+//! Redis the counters are under `<prefix>:{rls.<domain>:` or `<prefix>:{rls:<domain>:` (no
+//! silent memory fallback).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -34,6 +35,7 @@ mod cli_reload;
 mod fleet;
 mod matching;
 mod modes;
+mod refusals;
 
 // ---------------------------------------------------------------------------------------
 // The table's vocabulary.
@@ -489,9 +491,15 @@ async fn run(case: fn() -> Case, store: &str) {
         counted.sort_unstable();
         counted.dedup();
         for domain in counted {
-            let want = format!("{prefix}:{{rls.{domain}:");
+            // The domain's scope, `rls.<domain>` or `rls:<domain>`.
+            let want = format!("{prefix}:{{rls?{domain}:");
+            let scoped = |k: &String| {
+                [".", ":"]
+                    .iter()
+                    .any(|sep| k.starts_with(&want.replace('?', sep)))
+            };
             assert!(
-                keys.iter().any(|k| k.starts_with(&want)),
+                keys.iter().any(scoped),
                 "case {} on {store}: no Redis key {want}*: {keys:?}",
                 case.name
             );
@@ -530,3 +538,4 @@ conformance!(matching: basic, over_limit, two_descriptors, reset, nested, bare_k
     wildcard, share_threshold, units, directory);
 conformance!(modes: unlimited, shadow, quota, replaces, hits_request, hits_descriptor,
     limit_override, headers, invalid, unknown_domain);
+conformance!(refusals: refused_consumes_nothing, remaining_counts_refusals, zero_limit);

@@ -11,7 +11,9 @@
 //! - **Leases.** The script call that admits a request of an `auto` scope may also lease
 //!   part of each window's remaining quota to this gateway (charged in Redis at once, at
 //!   most half of what remains, none below 2 tokens; see `lua/check.lua`). While every
-//!   window a request needs holds enough leased tokens, it is admitted here. The size
+//!   window a request needs holds enough leased tokens, it is admitted here (a peek is
+//!   answered from them too, spending nothing), and a refund of a fixed window paid from
+//!   a lease in hand goes back to it (`refund`). The size
 //!   follows the identity's local rate over the lease length. Unused tokens go back when
 //!   a lease expires (`expired`) or at shutdown (`drain`), or with the next call for that
 //!   window.
@@ -43,7 +45,8 @@ use smallvec::SmallVec;
 use super::wire::{Grant, LeaseArgs};
 use crate::limiter::algorithm::lease_len;
 use crate::limiter::{
-    Admission, Check, DecidedAt, Ident, Scope, ScopeCheck, Verdict, WindowDecision, WindowLimit,
+    Admission, Algorithm, Check, DecidedAt, Ident, Scope, ScopeCheck, Verdict, WindowDecision,
+    WindowLimit,
 };
 use crate::sharded::Sharded;
 
@@ -284,7 +287,9 @@ impl Local {
                 decided_at: DecidedAt::default(),
             });
         }
-        if !leased || check.peek || self.lease_ms == 0 {
+        // A peek a lease could pay is answered from it, spending nothing: Redis does not
+        // see the tokens leased here, and asking it would end the lease.
+        if !leased || self.lease_ms == 0 {
             return Outcome::Remote;
         }
         let mut decisions: SmallVec<[WindowDecision; 8]> = SmallVec::new();
@@ -301,7 +306,11 @@ impl Local {
                 };
                 let l = &mut slot.leases[i];
                 decided_at.add_for(check, s.scope, l.granted_at);
-                decisions.push(l.spend(s.scope, w.window, check.cost, now));
+                decisions.push(if check.peek {
+                    l.look(s.scope, w.window, check.cost, now)
+                } else {
+                    l.spend(s.scope, w.window, check.cost, now)
+                });
             }
         }
         Outcome::Leased(Verdict {
@@ -391,6 +400,41 @@ impl Local {
                 }
             }
         }
+    }
+
+    /// Gives `back` refunded tokens of a request of `s` charged at `granted_at` (its
+    /// `decided_at`) to the leases in hand granted then (the one that paid it, or the one
+    /// its call took): `true` when every window of `s` is a fixed window holding one;
+    /// else nothing changes and the refund is Redis's. Redis ends with the same count
+    /// (leftovers go back), but the remaining the lease reports counts the refund.
+    pub fn refund(&self, s: &ScopeCheck<'_>, granted_at: u64, back: u32, now: u64) -> bool {
+        let fixed = |w: &WindowLimit| w.algorithm == Algorithm::FixedWindow;
+        if granted_at == 0 || back == 0 || !s.limits.windows.iter().all(fixed) {
+            return false;
+        }
+        let mut m = self.shard(s.scope, &s.ident);
+        let Some(e) = m.map.get_mut(&(s.scope, s.ident.clone())) else {
+            return false;
+        };
+        let paid_by = |slot: &entry::Slot, w: &WindowLimit| {
+            slot.leases
+                .iter()
+                .position(|l| l.granted_at == granted_at && l.limit == *w && now < l.until)
+        };
+        let mut found: SmallVec<[usize; 2]> = SmallVec::new();
+        for w in &s.limits.windows {
+            let at = e.windows.iter().find(|slot| slot.window == w.window);
+            match at.and_then(|slot| paid_by(slot, w)) {
+                Some(i) => found.push(i),
+                None => return false,
+            }
+        }
+        for (w, i) in s.limits.windows.iter().zip(found) {
+            let l = &mut e.slot(w.window).leases[i];
+            l.tokens += u64::from(back);
+            l.visible = l.visible.saturating_add(back);
+        }
+        true
     }
 
     /// Records what Redis decided for `scopes`: rejections to repeat, leases taken.

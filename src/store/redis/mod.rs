@@ -21,7 +21,8 @@
 //!
 //! Settles (`LimitStore::settle`) are 'settle' calls spawned in the background, like
 //! Cluster refunds: one per request on a single node or Sentinel, one per scope on
-//! Cluster.
+//! Cluster. A refund of a fixed window paid from a lease still in hand goes back to that
+//! lease instead, at once (`Local::refund`), so the remaining it reports counts it.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -418,6 +419,30 @@ impl RedisStore {
         }
     }
 
+    /// A refund's scopes paid from leases still in hand go back to those leases
+    /// (`Local::refund`), so what they report counts it: the rest of `check` to settle
+    /// in Redis, with its times; None when no scope did (settle all of `check`).
+    fn refund_leased<'a>(
+        &self,
+        check: &Check<'a>,
+        delta: i64,
+        decided_at: DecidedAt,
+    ) -> Option<(Check<'a>, DecidedAt)> {
+        let local = self.local.as_ref().filter(|_| delta < 0)?;
+        let back = u32::try_from(delta.unsigned_abs()).map_or(check.cost, |b| b.min(check.cost));
+        let now = self.local_now();
+        let mut rest = check.clone();
+        rest.scopes.clear();
+        let mut at = DecidedAt::default();
+        for (i, s) in check.scopes.iter().enumerate() {
+            if !local.refund(s, decided_at.of(i), back, now) {
+                at.add(rest.scopes.len(), decided_at.of(i));
+                rest.scopes.push(s.clone());
+            }
+        }
+        (rest.scopes.len() < check.scopes.len()).then_some((rest, at))
+    }
+
     /// Spawns the 'settle' calls of `check` (see `LimitStore::settle`): one on a single
     /// node or behind Sentinel, one per scope (one slot each) on Cluster, each within
     /// the deadline and counted as a store call. Built here, synchronously, so the task
@@ -510,7 +535,11 @@ impl LimitStore for RedisStore {
         if delta == 0 || check.is_empty() || check.peek {
             return;
         }
-        self.spawn_settle(check, delta, decided_at);
+        match self.refund_leased(check, delta, decided_at) {
+            None => self.spawn_settle(check, delta, decided_at),
+            Some((rest, at)) if !rest.is_empty() => self.spawn_settle(&rest, delta, at),
+            Some(_) => {}
+        }
     }
 
     fn finish(&self, held: super::Held, _ending: super::Ending) {

@@ -48,7 +48,7 @@ async fn exactly_the_limit(admission: &str) {
     assert!(errors.is_empty(), "{admission}: {errors:?}");
     let mut c = redis.client().await;
     let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("{prefix}:{{rls.fleet:*"))
+        .arg(format!("{prefix}:{{rls?fleet:*"))
         .query_async(&mut c)
         .await
         .unwrap();

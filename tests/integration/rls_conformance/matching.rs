@@ -68,7 +68,7 @@ descriptors:
 }
 
 /// Statuses in request order; one over makes the whole request OVER_LIMIT, and the other
-/// descriptor (told what it would have left) consumed nothing.
+/// descriptor consumed nothing (its status tells what it has left, untouched).
 pub(super) fn two_descriptors() -> Case {
     let yaml = "
 domain: pair
@@ -93,8 +93,8 @@ descriptors:
         yaml,
         vec![
             call(one("pair", &[da, db]), Ok, vec![ok(a, 4), ok(b, 0)]),
-            call(one("pair", &[da, db]), OverLimit, vec![ok(a, 3), over(b)]),
-            call(one("pair", &[db, da]), OverLimit, vec![over(b), ok(a, 3)]),
+            call(one("pair", &[da, db]), OverLimit, vec![ok(a, 4), over(b)]),
+            call(one("pair", &[db, da]), OverLimit, vec![over(b), ok(a, 4)]),
             call(one("pair", &[da]), Ok, vec![ok(a, 3)]),
             call(one("pair", &[da]), Ok, vec![ok(a, 2)]),
         ],

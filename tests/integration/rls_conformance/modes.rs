@@ -140,10 +140,10 @@ descriptors:
             call(q(&[d1]), OverLimit, vec![over(q1)]),
             call(q(&[d1, d2]), Ok, vec![over(q1), ok(q2, 0)]),
             call(q(&[d1, d2]), OverLimit, vec![over(q1), over(q2)]),
-            call(q(&[d1, dn]), OverLimit, vec![over(q1), ok(n, 4)]),
+            call(q(&[d1, dn]), OverLimit, vec![over(q1), ok(n, 5)]),
             call(q(&[dn]), Ok, vec![ok(n, 4)]),
             call(q(&[d3, dm]), Ok, vec![ok(q3, 1), ok(m, 0)]),
-            call(q(&[d3, dm]), OverLimit, vec![ok(q3, 0), over(m)]),
+            call(q(&[d3, dm]), OverLimit, vec![ok(q3, 1), over(m)]),
             call(q(&[d3]), Ok, vec![ok(q3, 0)]),
         ],
     )
@@ -346,7 +346,7 @@ descriptors:
         call_h(h(&[dz, da]), Ok, vec![free(), ok(a, 3)], (5, 3, 1)),
         call_h(h(&[da, db]), Ok, vec![ok(a, 2), ok(b, 0)], (2, 0, 1)),
         call_h(h(&[c1, da]), Ok, vec![ok(c, 0), ok(a, 1)], (1, 0, 0)),
-        call_h(h(&[c2, db]), OverLimit, vec![ok(c, 0), over(b)], (2, 0, 1)),
+        call_h(h(&[c2, db]), OverLimit, vec![ok(c, 1), over(b)], (2, 0, 1)),
         call_h(h(&[c2]), Ok, vec![ok(c, 0)], (1, 0, 0)),
         call_h(h(&[da]), Ok, vec![ok(a, 0)], (5, 0, 0)),
     ];

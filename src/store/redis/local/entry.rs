@@ -155,6 +155,16 @@ impl Held {
     ) -> WindowDecision {
         self.tokens -= u64::from(cost);
         self.visible = self.visible.saturating_sub(cost);
+        self.decision(scope, window, self.visible, now)
+    }
+
+    /// What `spend` would answer, spending nothing (a peek).
+    pub(super) fn look(&self, scope: Scope, window: Window, cost: u32, now: u64) -> WindowDecision {
+        self.decision(scope, window, self.visible.saturating_sub(cost), now)
+    }
+
+    /// An admission paid from this lease, `visible` left to the client.
+    fn decision(&self, scope: Scope, window: Window, visible: u32, now: u64) -> WindowDecision {
         let limit = self.limit.limit;
         WindowDecision {
             scope,
@@ -162,8 +172,8 @@ impl Held {
             decision: Decision {
                 allowed: true,
                 limit,
-                remaining: self.visible.min(limit),
-                current: u64::from(limit.saturating_sub(self.visible)),
+                remaining: visible.min(limit),
+                current: u64::from(limit.saturating_sub(visible)),
                 reset_after_ms: self.reset_at.saturating_sub(now),
                 retry_after_ms: 0,
             },
