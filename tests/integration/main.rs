@@ -30,6 +30,7 @@ mod hardening;
 mod health;
 mod jwt;
 mod lifetime;
+mod names;
 mod proxy_e2e;
 mod ratelimit_headers;
 mod rediss;
