@@ -477,7 +477,9 @@ pub fn parse_ident(scope: Scope, value: &str) -> Option<Ident> {
         Scope::Key | Scope::Tenant | Scope::Global => None,
         Scope::Named(n) => match n.info().base {
             Base::Ip => parse_ident(Scope::Ip, value),
-            Base::Key | Base::Tenant | Base::Custom(_) => parse_ident(Scope::Key, value),
+            Base::Key | Base::Tenant | Base::Custom(_) | Base::Domain(_) => {
+                parse_ident(Scope::Key, value)
+            }
             Base::Global => None,
         },
     }

@@ -3,7 +3,7 @@
 //! No label ever carries an IP, key or tenant id: labels are route names, status codes,
 //! scopes, decisions and store names, all bounded by the config.
 
-use prometheus::core::Collector;
+use prometheus::core::{Collector, MetricVec, MetricVecBuilder};
 use prometheus::{
     Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry, TextEncoder,
@@ -258,6 +258,37 @@ impl Metrics {
         }
     }
 
+    /// Drops the series of named scopes (`throttle_decisions_total`, `_near_limit_total`,
+    /// `_bans_total`) whose name `live` refuses: after a reload, those of route tables,
+    /// custom scopes and domains the new config removed, so `/metrics` does not grow over
+    /// reloads with fresh names. The built-in scopes' series always stay.
+    pub fn retain_scopes(&self, live: impl Fn(&str) -> bool) {
+        let keep = |name: &str| Scope::ALL.iter().any(|s| s.as_str() == name) || live(name);
+        for vec in [
+            &self.decisions_total,
+            &self.near_limit_total,
+            &self.bans_total,
+        ] {
+            retain_series(vec, "scope", &keep);
+        }
+    }
+
+    /// Drops the series of routes (`throttle_requests_total`, `_upstream_seconds`) whose
+    /// name `live` refuses; `none` (requests no route matched) always stays.
+    pub fn retain_routes(&self, live: impl Fn(&str) -> bool) {
+        let keep = |name: &str| name == "none" || live(name);
+        retain_series(&self.requests_total, "route", &keep);
+        retain_series(&self.upstream_seconds, "route", &keep);
+    }
+
+    /// Drops the series of rate-limit service domains (`throttle_rls_decisions_total`,
+    /// `_rls_descriptor_total`) whose name `live` refuses; `unknown` always stays.
+    pub fn retain_domains(&self, live: impl Fn(&str) -> bool) {
+        let keep = |name: &str| name == "unknown" || live(name);
+        retain_series(&self.rls_decisions_total, "domain", &keep);
+        retain_series(&self.rls_descriptor_total, "domain", &keep);
+    }
+
     /// The Prometheus text exposition of every metric.
     pub fn render(&self) -> Vec<u8> {
         let mut buf = Vec::with_capacity(4096);
@@ -265,6 +296,25 @@ impl Metrics {
             tracing::warn!(error = %e, "cannot encode metrics");
         }
         buf
+    }
+}
+
+/// Removes every series of `vec` whose `label` value `keep` refuses.
+fn retain_series<T: MetricVecBuilder>(
+    vec: &MetricVec<T>,
+    label: &str,
+    keep: &dyn Fn(&str) -> bool,
+) {
+    for family in vec.collect() {
+        for m in family.get_metric() {
+            let pairs = m.get_label();
+            if pairs.iter().any(|p| p.name() == label && !keep(p.value())) {
+                let labels: std::collections::HashMap<&str, &str> =
+                    pairs.iter().map(|p| (p.name(), p.value())).collect();
+                // Absent already (a concurrent removal): nothing to do.
+                let _ = vec.remove(&labels);
+            }
+        }
     }
 }
 
@@ -521,3 +571,6 @@ impl Reg {
         self.add(HistogramVec::new(opts, labels)?)
     }
 }
+
+#[cfg(test)]
+mod tests;

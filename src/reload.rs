@@ -10,12 +10,19 @@
 //! (backend, URL, Cluster, Sentinel, timeout, key prefix, instances) and the database URL
 //! are fixed at start (`fixed_at_start`): a change to them is reported and needs a
 //! restart (or a zero-downtime upgrade).
+//!
+//! What the gateway keeps per name of a route, route table, custom scope or domain (metric
+//! series, `/v1/top` sketches) is dropped when a reload removes the name (`forget_removed`),
+//! so reloads with fresh names never grow it; the names themselves stay interned (see
+//! `limiter::named` for that bound).
 
+use std::collections::HashSet;
 use std::path::PathBuf;
 
 use crate::admission::snapshot::{self, Database};
 use crate::admission::{Core, Runtime};
 use crate::config::{self, Config, ConfigError};
+use crate::limiter::{Named, Scope};
 
 /// What a successful reload changed.
 #[derive(Debug, Clone)]
@@ -46,6 +53,7 @@ pub async fn reload(core: &Core, db: &Database) -> Result<Reloaded, ConfigError>
     let runtime = Runtime::succeeding(loaded, Some(&old))
         .map_err(|e| ConfigError::file(&source, e.to_string()))?;
     core.swap_runtime(runtime);
+    forget_removed(core);
     if let Some(pool) = db.pool() {
         // A tier new in the file gets its rate_limit_policies row (existing rows stay the
         // truth); database keys resolve their tiers through the config: rebuild them now.
@@ -64,6 +72,45 @@ pub async fn reload(core: &Core, db: &Database) -> Result<Reloaded, ConfigError>
         source,
         needs_restart,
     })
+}
+
+/// Drops the metric series and `/v1/top` sketches of every route, named scope and domain
+/// the running config does not have (those a reload removed, and any a request still on
+/// an older runtime made since the last reload).
+pub fn forget_removed(core: &Core) {
+    let rt = core.runtime();
+    let config = &rt.config;
+    let scopes = named_scopes(config);
+    let names: HashSet<&str> = scopes.iter().map(|n| n.info().name).collect();
+    core.metrics.retain_scopes(|n| names.contains(n));
+    let routes: HashSet<&str> = config.routes.iter().map(|r| &*r.name).collect();
+    core.metrics.retain_routes(|r| routes.contains(r));
+    let domains = config.rls.descriptors.as_ref();
+    core.metrics
+        .retain_domains(|d| domains.is_some_and(|ds| ds.config.has_domain(d)));
+    core.top.retain(|n| scopes.contains(&n));
+}
+
+/// Every named scope of `config`: its custom scopes, its routes' tables and its domains.
+pub fn named_scopes(config: &Config) -> HashSet<Named> {
+    let customs = config.scopes.iter().map(|c| c.scope);
+    let tables = config
+        .routes
+        .iter()
+        .flat_map(|r| r.limits.iter().map(|t| t.scope));
+    let domains = config
+        .rls
+        .descriptors
+        .iter()
+        .flat_map(|d| d.scopes.values().copied());
+    customs
+        .chain(tables)
+        .chain(domains)
+        .filter_map(|s| match s {
+            Scope::Named(n) => Some(n),
+            _ => None,
+        })
+        .collect()
 }
 
 /// Points every route at `addr` (`throttle demo`'s in-process upstream).
@@ -178,5 +225,19 @@ otlp_endpoint = "http://127.0.0.1:4317"
         )
         .unwrap();
         assert!(fixed_at_start(&base, &live).is_empty());
+    }
+
+    /// A config's named scopes are its custom scopes and its routes' tables (the ones a
+    /// reload keeps metric series and sketches for), and nothing else.
+    #[test]
+    fn named_scopes_are_customs_and_route_tables() {
+        let c = config::parse(
+            "n.toml",
+            "[scopes.rl_user]\nfrom = \"header:X-U\"\n[[routes]]\nname = \"rl_login\"\npath_prefix = \"/\"\nupstreams = [\"127.0.0.1:1\"]\nlimits = { ip = { per_minute = 3 }, rl_user = { per_minute = 3 } }\n",
+        )
+        .unwrap();
+        let mut names: Vec<&str> = named_scopes(&c).iter().map(|n| n.info().name).collect();
+        names.sort_unstable();
+        assert_eq!(names, ["rl_login.ip", "rl_login.rl_user", "rl_user"]);
     }
 }

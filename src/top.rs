@@ -31,12 +31,14 @@
 //! written) at start.
 
 use std::hash::BuildHasher;
+use std::ops::Deref;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 
-use hashbrown::DefaultHashBuilder;
+use arc_swap::ArcSwap;
+use hashbrown::{DefaultHashBuilder, HashMap};
 
-use crate::limiter::{Ident, Scope};
+use crate::limiter::{Base, Ident, Named, Scope};
 
 /// The window `/v1/top` describes, in seconds.
 pub const WINDOW_SECS: u64 = 60;
@@ -56,9 +58,22 @@ pub struct TopTable {
     ip: TopSketch,
     key: TopSketch,
     tenant: TopSketch,
-    /// Custom scopes' sketches, made on a scope's first request (bounded by the named
-    /// scopes a process can intern).
-    custom: Box<[std::sync::OnceLock<Box<TopSketch>>]>,
+    /// Custom scopes' sketches, made on a scope's first request and dropped when a reload
+    /// removes the scope (`retain`): at most one per custom scope of the config (and of a
+    /// config just replaced, until the next reload), read without a lock.
+    custom: ArcSwap<HashMap<Named, Arc<TopSketch>>>,
+    /// Taken to add or drop custom sketches (so a sketch is made once).
+    changing: Mutex<()>,
+    /// What `scope` lends for a custom scope nobody has counted in yet (never written).
+    idle: std::sync::OnceLock<TopSketch>,
+}
+
+/// A scope's sketch, as `TopTable::scope` lends it.
+pub enum SketchRef<'a> {
+    /// One owned by the table (a built-in scope's, or an empty one).
+    Table(&'a TopSketch),
+    /// A custom scope's, shared with the table (which may drop it at a reload).
+    Custom(Arc<TopSketch>),
 }
 
 /// The heavy hitters of one scope over the last 60 s (see the module docs).
@@ -118,9 +133,9 @@ impl TopTable {
             ip: TopSketch::new(),
             key: TopSketch::new(),
             tenant: TopSketch::new(),
-            custom: (0..crate::limiter::MAX_NAMED)
-                .map(|_| std::sync::OnceLock::new())
-                .collect(),
+            custom: ArcSwap::default(),
+            changing: Mutex::new(()),
+            idle: std::sync::OnceLock::new(),
         }
     }
 
@@ -130,25 +145,82 @@ impl TopTable {
         if matches!(ident, Ident::Name(n) if n.is_empty()) {
             return;
         }
-        if let Some(s) = self.scope(scope) {
-            s.record(ident, rejected, now_ms);
+        match scope {
+            Scope::Ip => self.ip.record(ident, rejected, now_ms),
+            Scope::Key => self.key.record(ident, rejected, now_ms),
+            Scope::Tenant => self.tenant.record(ident, rejected, now_ms),
+            Scope::Named(n) if counts_identities(n) => match self.custom.load().get(&n) {
+                Some(s) => s.record(ident, rejected, now_ms),
+                None => self.custom(n).record(ident, rejected, now_ms),
+            },
+            Scope::Global | Scope::Auth | Scope::Named(_) => {}
         }
     }
 
-    /// The sketch of `scope` (None for global and auth, which have no identities).
-    pub fn scope(&self, scope: Scope) -> Option<&TopSketch> {
+    /// The sketch of `scope` (None for global and auth, which have no identities, and
+    /// for a route's tables and domains, whose identities are others' or not counted).
+    /// Reading never makes a custom scope's sketch: one nobody counted in reads empty.
+    pub fn scope(&self, scope: Scope) -> Option<SketchRef<'_>> {
         match scope {
-            Scope::Ip => Some(&self.ip),
-            Scope::Key => Some(&self.key),
-            Scope::Tenant => Some(&self.tenant),
-            Scope::Global | Scope::Auth => None,
-            // A custom scope's identities (not a route's tables: their identities are
-            // the ip, key and tenant ones).
-            Scope::Named(n) if n.info().route.is_none() => {
-                let slot = self.custom.get(usize::from(n.index()))?;
-                Some(slot.get_or_init(|| Box::new(TopSketch::new())))
-            }
-            Scope::Named(_) => None,
+            Scope::Ip => Some(SketchRef::Table(&self.ip)),
+            Scope::Key => Some(SketchRef::Table(&self.key)),
+            Scope::Tenant => Some(SketchRef::Table(&self.tenant)),
+            Scope::Named(n) if counts_identities(n) => Some(match self.custom.load().get(&n) {
+                Some(s) => SketchRef::Custom(s.clone()),
+                None => SketchRef::Table(self.idle.get_or_init(TopSketch::new)),
+            }),
+            Scope::Global | Scope::Auth | Scope::Named(_) => None,
+        }
+    }
+
+    /// Drops the sketches of custom scopes `live` says are gone (a reload removed them).
+    pub fn retain(&self, live: impl Fn(Named) -> bool) {
+        let _changing = self.changing.lock().unwrap_or_else(PoisonError::into_inner);
+        let current = self.custom.load_full();
+        if current.keys().all(|n| live(*n)) {
+            return;
+        }
+        let mut kept = HashMap::clone(&current);
+        kept.retain(|n, _| live(*n));
+        self.custom.store(Arc::new(kept));
+    }
+
+    /// How many custom scopes have a sketch.
+    pub fn custom_sketches(&self) -> usize {
+        self.custom.load().len()
+    }
+
+    /// The sketch of custom scope `n`, made on first use.
+    fn custom(&self, n: Named) -> Arc<TopSketch> {
+        if let Some(s) = self.custom.load().get(&n) {
+            return s.clone();
+        }
+        let _changing = self.changing.lock().unwrap_or_else(PoisonError::into_inner);
+        let current = self.custom.load_full();
+        if let Some(s) = current.get(&n) {
+            return s.clone(); // made while this request waited
+        }
+        let made = Arc::new(TopSketch::new());
+        let mut more = HashMap::clone(&current);
+        more.insert(n, made.clone());
+        self.custom.store(Arc::new(more));
+        made
+    }
+}
+
+/// Whether `n` counts identities of its own: a custom scope (a route's tables count the
+/// ip, key and tenant identities; a domain's counters are not callers).
+fn counts_identities(n: Named) -> bool {
+    n.info().route.is_none() && matches!(n.info().base, Base::Custom(_))
+}
+
+impl Deref for SketchRef<'_> {
+    type Target = TopSketch;
+
+    fn deref(&self) -> &TopSketch {
+        match self {
+            SketchRef::Table(s) => s,
+            SketchRef::Custom(s) => s,
         }
     }
 }

@@ -251,8 +251,8 @@ pub(crate) enum AdmissionFile {
 pub(crate) struct TierFile {
     pub(crate) message: Option<String>,
     pub(crate) burst_multiplier: Option<Spanned<f64>>,
-    pub(crate) key: Option<ScopeFile>,
-    pub(crate) tenant: Option<ScopeFile>,
+    pub(crate) key: Option<Spanned<ScopeFile>>,
+    pub(crate) tenant: Option<Spanned<ScopeFile>>,
 }
 
 #[derive(Debug, Clone, Copy, Default, Deserialize)]

@@ -79,8 +79,8 @@ pub struct RlsDescriptors {
     pub path: std::path::PathBuf,
     /// What it holds.
     pub config: crate::descriptors::RlsConfig,
-    /// Each domain's scope (`rls.<domain>`): its counters' Redis keys
-    /// (`thr:{rls.<domain>:<counter>}:1m`) and the memory store's entries.
+    /// Each domain's scope (`rls:<domain>`): its counters' Redis keys
+    /// (`thr:{rls:<domain>:<counter>}:1m`) and the memory store's entries.
     pub scopes: HashMap<String, Scope>,
 }
 

@@ -734,3 +734,5 @@ fn tracing_section() {
         );
     }
 }
+
+mod tables;

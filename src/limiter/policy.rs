@@ -4,7 +4,7 @@
 
 use std::fmt;
 
-pub use super::named::{Base, Named, NamedInfo, TooMany, MAX_NAMED};
+pub use super::named::{Base, Named, NamedInfo, MAX_DOMAINS, MAX_NAMED};
 
 /// Who a limit counts: the client IP, the API key, the key's tenant, or the whole fleet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -19,8 +19,9 @@ pub enum Scope {
     Global,
     /// Failed API key lookups, keyed by client IP (brute-force protection).
     Auth,
-    /// A scope the config names: a route's table (`login.ip`) or a custom scope on a
-    /// request attribute (see `limiter::named`).
+    /// A scope the config names: a route's table (`login.ip`), a custom scope on a
+    /// request attribute or a rate-limit service domain (`rls:<domain>`; see
+    /// `limiter::named`).
     Named(Named),
 }
 
@@ -162,7 +163,8 @@ impl Scope {
     }
 
     /// The scope `as_str` names (as Redis keys, ban records and query strings spell it);
-    /// a named scope only once the config interned it.
+    /// a named scope only once a config interned it (in this process, whether or not the
+    /// running config still has it).
     pub fn parse(name: &str) -> Option<Scope> {
         Scope::ALL
             .into_iter()
@@ -192,7 +194,7 @@ impl Scope {
 
     /// The scope a ban struck by this one is recorded under: a route's `login.ip` bans
     /// the address (`ip`), a custom scope (on a route or not) bans the attribute's value
-    /// in that custom scope.
+    /// in that custom scope (a domain's scope bans in itself).
     pub fn ban_scope(self) -> Scope {
         let Scope::Named(n) = self else { return self };
         match n.info().base {
@@ -200,12 +202,13 @@ impl Scope {
             Base::Key => Scope::Key,
             Base::Tenant => Scope::Tenant,
             Base::Global => Scope::Global,
-            Base::Custom(name) => Named::lookup(name).map_or(self, Scope::Named),
+            Base::Custom(_) | Base::Domain(_) => n.info().unrouted.map_or(self, Scope::Named),
         }
     }
 
     /// The name a 429 body gives the scope: `ip` for a route's `login.ip` (the body names
-    /// the route beside it), the custom scope's name for `login.user`.
+    /// the route beside it), the custom scope's name for `login.user`, `rls:<domain>` for
+    /// a domain.
     pub fn short_name(self) -> &'static str {
         match self {
             Scope::Named(n) => match n.info().base {
@@ -214,6 +217,7 @@ impl Scope {
                 Base::Tenant => "tenant",
                 Base::Global => "global",
                 Base::Custom(name) => name,
+                Base::Domain(_) => n.info().unrouted.map_or(n.info().name, |u| u.info().name),
             },
             s => s.as_str(),
         }
@@ -384,7 +388,7 @@ impl WindowLimit {
 
 #[cfg(test)]
 mod tests {
-    use super::Scope;
+    use super::{Base, Named, Scope};
 
     #[test]
     fn scope_names_round_trip() {
@@ -394,5 +398,28 @@ mod tests {
         for bad in ["", "IP", "ip ", "concurrent", "route"] {
             assert_eq!(Scope::parse(bad), None, "{bad:?}");
         }
+    }
+
+    /// Interned named scopes of every kind parse back from their names (Redis ban
+    /// records, `/v1/top?scope=`), and name their ban scope and 429 scope.
+    #[test]
+    fn named_scopes_parse_and_name_their_bans() {
+        let custom = Scope::Named(Named::custom("p_user"));
+        let table = Scope::Named(Named::intern(Some("p_login"), Base::Custom("p_user")));
+        let ip = Scope::Named(Named::intern(Some("p_login"), Base::Ip));
+        let domain = Scope::Named(Named::domain("p_edge"));
+        for s in [custom, table, ip, domain] {
+            assert_eq!(Scope::parse(s.as_str()), Some(s), "{s}");
+        }
+        assert_eq!(
+            [table.ban_scope(), ip.ban_scope(), domain.ban_scope()],
+            [custom, Scope::Ip, domain]
+        );
+        assert_eq!(
+            [table.short_name(), ip.short_name(), domain.short_name()],
+            ["p_user", "ip", "rls:p_edge"]
+        );
+        assert_eq!((table.route(), domain.route()), (Some("p_login"), None));
+        assert_eq!(Scope::parse("p_login.p_never"), None);
     }
 }

@@ -211,3 +211,35 @@ fn count_min_reads_the_least_row() {
     m.reset();
     assert_eq!((m.get(a), m.get(b)), (0, 0));
 }
+
+/// A custom scope's sketch is made by its first request, never by a read (a read of one
+/// nobody counted in answers empty), and dropped when a reload removes the scope; route
+/// tables and domains have none.
+#[test]
+fn custom_sketches_live_while_their_scope_does() {
+    let t = TopTable::new();
+    let (kept, gone) = (Named::custom("top_kept"), Named::custom("top_gone"));
+    assert!(t.scope(Scope::Named(gone)).unwrap().top(5, T0).is_empty());
+    assert_eq!(t.custom_sketches(), 0);
+    for n in [kept, gone] {
+        count(&t, n, 3);
+    }
+    let table = Named::intern(Some("top_route"), Base::Custom("top_kept"));
+    let domain = Named::domain("top_kept");
+    for n in [table, domain] {
+        count(&t, n, 1);
+        assert!(t.scope(Scope::Named(n)).is_none());
+    }
+    assert_eq!(t.custom_sketches(), 2);
+    t.retain(|n| n == kept);
+    assert_eq!(t.custom_sketches(), 1);
+    let top = t.scope(Scope::Named(kept)).unwrap().top(5, T0);
+    assert_eq!(rows(&top), [("alice".to_string(), 3, 0)]);
+    assert!(t.scope(Scope::Named(gone)).unwrap().top(5, T0).is_empty());
+
+    fn count(t: &TopTable, n: Named, times: u64) {
+        for _ in 0..times {
+            t.record(Scope::Named(n), &name("alice"), false, T0);
+        }
+    }
+}

@@ -95,36 +95,17 @@ pub(super) fn validate(
     }
     let scopes = custom_scopes(&cx, &raw, store.on_failure)?;
     let mut routes = routes(&cx, &raw.routes)?;
-    let builtin = usize::from(ip_limits.is_some()) + 2 + usize::from(global_limits.is_some());
-    // The scopes with `concurrent` a request may meet: ip, and a tier's key and tenant.
-    let tier_slots = |f: fn(&Tier) -> bool| usize::from(tiers.values().any(|t| f(t)));
-    let builtin_slots = usize::from(ip_limits.as_ref().is_some_and(|l| l.concurrent.is_some()))
-        + tier_slots(|t| t.key.concurrent.is_some())
-        + tier_slots(|t| t.tenant.concurrent.is_some());
-    route_limits(
-        &cx,
-        &raw.routes,
-        &mut routes,
-        &scopes,
-        (builtin, builtin_slots),
-        store.on_failure,
-    )?;
+    let builtin = builtin_scopes(&ip_limits, &global_limits, &tiers);
+    let failure = store.on_failure;
+    route_limits(&cx, &raw.routes, &mut routes, &scopes, builtin, failure)?;
     let auth = key_sources(&cx, &raw.auth)?;
+    credential_scopes(&cx, &raw, &scopes, &auth)?;
     let mut jwt = match &raw.auth.jwt {
         Some(j) => Some(jwt(&cx, j, &tiers)?),
         None => None,
     };
     jwt_scope_claims(&cx, &raw, &scopes, jwt.as_mut())?;
-    let retention = raw
-        .database
-        .as_ref()
-        .and_then(|d| d.events_retention_months.as_ref());
-    let events_retention_months =
-        bounded(&cx, "events_retention_months", retention, 0..=1200)?.unwrap_or(12);
-    let database_url = match &raw.database {
-        Some(d) => Some(env_value(&cx, "[database] url", &d.url)?),
-        None => None,
-    };
+    let (events_retention_months, database_url) = database(&cx, raw.database.as_ref())?;
     check_costs(
         &cx,
         &raw.routes,
@@ -166,6 +147,35 @@ pub(super) fn validate(
         rls,
         tracing,
     })
+}
+
+/// The built-in scopes a request may meet, and how many of them have `concurrent` (ip,
+/// and a tier's key and tenant).
+fn builtin_scopes(
+    ip_limits: &Option<Arc<ScopeLimits>>,
+    global_limits: &Option<Arc<ScopeLimits>>,
+    tiers: &HashMap<String, Arc<Tier>>,
+) -> (usize, usize) {
+    let builtin = usize::from(ip_limits.is_some()) + 2 + usize::from(global_limits.is_some());
+    let tier_slots = |f: fn(&Tier) -> bool| usize::from(tiers.values().any(|t| f(t)));
+    let slots = usize::from(ip_limits.as_ref().is_some_and(|l| l.concurrent.is_some()))
+        + tier_slots(|t| t.key.concurrent.is_some())
+        + tier_slots(|t| t.tenant.concurrent.is_some());
+    (builtin, slots)
+}
+
+/// `[database]`: the events' retention in months (default 12) and the URL.
+fn database(
+    cx: &Ctx<'_>,
+    raw: Option<&DatabaseFile>,
+) -> Result<(u32, Option<String>), ConfigError> {
+    let retention = raw.and_then(|d| d.events_retention_months.as_ref());
+    let months = bounded(cx, "events_retention_months", retention, 0..=1200)?.unwrap_or(12);
+    let url = match raw {
+        Some(d) => Some(env_value(cx, "[database] url", &d.url)?),
+        None => None,
+    };
+    Ok((months, url))
 }
 
 /// `v` when within `range`, else an error at its value naming `key`.

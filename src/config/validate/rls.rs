@@ -4,6 +4,7 @@
 
 use super::*;
 use crate::descriptors::RlsConfig;
+use crate::limiter::named::MAX_DOMAINS;
 use crate::limiter::{Admission, Named, Scope};
 
 /// `[rls]` (absent: the built-in mapping, the store's failure policy, leases).
@@ -33,12 +34,17 @@ pub(super) fn rls(cx: &Ctx<'_>, raw: Option<&RlsFile>, store: &Store) -> Result<
                 position: Some((e.line, e.col)),
                 message: e.message.clone(),
             })?;
-            let mut scopes = HashMap::new();
-            for domain in loaded.domains() {
-                let named = Named::custom(&format!("rls.{domain}"))
-                    .map_err(|e| cx.err(path.span(), format!("[rls] config: {e}")))?;
-                scopes.insert(domain.to_string(), Scope::Named(named));
+            let domains = loaded.domains().count();
+            if domains > MAX_DOMAINS {
+                let msg = format!("[rls] config: {domains} domains; at most {MAX_DOMAINS}");
+                return Err(cx.err(path.span(), msg));
             }
+            // Each domain's own scope (`rls:<domain>`): no route table or custom scope can
+            // have its name, so none shares its counters.
+            let scopes = loaded
+                .domains()
+                .map(|d| (d.to_string(), Scope::Named(Named::domain(d))))
+                .collect();
             Some(Arc::new(RlsDescriptors {
                 path: resolved,
                 config: loaded,

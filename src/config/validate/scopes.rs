@@ -2,11 +2,16 @@
 //! built-in tables, and each route's `limits`.
 
 use super::*;
-use crate::limiter::{Base, Named, Scope, MAX_SCOPES, MAX_SLOTS};
+use crate::limiter::{Base, Named, Scope, MAX_NAMED, MAX_SCOPES, MAX_SLOTS};
 
 /// Names a custom scope may not take: the built-in scopes, and `concurrent` (the scope a
 /// 429 of the concurrency slots names).
 const RESERVED: [&str; 6] = ["ip", "key", "tenant", "global", "auth", "concurrent"];
+
+/// The name before the rate-limit service's domain scopes (`rls:<domain>`): a custom scope
+/// `rls` would have the Redis keys of a domain's counters (`{rls:<domain>:<counter>}` is
+/// also `{rls:<value>}` for the value `<domain>:<counter>`).
+const DOMAINS: &str = "rls";
 
 /// `[scopes.*]` with their `[limits.<name>]`, in name order; any other `[limits.*]` table
 /// than `ip`, `global`, `auth` or a custom scope's is an error at that table.
@@ -22,11 +27,16 @@ pub(super) fn custom_scopes(
         }
         let d = def.get_ref();
         let from = attribute(d.from.get_ref()).map_err(|e| cx.err(d.from.span(), e))?;
-        let scope = Named::custom(name)
-            .map(Scope::Named)
-            .map_err(|e| cx.err(def.span(), e.to_string()))?;
-        let limits = match raw.limits.table(name) {
-            Some(s) => Some(Arc::new(scope_table(cx, s, on_failure)?)),
+        if out.len() == MAX_NAMED {
+            return Err(cx.err(def.span(), too_many_named(&format!("[scopes.{name}]"))));
+        }
+        let scope = Scope::Named(Named::custom(name));
+        let limits = match raw.limits.0.get(name) {
+            Some(s) => {
+                let label = format!("[limits.{name}]");
+                let built = scope_table(cx, s.get_ref(), on_failure);
+                Some(Arc::new(applying(cx, s, &label, built)?))
+            }
             None => None,
         };
         out.push(CustomScope {
@@ -81,6 +91,43 @@ pub(super) fn jwt_scope_claims(
     Ok(())
 }
 
+/// Custom scopes may not read what carries a credential: `Authorization` (API keys and
+/// JWTs), the `key_header` or the `key_query` parameter; an error at the scope's `from`.
+/// (A credential as an identity would put the raw key in Redis keys, bans and `/v1/top`.)
+pub(super) fn credential_scopes(
+    cx: &Ctx<'_>,
+    raw: &File,
+    scopes: &[CustomScope],
+    auth: &KeySources,
+) -> Result<(), ConfigError> {
+    for (c, (name, def)) in scopes.iter().zip(&raw.scopes) {
+        let what = match &c.from {
+            Attribute::Header(h) if *h == http::header::AUTHORIZATION => {
+                "Authorization (API keys and JWTs)"
+            }
+            Attribute::Header(h) if *h == auth.key_header => {
+                "the API key header ([auth] key_header)"
+            }
+            Attribute::Query(q) if auth.key_query.as_deref() == Some(q.as_str()) => {
+                "the API key parameter ([auth] key_query)"
+            }
+            _ => continue,
+        };
+        let from = &def.get_ref().from;
+        let msg = format!(
+            "[scopes.{name}] from = {:?} reads a credential, {what}: a custom scope may not",
+            from.get_ref()
+        );
+        return Err(cx.err(from.span(), msg));
+    }
+    Ok(())
+}
+
+/// The budget of named scopes one config may have, spent at `what`.
+fn too_many_named(what: &str) -> String {
+    format!("{what}: more than {MAX_NAMED} named scopes (custom scopes and route scope tables) in one config")
+}
+
 /// A scope table of a custom scope or a route: every key of `[limits.ip]` applies.
 fn scope_table(
     cx: &Ctx<'_>,
@@ -103,6 +150,11 @@ fn unknown_table(table: &str, name: &str) -> String {
 fn custom_name(name: &str) -> Result<(), String> {
     if RESERVED.contains(&name) {
         return Err(format!("{name:?} is a built-in scope; pick another name"));
+    }
+    if name == DOMAINS {
+        return Err(format!(
+            "{name:?} names the rate-limit service's domains (rls:<domain>); pick another name"
+        ));
     }
     let mut bytes = name.bytes();
     let first_ok = bytes.next().is_some_and(|b| b.is_ascii_lowercase());
@@ -151,6 +203,7 @@ pub(super) fn route_limits(
     on_failure: OnFailure,
 ) -> Result<(), ConfigError> {
     let global_customs = customs.iter().filter(|c| c.limits.is_some()).count();
+    let mut named = customs.len();
     let slotted = |l: &ScopeLimits| l.concurrent.is_some();
     let global_slots = customs
         .iter()
@@ -171,56 +224,16 @@ pub(super) fn route_limits(
             continue;
         }
         let name = route.name.to_string();
-        if name.is_empty()
-            || name.len() > 64
-            || !name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-        {
-            return Err(cx.err(
-                r.name.span(),
-                format!("route {name:?} has limits: its name must be 1 to 64 of A-Z, a-z, 0-9, _ and - (it names the route's counters)"),
-            ));
-        }
+        limited_route_name(cx, r, &name)?;
         for (scope_name, table) in &r.limits.0 {
-            let label = format!("[routes.limits.{scope_name}] of route {name:?}");
-            let (base, counts) = match scope_name.as_str() {
-                "ip" => (Base::Ip, Counts::Ip),
-                "key" => (Base::Key, Counts::Key),
-                "tenant" => (Base::Tenant, Counts::Tenant),
-                "global" => (Base::Global, Counts::Global),
-                other => match customs.iter().position(|c| c.scope.as_str() == other) {
-                    Some(i) => (Base::Custom(customs[i].scope.as_str()), Counts::Custom(i)),
-                    None => return Err(cx.err(table.span(), unknown_table(&label, other))),
-                },
-            };
-            let s = table.get_ref();
-            if counts == Counts::Global {
-                if let Some(b) = &s.ban {
-                    let msg = format!(
-                        "{label}: ban does not apply to a global table (it would block everyone)"
-                    );
-                    return Err(cx.err(b.span(), msg));
-                }
+            named += 1;
+            if named > MAX_NAMED {
+                let label = format!("[routes.limits.{scope_name}] of route {name:?}");
+                return Err(cx.err(table.span(), too_many_named(&label)));
             }
-            let limits = scope_table(cx, s, on_failure)?;
-            if let Err(e) = crate::config::check_cost(&limits, route.cost) {
-                let why = match e {
-                    crate::config::LimitError::BelowCost {
-                        field, capacity, cost,
-                    } => format!("{field} = {capacity} is below the route's cost {cost}: no request could ever pass"),
-                    other => other.to_string(),
-                };
-                return Err(cx.err(table.span(), format!("{label}: {why}")));
-            }
-            let scope = Named::intern(Some(&name), base)
-                .map(Scope::Named)
-                .map_err(|e| cx.err(table.span(), e.to_string()))?;
-            route.limits.push(RouteLimit {
-                scope,
-                counts,
-                limits: Arc::new(limits),
-            });
+            let cost = route.cost;
+            let t = route_table(cx, &name, (scope_name, table), customs, cost, on_failure)?;
+            route.limits.push(t);
         }
         let most = builtin + global_customs + route.limits.len();
         let slots = global_slots + route.limits.iter().filter(|t| slotted(&t.limits)).count();
@@ -230,6 +243,69 @@ pub(super) fn route_limits(
         }
     }
     Ok(())
+}
+
+/// A route with limits names its counters: 1 to 64 of A-Z, a-z, 0-9, `_` and `-`.
+fn limited_route_name(cx: &Ctx<'_>, r: &RouteFile, name: &str) -> Result<(), ConfigError> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    if ok {
+        return Ok(());
+    }
+    Err(cx.err(
+        r.name.span(),
+        format!("route {name:?} has limits: its name must be 1 to 64 of A-Z, a-z, 0-9, _ and - (it names the route's counters)"),
+    ))
+}
+
+/// Route `route`'s table `limits.<scope_name>`: its own named scope (`<route>.<scope>`).
+fn route_table(
+    cx: &Ctx<'_>,
+    route: &str,
+    (scope_name, table): (&String, &Spanned<ScopeFile>),
+    customs: &[CustomScope],
+    cost: u32,
+    on_failure: OnFailure,
+) -> Result<RouteLimit, ConfigError> {
+    let label = format!("[routes.limits.{scope_name}] of route {route:?}");
+    let (base, counts) = match scope_name.as_str() {
+        "ip" => (Base::Ip, Counts::Ip),
+        "key" => (Base::Key, Counts::Key),
+        "tenant" => (Base::Tenant, Counts::Tenant),
+        "global" => (Base::Global, Counts::Global),
+        other => match customs.iter().position(|c| c.scope.as_str() == other) {
+            Some(i) => (Base::Custom(customs[i].scope.as_str()), Counts::Custom(i)),
+            None => return Err(cx.err(table.span(), unknown_table(&label, other))),
+        },
+    };
+    let s = table.get_ref();
+    if let (Counts::Global, Some(b)) = (counts, &s.ban) {
+        let msg =
+            format!("{label}: ban does not apply to a global table (it would block everyone)");
+        return Err(cx.err(b.span(), msg));
+    }
+    let limits = applying(cx, table, &label, scope_table(cx, s, on_failure))?;
+    if let Err(e) = crate::config::check_cost(&limits, cost) {
+        let why = match e {
+            crate::config::LimitError::BelowCost {
+                field,
+                capacity,
+                cost,
+            } => format!(
+                "{field} = {capacity} is below the route's cost {cost}: no request could ever pass"
+            ),
+            other => other.to_string(),
+        };
+        return Err(cx.err(table.span(), format!("{label}: {why}")));
+    }
+    Ok(RouteLimit {
+        scope: Scope::Named(Named::intern(Some(route), base)),
+        counts,
+        limits: Arc::new(limits),
+    })
 }
 
 fn too_many(what: &str, scopes: usize, slots: usize) -> String {
@@ -284,6 +360,7 @@ mod tests {
             "global",
             "auth",
             "concurrent",
+            "rls",
             "User",
             "1a",
             "_a",

@@ -17,28 +17,37 @@ pub(super) fn limits(
     raw: &File,
     on_failure: OnFailure,
 ) -> Result<Limits, ConfigError> {
-    let ip_limits = match raw.limits.table("ip") {
-        Some(s) => Some(Arc::new(scope(cx, s, None, None, on_failure)?)),
+    let table = |name: &str| raw.limits.0.get(name);
+    let ip_limits = match table("ip") {
+        Some(s) => Some(Arc::new(applying(
+            cx,
+            s,
+            "[limits.ip]",
+            scope(cx, s.get_ref(), None, None, on_failure),
+        )?)),
         None => None,
     };
     if let Some(b) = raw.limits.table("global").and_then(|g| g.ban.as_ref()) {
         let msg = "ban applies to [limits.ip], [limits.auth] and tier key / tenant tables, not [limits.global] (it would block everyone)";
         return Err(cx.err(b.span(), msg));
     }
-    let global_limits = match raw.limits.table("global") {
-        Some(s) => Some(Arc::new(rate_only(cx, s, "[limits.global]", on_failure)?)),
-        None => None,
+    let rate = |name: &str| -> Result<Option<Arc<ScopeLimits>>, ConfigError> {
+        let Some(s) = table(name) else {
+            return Ok(None);
+        };
+        let label = format!("[limits.{name}]");
+        let built = rate_only(cx, s.get_ref(), &label, on_failure);
+        Ok(Some(Arc::new(applying(cx, s, &label, built)?)))
     };
-    let auth_limits = match raw.limits.table("auth") {
-        Some(s) => Some(Arc::new(rate_only(cx, s, "[limits.auth]", on_failure)?)),
-        None => None,
-    };
+    let global_limits = rate("global")?;
+    let auth_limits = rate("auth")?;
+    // With a database a tier's key windows may come from its `rate_limit_policies` row or
+    // a key's override, built with the key table's settings: such a table can apply.
+    let windows_elsewhere = raw.database.is_some();
     let mut tiers = HashMap::new();
     for (tier_name, t) in &raw.tiers {
-        tiers.insert(
-            tier_name.clone(),
-            Arc::new(tier(cx, tier_name, t.get_ref(), on_failure)?),
-        );
+        let built = tier(cx, tier_name, t.get_ref(), on_failure, windows_elsewhere)?;
+        tiers.insert(tier_name.clone(), Arc::new(built));
     }
     Ok(Limits {
         ip_limits,
@@ -46,6 +55,27 @@ pub(super) fn limits(
         auth_limits,
         tiers,
     })
+}
+
+/// `built`, the scope table `s` named `label`, when it can ever limit a request: a table
+/// with neither a window nor `concurrent` is an error at the table (after any error in its
+/// values, which names a more precise place).
+pub(super) fn applying(
+    cx: &Ctx<'_>,
+    s: &Spanned<ScopeFile>,
+    label: &str,
+    built: Result<ScopeLimits, ConfigError>,
+) -> Result<ScopeLimits, ConfigError> {
+    let built = built?;
+    if built.windows.is_empty() && built.concurrent.is_none() {
+        return Err(cx.err(s.span(), never_applies(label)));
+    }
+    Ok(built)
+}
+
+/// Why a table without windows and `concurrent` is refused.
+pub(super) fn never_applies(label: &str) -> String {
+    format!("{label} has no window (per_second, per_minute, per_hour, per_day or per_month) and no concurrent: it would never limit anything")
 }
 
 pub(super) fn algorithm(a: AlgorithmFile) -> Algorithm {
@@ -166,29 +196,38 @@ pub(super) fn rate_only(
     scope(cx, s, None, None, default_failure)
 }
 
+/// `[tiers.<name>]`; `windows_elsewhere`: its key windows may also come from the database,
+/// so a key table without windows of its own is not refused.
 pub(super) fn tier(
     cx: &Ctx<'_>,
     name: &str,
     t: &TierFile,
     default_failure: OnFailure,
+    windows_elsewhere: bool,
 ) -> Result<Tier, ConfigError> {
     let b = match &t.burst_multiplier {
         Some(b) => Some(burst(cx, b)?),
         None => None,
     };
+    let message = t.message.as_ref();
+    let table = |s: Option<&Spanned<ScopeFile>>, which: &str, any_windows: bool| {
+        let Some(s) = s else {
+            return scope(cx, &ScopeFile::default(), b, message, default_failure);
+        };
+        let built = scope(cx, s.get_ref(), b, message, default_failure);
+        if any_windows {
+            return built;
+        }
+        applying(cx, s, &format!("[tiers.{name}] {which}"), built)
+    };
+    let key = table(t.key.as_ref(), "key", windows_elsewhere)?;
     let empty = ScopeFile::default();
-    let key = t.key.as_ref().unwrap_or(&empty);
+    let key_file = t.key.as_ref().map_or(&empty, Spanned::get_ref);
     Ok(Tier {
         name: name.to_string(),
-        key: Arc::new(scope(cx, key, b, t.message.as_ref(), default_failure)?),
-        key_settings: settings(cx, key, b)?,
-        tenant: Arc::new(scope(
-            cx,
-            t.tenant.as_ref().unwrap_or(&empty),
-            b,
-            t.message.as_ref(),
-            default_failure,
-        )?),
+        key: Arc::new(key),
+        key_settings: settings(cx, key_file, b)?,
+        tenant: Arc::new(table(t.tenant.as_ref(), "tenant", false)?),
     })
 }
 

@@ -472,9 +472,8 @@ mod tests {
             "x:{global}:1s"
         );
         // A route's tables are counters of their own, `global` included.
-        let named =
-            |base| Scope::Named(crate::limiter::Named::intern(Some("w_login"), base).unwrap());
-        use crate::limiter::Base;
+        use crate::limiter::{Base, Named};
+        let named = |base| Scope::Named(Named::intern(Some("w_login"), base));
         assert_eq!(
             key("x", named(Base::Global), &Ident::Global, Window::Second),
             "x:{w_login.global}:1s"
@@ -483,5 +482,22 @@ mod tests {
             key("thr", named(Base::Ip), &ip, Window::Minute),
             "thr:{w_login.ip:203.0.113.7}:1m"
         );
+    }
+
+    /// A rate-limit service domain's counters and a route `rls`'s custom table of the same
+    /// name never share a Redis key.
+    #[test]
+    fn domain_keys_differ_from_route_tables() {
+        use crate::limiter::{Base, Named};
+        let counter = Ident::Name("user_alice".into());
+        let domain = Scope::Named(Named::domain("w_domain"));
+        let custom = Named::custom("w_domain");
+        let table = Scope::Named(Named::intern(Some("rls"), Base::Custom(custom.info().name)));
+        let by_domain = key("thr", domain, &counter, Window::Minute);
+        assert_eq!(by_domain, "thr:{rls:w_domain:user_alice}:1m");
+        let by_table = key("thr", table, &counter, Window::Minute);
+        assert_eq!(by_table, "thr:{rls.w_domain:user_alice}:1m");
+        let custom_key = key("thr", Scope::Named(custom), &counter, Window::Minute);
+        assert_eq!(custom_key, "thr:{w_domain:user_alice}:1m");
     }
 }
