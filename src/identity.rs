@@ -82,8 +82,7 @@ pub struct KeyInfo {
     pub claims: Box<[(String, String)]>,
 }
 
-/// The namespace of JWT callers' key-scope identities (`jwt:<sub>`).
-pub const JWT_PREFIX: &str = "jwt:";
+pub use crate::auth::{key_id_allowed, JWT_PREFIX};
 
 /// What kind of caller a `KeyInfo` is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -198,11 +197,6 @@ impl KeyInfo {
     pub fn tenant_id(&self) -> Option<&str> {
         self.tenant.as_deref()
     }
-}
-
-/// Whether `id` may be an API key id: not in the JWT callers' namespace (`jwt:`).
-pub fn key_id_allowed(id: &str) -> bool {
-    !id.starts_with(JWT_PREFIX)
 }
 
 // === impl KeyTable ===

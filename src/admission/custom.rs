@@ -218,7 +218,8 @@ mod tests {
     /// separator; the name twice (however spelled) is ambiguous.
     #[test]
     fn cookies_read_as_parsers_read_them() {
-        let cases: [(&[&str], Result<Option<&str>, ()>); 11] = [
+        type Case<'a> = (&'a [&'a str], Result<Option<&'a str>, ()>);
+        let cases: [Case<'_>; 11] = [
             (&["sess=abc"], Ok(Some("abc"))),
             (&["sess= abc"], Ok(Some("abc"))),
             (&["sess =abc "], Ok(Some("abc"))),
@@ -237,7 +238,11 @@ mod tests {
                 h.append("cookie", http::HeaderValue::from_str(v).unwrap());
             }
             let got = cookie(Some(&h), "sess").map_err(|_| ());
-            assert_eq!(got.as_ref().map(|o| o.as_deref()), want.as_ref().map(|o| *o), "{values:?}");
+            assert_eq!(
+                got.as_ref().map(|o| o.as_deref()),
+                want.as_ref().map(|o| *o),
+                "{values:?}"
+            );
         }
     }
 

@@ -63,6 +63,16 @@ pub const MAX_TOKEN_LEN: usize = 8 * 1024;
 /// Longest identity claim value (bytes), as for custom scopes' identities.
 pub const MAX_CLAIM_LEN: usize = 256;
 
+/// The namespace of JWT callers' key-scope identities: a token whose `key_claim` is
+/// `alice` counts, is banned and is reported as `jwt:alice`, never as the API key id
+/// `alice`.
+pub const JWT_PREFIX: &str = "jwt:";
+
+/// Whether `id` may be an API key id: not in the JWT callers' namespace (`jwt:`).
+pub fn key_id_allowed(id: &str) -> bool {
+    !id.starts_with(JWT_PREFIX)
+}
+
 /// Who a verified token says is calling.
 ///
 /// Claim values are used when they are strings (non-empty, at most [`MAX_CLAIM_LEN`]

@@ -812,7 +812,10 @@ async fn the_gateway_seeing_the_after_th_rejection_bans_at_once() {
         // per_minute = 2, after = 3: two 200s, three 429s, then banned.
         assert_eq!(codes, [200, 200, 429, 429, 429, 403], "run {run} ({ip})");
         eventually(Duration::from_secs(5), "the ban published", || async {
-            let banned = automatic(&gw).await.iter().any(|b| b["value"] == ip.as_str());
+            let banned = automatic(&gw)
+                .await
+                .iter()
+                .any(|b| b["value"] == ip.as_str());
             banned.then_some(())
         })
         .await;

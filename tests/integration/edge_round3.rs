@@ -56,7 +56,11 @@ tier = "free"
     // A fresh address of the same /64, with a valid key: refused before the lookup.
     for fresh in ["2001:db8:1:2::99", "2001:db8:1:2:ffff::7"] {
         let (status, body) = as_client(&gw, fresh, "valid-key-123").await;
-        assert_eq!((status, &body["scope"]), (429, &Value::from("auth")), "{fresh}");
+        assert_eq!(
+            (status, &body["scope"]),
+            (429, &Value::from("auth")),
+            "{fresh}"
+        );
     }
     let (status, _) = as_client(&gw, "2001:db8:1:3::1", "valid-key-123").await;
     assert_eq!(status, 200, "another /64");
@@ -86,7 +90,13 @@ auth = "none"
     for _ in 0..2 {
         assert_eq!(with("sess=abc").await.unwrap().status(), 200);
     }
-    for spelled in ["sess=abc", "sess= abc", "sess=\"abc\"", "other=1, sess=abc", " sess =abc;x=1"] {
+    for spelled in [
+        "sess=abc",
+        "sess= abc",
+        "sess=\"abc\"",
+        "other=1, sess=abc",
+        " sess =abc;x=1",
+    ] {
         let r = with(spelled).await.unwrap();
         assert_eq!(r.status(), 429, "{spelled:?}");
         let body: Value = r.json().await.unwrap();
@@ -95,6 +105,13 @@ auth = "none"
     let r = with("sess=abc, sess=other").await.unwrap();
     assert_eq!(r.status(), 400);
     let body: Value = r.json().await.unwrap();
-    assert_eq!(body, serde_json::json!({"error": "invalid_identity", "scope": "session"}));
-    assert_eq!(with("sess=xyz").await.unwrap().status(), 200, "another session");
+    assert_eq!(
+        body,
+        serde_json::json!({"error": "invalid_identity", "scope": "session"})
+    );
+    assert_eq!(
+        with("sess=xyz").await.unwrap().status(),
+        200,
+        "another session"
+    );
 }

@@ -17,7 +17,7 @@ pub(super) fn keys(
                 format!("duplicate key id {:?}", k.id.get_ref()),
             ));
         }
-        if !crate::identity::key_id_allowed(k.id.get_ref()) {
+        if !crate::auth::key_id_allowed(k.id.get_ref()) {
             return Err(cx.err(
                 k.id.span(),
                 format!(
