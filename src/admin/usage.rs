@@ -15,9 +15,8 @@
 //! Parameters are `application/x-www-form-urlencoded` (percent-decoded, `+` a space).
 //! Each window is read by one peek check (`Check::peek`, cost 1), so each window's own
 //! decision comes back as `governing`. On Redis with leases, tokens a gateway leased but
-//! has not spent yet count as used (Redis charged them at grant); the peek ends this
-//! gateway's own lease of the window (its leftovers go back with the call, as with any
-//! call for that window), so this gateway's share reads exact.
+//! has not spent yet count as used (Redis charged them at grant); a peek while this
+//! gateway holds a usable lease of the window is answered from that lease.
 
 use std::net::IpAddr;
 use std::sync::Arc;

@@ -8,7 +8,7 @@
 //! `duration_until_reset` of each limited status is the rest of the epoch-aligned window
 //! of its unit (so never more than the unit) and never grows for a descriptor within a
 //! case; without `[rls] response_headers` none of the RateLimit-* headers is added; on
-//! Redis the counters are under `<prefix>:{rls.<domain>:` or `<prefix>:{rls:<domain>:` (no
+//! Redis the counters are under `<prefix>:{rls:<domain>:` (no
 //! silent memory fallback).
 
 use std::collections::HashMap;
@@ -491,13 +491,9 @@ async fn run(case: fn() -> Case, store: &str) {
         counted.sort_unstable();
         counted.dedup();
         for domain in counted {
-            // The domain's scope, `rls.<domain>` or `rls:<domain>`.
-            let want = format!("{prefix}:{{rls?{domain}:");
-            let scoped = |k: &String| {
-                [".", ":"]
-                    .iter()
-                    .any(|sep| k.starts_with(&want.replace('?', sep)))
-            };
+            // The domain's scope, `rls:<domain>`.
+            let want = format!("{prefix}:{{rls:{domain}:");
+            let scoped = |k: &String| k.starts_with(&want);
             assert!(
                 keys.iter().any(scoped),
                 "case {} on {store}: no Redis key {want}*: {keys:?}",

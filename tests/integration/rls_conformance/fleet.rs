@@ -48,13 +48,13 @@ async fn exactly_the_limit(admission: &str) {
     assert!(errors.is_empty(), "{admission}: {errors:?}");
     let mut c = redis.client().await;
     let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("{prefix}:{{rls?fleet:*"))
+        .arg(format!("{prefix}:{{rls:fleet:*"))
         .query_async(&mut c)
         .await
         .unwrap();
     assert!(
         !keys.is_empty(),
-        "{admission}: no {prefix}:{{rls.fleet:* key"
+        "{admission}: no {prefix}:{{rls:fleet:* key"
     );
     let mut counters = Vec::new();
     for k in &keys {

@@ -409,7 +409,7 @@ descriptors:
         call(one("known", &[k]), Ok, vec![ok((1, MIN, "k"), 0)]),
     ]);
     Case {
-        never_stored: &["rls.nope"],
+        never_stored: &["rls:nope"],
         ..Case::new("unknown_domain", yaml, steps)
     }
 }
