@@ -191,11 +191,7 @@ impl BlockStore {
 impl Failed {
     fn reply(self) -> Reply {
         match self {
-            Failed::Unavailable(None) => error_reply(503, "database_unavailable"),
-            Failed::Unavailable(Some(detail)) => json_reply(
-                503,
-                &serde_json::json!({"error": "database_unavailable", "detail": detail}),
-            ),
+            Failed::Unavailable(detail) => super::dbapi::unavailable(detail),
         }
     }
 }

@@ -38,11 +38,7 @@ impl Failure {
     /// The JSON error reply.
     pub(super) fn reply(self) -> Reply {
         match self {
-            Failure::Unavailable(None) => error_reply(503, "database_unavailable"),
-            Failure::Unavailable(Some(detail)) => json_reply(
-                503,
-                &serde_json::json!({"error": "database_unavailable", "detail": detail}),
-            ),
+            Failure::Unavailable(detail) => unavailable(detail),
             Failure::Field(field, detail) => invalid_field(field, &detail),
             Failure::NotFound => error_reply(404, "not_found"),
             Failure::Conflict(detail) => json_reply(
@@ -62,6 +58,18 @@ impl From<DbError> for Failure {
             e => Failure::Unavailable(Some(e.to_string())),
         }
     }
+}
+
+/// 503 `database_unavailable` with `Retry-After: 1`: the pool is not connected yet (at
+/// start, or while the database is down) or a call failed (`detail`).
+pub(super) fn unavailable(detail: Option<String>) -> Reply {
+    let detail = detail.unwrap_or_else(|| "the database is not connected (yet)".to_string());
+    let mut reply = json_reply(
+        503,
+        &serde_json::json!({"error": "database_unavailable", "detail": detail}),
+    );
+    reply.headers = vec![("retry-after", http::HeaderValue::from_static("1"))];
+    reply
 }
 
 /// 400 `invalid_request` naming `field`.

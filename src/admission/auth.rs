@@ -101,6 +101,10 @@ fn token_caller(
     now_ms: u64,
 ) -> Result<Arc<KeyInfo>, Rejection> {
     let caller = verifier.verify(token, now_ms / 1000).map_err(|e| {
+        if verifier.awaiting_keys() {
+            // No `jwks_url` set yet: the token's key may be one not fetched yet.
+            return Rejection::NotReady;
+        }
         tracing::debug!(reason = e.as_str(), "bearer token refused");
         Rejection::InvalidToken
     })?;
@@ -111,6 +115,10 @@ fn token_caller(
         .and_then(|j| j.default_tier.as_deref());
     let tier_name = caller.tier.as_deref().or(default);
     let Some(tier) = tier_name.and_then(|t| dynamic.tier(&rt.config, t)) else {
+        if dynamic.awaiting {
+            // The tier may be a database policy not loaded yet.
+            return Err(Rejection::NotReady);
+        }
         tracing::debug!("bearer token refused: its tier is not configured");
         return Err(Rejection::InvalidToken);
     };
@@ -154,7 +162,12 @@ pub fn lookup_key(
         Presented::Key(k) => match dynamic.keys.lookup(k) {
             // The snapshot holds the config's keys too, with the database's policies.
             Some(info) => Ok(Some(info)),
-            None => rt.keys.lookup(k).map(Some).ok_or(Rejection::InvalidKey),
+            None => match rt.keys.lookup(k) {
+                Some(info) => Ok(Some(info)),
+                // Before the first snapshot an unknown key may be one not loaded yet.
+                None if dynamic.awaiting => Err(Rejection::NotReady),
+                None => Err(Rejection::InvalidKey),
+            },
         },
     }
 }

@@ -76,6 +76,10 @@ pub struct Dynamic {
     pub tiers: HashMap<String, Arc<crate::config::Tier>>,
     /// The tenants table: tenant id -> tier name (empty without a database).
     pub tenants: HashMap<String, String>,
+    /// True until the first database snapshot is published (set only at start, when a
+    /// database is configured): a key not in `gateway.toml` may then be a key not loaded
+    /// yet, so it is answered 503 `not_ready`, never 401.
+    pub awaiting: bool,
 }
 
 /// State the pipeline shares across requests, config reloads and snapshots.
@@ -121,6 +125,7 @@ pub struct CoreBuilder {
     bans: Arc<Bans>,
     shared_bans: Option<Arc<RedisStore>>,
     upstream_override: Option<SocketAddr>,
+    awaiting_database: bool,
 }
 
 /// Clients that recently presented a bad key, so only they pay the extra `[limits.auth]`
@@ -194,6 +199,7 @@ impl Dynamic {
             block_rows: rows,
             tiers: HashMap::new(),
             tenants: HashMap::new(),
+            awaiting: false,
         }
     }
 }
@@ -265,6 +271,7 @@ impl Core {
             bans: Arc::default(),
             shared_bans: None,
             upstream_override: None,
+            awaiting_database: false,
         }
     }
 
@@ -364,6 +371,13 @@ impl CoreBuilder {
         self
     }
 
+    /// Whether a database snapshot is still to come (default: no): until the first one
+    /// is published, keys not in the config answer `not_ready` and `/readyz` waits.
+    pub fn awaiting_database(mut self, awaiting: bool) -> Self {
+        self.awaiting_database = awaiting;
+        self
+    }
+
     /// The state.
     pub fn build(self) -> Core {
         let config = &self.runtime.config;
@@ -372,7 +386,10 @@ impl CoreBuilder {
         Core {
             observed,
             runtime: ArcSwap::from_pointee(self.runtime),
-            dynamic: ArcSwap::from_pointee(Dynamic::default()),
+            dynamic: ArcSwap::from_pointee(Dynamic {
+                awaiting: self.awaiting_database,
+                ..Dynamic::default()
+            }),
             suspects: Suspects::default(),
             events: self.events,
             bans: self.bans,

@@ -178,6 +178,10 @@ pub enum Rejection {
     MethodNotAllowed,
     /// 503: a fail-closed scope could not reach its store.
     Unavailable,
+    /// 503: the credential may be one not loaded yet (before the first database snapshot,
+    /// or before the first `jwks_url` key set): answered `not_ready` with `Retry-After`,
+    /// never 401, and not counted as a failed lookup.
+    NotReady,
 }
 
 /// A refused request: the answer, and the route it matched (for metrics).

@@ -182,6 +182,7 @@ fn kind(r: &Result<Admission, Refusal>) -> String {
             Rejection::InvalidIdentity(s) => format!("400 invalid {}", s.as_str()),
             Rejection::MissingIdentity(s) => format!("400 missing {}", s.as_str()),
             Rejection::Unavailable => "503".into(),
+            Rejection::NotReady => "503 not ready".into(),
         },
     }
 }
@@ -259,6 +260,29 @@ async fn failed_lookups_are_charged_to_both_addresses() {
         kind(&admit(&core, &req("198.51.100.8", "/v1/x", Some("good-key"))).await),
         "ok"
     );
+}
+
+/// Before the first database snapshot a key the config does not hold may be one not
+/// loaded yet: 503 `not_ready`, not 401, and not a failed lookup; the config's keys are
+/// served. Once the snapshot is in, the same key is 401 and counts.
+#[tokio::test]
+async fn before_the_first_snapshot_unknown_keys_are_not_ready() {
+    let (core, _) = memory_core();
+    core.swap_dynamic(Dynamic {
+        awaiting: true,
+        ..Dynamic::default()
+    });
+    let unknown = req("198.51.100.7", "/v1/x", Some("bad"));
+    for _ in 0..5 {
+        assert_eq!(kind(&admit(&core, &unknown).await), "503 not ready");
+    }
+    let good = req("198.51.100.7", "/v1/x", Some("good-key"));
+    assert_eq!(kind(&admit(&core, &good).await), "ok");
+    core.swap_dynamic(Dynamic::default());
+    for _ in 0..3 {
+        assert_eq!(kind(&admit(&core, &unknown).await), "401 invalid");
+    }
+    assert_eq!(kind(&admit(&core, &unknown).await), "429 auth");
 }
 
 /// Named routes (the check API) and `Target::Any`.

@@ -26,6 +26,10 @@ pub const KID_REFETCH_INTERVAL: Duration = Duration::from_secs(10);
 /// Largest JWKS body read (1 MiB: thousands of keys).
 pub const MAX_JWKS_BYTES: usize = 1 << 20;
 
+/// How soon a failed fetch is tried again while no `jwks_url` set has loaded yet (the
+/// gateway is not ready until one has): at most `jwks_refresh`.
+pub(super) const FIRST_SET_RETRY: Duration = Duration::from_secs(1);
+
 /// How many redirects a JWKS fetch follows.
 const MAX_REDIRECTS: usize = 3;
 
@@ -98,7 +102,13 @@ impl JwtVerifier {
         fetched: Instant,
         shutdown: &mut std::pin::Pin<&mut impl Future<Output = ()>>,
     ) -> bool {
-        let due = fetched + self.settings().jwks_refresh;
+        let every = self.settings().jwks_refresh;
+        let due = if self.awaiting_keys() {
+            // Not ready until a first set loads: try again soon, not a whole period later.
+            fetched + every.min(FIRST_SET_RETRY)
+        } else {
+            fetched + every
+        };
         loop {
             tokio::select! {
                 () = shutdown.as_mut() => return false,

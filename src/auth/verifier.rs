@@ -37,6 +37,8 @@ pub struct JwtVerifier {
     pub(super) counters: Counters,
     pub(super) client: Mutex<Option<reqwest::Client>>,
     pub(super) timing: Timing,
+    /// Set once a `jwks_url` set has been installed (`awaiting_keys`).
+    pub(super) url_loaded: AtomicBool,
 }
 
 /// Counts since the verifier was built (for metrics; no label needed).
@@ -115,6 +117,7 @@ impl JwtVerifier {
             counters: Counters::default(),
             client: Mutex::new(None),
             timing,
+            url_loaded: AtomicBool::new(false),
         })
     }
 
@@ -218,6 +221,7 @@ impl JwtVerifier {
             current.file.clone(),
             jwks,
         );
+        self.url_loaded.store(true, Ordering::Release);
         Ok(usable)
     }
 
@@ -235,6 +239,13 @@ impl JwtVerifier {
     pub(super) fn cached(&self, token: &[u8], now_secs: u64) -> Option<Caller> {
         let state = self.state.load();
         state.cache.get(state.cache.tag(token), now_secs)
+    }
+
+    /// Whether `jwks_url` is set and no key set from it has loaded since the process
+    /// started: tokens may then be signed by keys not fetched yet (`not_ready`, and
+    /// `/readyz` waits). A later failed fetch keeps the last good set and does not count.
+    pub fn awaiting_keys(&self) -> bool {
+        !self.url_loaded.load(Ordering::Acquire) && self.state.load().settings.jwks_url.is_some()
     }
 
     /// The settings in use.

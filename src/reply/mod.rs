@@ -137,6 +137,7 @@ impl Rejection {
             Rejection::InvalidIdentity(_) => "invalid_identity",
             Rejection::MissingIdentity(_) => "missing_identity",
             Rejection::Unavailable => "rate_limiter_unavailable",
+            Rejection::NotReady => "not_ready",
         }
     }
 }
@@ -176,7 +177,7 @@ pub fn render(rejection: &Rejection, now_ms: u64, style: RateLimitHeaders) -> Re
             serde_json::json!({"error": code, "route": name}).to_string(),
             Vec::new(),
         ),
-        Rejection::Unavailable => {
+        Rejection::Unavailable | Rejection::NotReady => {
             let mut reply = error_reply(503, code);
             reply.headers = vec![("retry-after", HeaderValue::from_static("1"))];
             reply

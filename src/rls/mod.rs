@@ -173,6 +173,10 @@ impl Rls {
             Ok(a) => Ok(Ok(a)),
             Err(refusal) => match &refusal.rejection {
                 Rejection::UnknownRoute(name) => Err(invalid(format!("unknown route {name:?}"))),
+                // A key or tier not loaded yet: Envoy retries or applies its failure mode.
+                Rejection::NotReady => Err(Status::unavailable(
+                    "not ready: the first database snapshot or key set has not loaded",
+                )),
                 _ => Ok(Err(refusal)),
             },
         }

@@ -135,6 +135,7 @@ pub fn build(mut config: Config, extras: Extras) -> Result<Built, StartError> {
         .upstream_override(demo_addr)
         .shared_bans(stores.redis.clone())
         .events(events)
+        .awaiting_database(db.configured())
         .build();
     let core = Arc::new(core);
     let lifecycle = Arc::new(Lifecycle::default());

@@ -892,22 +892,31 @@ async fn no_event_is_lost_across_a_postgres_restart() {
     );
 }
 
-/// PostgreSQL down at start: the gateway serves the TOML keys and says degraded.
+/// PostgreSQL down at start: the gateway serves the TOML keys, but is not ready: a key it
+/// does not know may be a database key not loaded yet (503 `not_ready`, never 401), and
+/// the admin API's database endpoints say when to retry.
 #[tokio::test(flavor = "multi_thread")]
 async fn serves_toml_keys_when_postgres_is_down_at_start() {
     let up = Upstream::start("u").await;
     let dead = format!("postgres://postgres@127.0.0.1:{}/none", free_port());
-    let gw = Gateway::start(&config(&dead), Some(&up)).await;
+    let body = config(&dead).replace("{upstream}", &up.addr.to_string());
+    let gw = Gateway::start_live(&body, "grace_period_secs = 0").await;
     assert_eq!(status(&gw, "toml-secret").await, 200);
-    let r: Value = gw.readyz().await;
-    assert_eq!(
-        (
-            r["ready"].as_bool(),
-            r["degraded"].as_bool(),
-            r["database"]["healthy"].as_bool()
-        ),
-        (Some(true), Some(true), Some(false))
-    );
+    let unknown = client()
+        .get(gw.url("/x"))
+        .header("x-api-key", "not-loaded-yet")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(unknown.status(), 503);
+    assert_eq!(header(&unknown, "retry-after"), "1");
+    let body: Value = unknown.json().await.unwrap();
+    assert_eq!(body, json!({"error": "not_ready"}));
+    let ready = client().get(gw.admin_url("/readyz")).send().await.unwrap();
+    assert_eq!(ready.status(), 503);
+    assert_eq!(header(&ready, "retry-after"), "1");
+    let r: Value = ready.json().await.unwrap();
+    assert_eq!(r, json!({"ready": false, "waiting": ["database"]}));
     let posted = client()
         .post(gw.admin_url("/v1/blocks"))
         .bearer_auth(ADMIN_TOKEN)
@@ -916,4 +925,13 @@ async fn serves_toml_keys_when_postgres_is_down_at_start() {
         .await
         .unwrap();
     assert_eq!(posted.status(), 503);
+    assert_eq!(header(&posted, "retry-after"), "1");
+    let keys = client()
+        .get(gw.admin_url("/v1/keys"))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(keys.status(), 503);
+    assert_eq!(header(&keys, "retry-after"), "1");
 }

@@ -36,6 +36,7 @@ mod one_caller;
 mod proxy_e2e;
 mod ratelimit_headers;
 mod rediss;
+mod ready;
 mod reload;
 mod rls;
 mod rls_conformance;

@@ -116,6 +116,22 @@ impl Gateway {
         server_extra: &str,
         env: &[(&str, Option<&str>)],
     ) -> Self {
+        Self::spawn(args, body, server_extra, env, "/readyz").await
+    }
+
+    /// Starts `throttle run` with `body` and waits only until it is alive (`/healthz`
+    /// 200), not ready: for gateways whose database or key set is not there yet.
+    pub async fn start_live(body: &str, server_extra: &str) -> Self {
+        Self::spawn(&["run"], body, server_extra, &[], "/healthz").await
+    }
+
+    async fn spawn(
+        args: &[&str],
+        body: &str,
+        server_extra: &str,
+        env: &[(&str, Option<&str>)],
+        probe: &str,
+    ) -> Self {
         for _ in 0..5 {
             let (port, admin_port) = (free_port(), free_port());
             let dir = tempfile::tempdir().unwrap();
@@ -151,14 +167,14 @@ impl Gateway {
                 child,
                 dir,
             };
-            if gw.wait_ready().await {
+            if gw.wait_for(probe).await {
                 return gw;
             }
         }
         panic!("gateway did not become ready");
     }
 
-    async fn wait_ready(&mut self) -> bool {
+    async fn wait_for(&mut self, probe: &str) -> bool {
         let deadline = Instant::now() + Duration::from_secs(30);
         let client = client();
         while Instant::now() < deadline {
@@ -167,7 +183,7 @@ impl Gateway {
                 return false;
             }
             let ready = client
-                .get(format!("http://{}/readyz", self.admin))
+                .get(format!("http://{}{probe}", self.admin))
                 .send()
                 .await
                 .is_ok_and(|r| r.status() == 200);
