@@ -1,6 +1,6 @@
 //! `/v1/tenants`: the `tenants` table (id, name, tier, created_at). `POST` creates (409
 //! when the id exists), `PUT /v1/tenants/{id}` replaces name and tier (404 when missing),
-//! `DELETE` removes a tenant without keys (409 while it has any). Every write is one
+//! `DELETE` removes a tenant and its revoked keys (409 while it has a live key). Every write is one
 //! statement or transaction; the `tenants` NOTIFY trigger tells the other gateways.
 
 use http::Method;
@@ -97,7 +97,7 @@ async fn settle(
         }
         Written::Missing => Err(Failure::NotFound),
         Written::Conflict => Err(Failure::Conflict(format!(
-            "tenant {id:?} exists (POST) or still has keys (DELETE)"
+            "tenant {id:?} exists (POST) or still has a live key (DELETE)"
         ))),
     }
 }

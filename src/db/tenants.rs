@@ -26,7 +26,7 @@ pub enum Written {
     Row(TenantRow),
     /// No row with that id.
     Missing,
-    /// The id is taken (create) or still has keys (delete).
+    /// The id is taken (create) or still has a live key (delete).
     Conflict,
 }
 
@@ -114,35 +114,39 @@ async fn write(
     Ok(r.as_ref().map_or(none, |r| Written::Row(row(r))))
 }
 
-/// Deletes tenant `id`: `Missing` when there is none, `Conflict` while it has keys
-/// (revoked ones too: they keep their history).
+/// Deletes tenant `id` with its revoked keys: `Missing` when there is none, `Conflict`
+/// while it has a live key. The tenant row is locked first, so a key made meanwhile
+/// (its foreign key reads the row) waits and then fails rather than being orphaned.
 ///
 /// # Errors
 /// When the database fails.
 pub async fn delete(pool: &PgPool, id: &str) -> Result<Written, DbError> {
-    const Q: &str = concat!(
-        "DELETE FROM tenants t WHERE t.id = $1
-           AND NOT EXISTS (SELECT 1 FROM api_keys k WHERE k.tenant_id = t.id)
-         RETURNING ",
-        columns!()
-    );
+    const DELETE: &str = concat!("DELETE FROM tenants WHERE id = $1 RETURNING ", columns!());
     let mut tx = pool.begin().await?;
-    let deleted = sqlx::query(Q).bind(id).fetch_optional(&mut *tx).await?;
-    let outcome = match deleted {
-        Some(r) => Written::Row(row(&r)),
-        None => {
-            let exists: bool =
-                sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM tenants WHERE id = $1)")
-                    .bind(id)
-                    .fetch_one(&mut *tx)
-                    .await?;
-            if exists {
-                Written::Conflict
-            } else {
-                Written::Missing
-            }
-        }
-    };
+    let exists = sqlx::query("SELECT 1 FROM tenants WHERE id = $1 FOR UPDATE")
+        .bind(id)
+        .fetch_optional(&mut *tx)
+        .await?
+        .is_some();
+    if !exists {
+        return Ok(Written::Missing);
+    }
+    let live: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM api_keys WHERE tenant_id = $1 AND revoked_at IS NULL)",
+    )
+    .bind(id)
+    .fetch_one(&mut *tx)
+    .await?;
+    if live {
+        return Ok(Written::Conflict);
+    }
+    // Revoked keys go with their tenant (their overrides cascade); the violation log
+    // names tenants and keys by value and keeps its history.
+    sqlx::query("DELETE FROM api_keys WHERE tenant_id = $1")
+        .bind(id)
+        .execute(&mut *tx)
+        .await?;
+    let deleted = sqlx::query(DELETE).bind(id).fetch_optional(&mut *tx).await?;
     tx.commit().await?;
-    Ok(outcome)
+    Ok(deleted.map_or(Written::Missing, |r| Written::Row(row(&r))))
 }

@@ -237,18 +237,20 @@ async fn admin_api_tenants_crud() {
     );
     let (s, list) = call(&gw, "GET", "/v1/tenants", None).await;
     assert_eq!((s, list["tenants"].as_array().unwrap().len()), (200, 1));
-    assert_eq!(
-        call(
-            &gw,
-            "POST",
-            "/v1/keys",
-            Some(json!({"tenant": "t1", "tier": "free"}))
-        )
-        .await
-        .0,
-        201
-    );
+    let (s, key) = call(
+        &gw,
+        "POST",
+        "/v1/keys",
+        Some(json!({"tenant": "t1", "tier": "free"})),
+    )
+    .await;
+    assert_eq!(s, 201);
     assert_eq!(call(&gw, "DELETE", "/v1/tenants/t1", None).await.0, 409);
+    // A revoked key does not keep its tenant: the tenant goes, and the key with it.
+    let key_path = format!("/v1/keys/{}", key["id"].as_str().unwrap());
+    assert_eq!(call(&gw, "DELETE", &key_path, None).await.0, 204);
+    assert_eq!(call(&gw, "DELETE", "/v1/tenants/t1", None).await.0, 204);
+    assert_eq!(call(&gw, "GET", "/v1/tenants/t1", None).await.0, 404);
     assert_eq!(
         call(
             &gw,

@@ -555,3 +555,42 @@ value = "evil"
         );
     }
 }
+
+/// A tenant made through the admin API, with no key yet, is known to the rate-limit
+/// service at once: its `tenant` descriptor is limited at the tier the tenants table
+/// gives it (not refused as unknown, which Envoy's default would let through unlimited).
+#[tokio::test(flavor = "multi_thread")]
+async fn an_admin_made_tenant_is_known_at_once() {
+    let Some(db) = crate::support::postgres::TestDb::migrated() else {
+        return;
+    };
+    let up = Upstream::start("rls").await;
+    let body = format!(
+        "[database]\nurl = \"{}\"\n\n[tiers.free]\nkey = {{ per_minute = 5 }}\ntenant = {{ per_hour = 2 }}\n\n{}",
+        db.url,
+        route()
+    );
+    let mut rls = Rls::start(&body, &up).await;
+    let unknown = rls
+        .client
+        .should_rate_limit(request(&[&[("tenant", "newco")]]))
+        .await;
+    assert!(unknown.is_err(), "no such tenant yet: {unknown:?}");
+    let made = client()
+        .post(rls.gw.admin_url("/v1/tenants"))
+        .bearer_auth(crate::support::ADMIN_TOKEN)
+        .json(&serde_json::json!({"id": "newco", "tier": "free"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(made.status(), 201);
+    let codes: Vec<Code> = {
+        let mut codes = Vec::new();
+        for _ in 0..3 {
+            let r = rls.ask(request(&[&[("tenant", "newco")]])).await;
+            codes.push(r.overall_code());
+        }
+        codes
+    };
+    assert_eq!(codes, [Code::Ok, Code::Ok, Code::OverLimit]);
+}
