@@ -161,7 +161,7 @@ mod tests {
         }
     }
 
-    /// Host bits, short prefixes (IPv4-mapped ones as IPv4) and formatting characters
+    /// Host bits, short prefixes (IPv4-carrying ones as IPv4) and formatting characters
     /// are refused; `force` takes the network as meant.
     #[test]
     fn block_values_are_checked() {
@@ -178,6 +178,13 @@ mod tests {
             ("::/0", true),
             ("::ffff:0:0/96", true),
             ("::ffff:10.0.0.0/104", false),
+            // NAT64 (RFC 6052's /96, RFC 8215's local-use /48) and translated: IPv4 inside.
+            ("64:ff9b::/96", true),
+            ("64:ff9b::/100", true),
+            ("64:ff9b::a00:0/104", false),
+            ("64:ff9b:1:2:3:4::/96", true),
+            ("::ffff:0:0:0/96", true),
+            ("::ffff:0:a00:0/104", false),
         ] {
             assert_eq!(net_problem(value, false).is_some(), refused, "{value}");
             assert_eq!(net_problem(value, true), None, "{value}");

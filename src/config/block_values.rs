@@ -32,7 +32,9 @@ fn is_bidi_control(c: char) -> bool {
 /// Why `value` (an address or a CIDR that parses) is not a block to take as written:
 /// host bits set after the prefix (`10.0.0.1/8`: probably not what was meant), or a
 /// prefix shorter than /8 (IPv4) or /32 (IPv6), which blocks a large part of the
-/// Internet. `force` accepts both (the network is then the prefix's).
+/// Internet; an IPv6 network that carries IPv4 (`::ffff:0:0/96`, NAT64's
+/// `64:ff9b::/96`) by the IPv4 network it carries. `force` accepts both (the network is
+/// then the prefix's).
 pub fn net_problem(value: &str, force: bool) -> Option<String> {
     let net = value.trim().parse::<IpNet>().ok()?;
     if force {
@@ -44,12 +46,10 @@ pub fn net_problem(value: &str, force: bool) -> Option<String> {
             net.trunc()
         ));
     }
-    let (prefix, min) = match net {
+    // A network that carries IPv4 (mapped, translated, NAT64: `64:ff9b::/96` is all of
+    // IPv4) is judged as the IPv4 network it is matched as.
+    let (prefix, min) = match crate::limiter::canonical_net(net) {
         IpNet::V4(n) => (n.prefix_len(), MIN_V4_PREFIX),
-        // An IPv4-mapped network is an IPv4 network.
-        IpNet::V6(n) if n.prefix_len() >= 96 && n.network().to_ipv4_mapped().is_some() => {
-            (n.prefix_len() - 96, MIN_V4_PREFIX)
-        }
         IpNet::V6(n) => (n.prefix_len(), MIN_V6_PREFIX),
     };
     (prefix < min).then(|| {

@@ -1,9 +1,9 @@
 //! Edge hardening, third round, on the real binary: what an attacker's probe found in the
 //! newest features. Each test failed before its fix.
 
-use serde_json::Value;
+use serde_json::{json, Value};
 
-use crate::support::{client, Gateway, Upstream};
+use crate::support::{client, Gateway, Upstream, ADMIN_TOKEN};
 
 /// A request through the trusted proxy on 127.0.0.1 for client `xff`, with API key `key`.
 async fn as_client(gw: &Gateway, xff: &str, key: &str) -> (u16, Value) {
@@ -114,4 +114,40 @@ auth = "none"
         200,
         "another session"
     );
+}
+
+/// A block of an IPv6 network that carries IPv4 is judged by the IPv4 network it carries:
+/// NAT64's `64:ff9b::/96` is all of IPv4, so without `force` it is 400 (and IPv4 clients
+/// keep being served); with `force` it is taken as meant.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_nat64_block_of_all_of_ipv4_needs_force() {
+    let up = Upstream::start("u").await;
+    let body = "[[routes]]\nname = \"api\"\npath_prefix = \"/\"\nauth = \"none\"\nupstreams = [\"{upstream}\"]\n";
+    let gw = Gateway::start(body, Some(&up)).await;
+    let post = |b: Value| {
+        client()
+            .post(gw.admin_url("/v1/blocks"))
+            .bearer_auth(ADMIN_TOKEN)
+            .json(&b)
+            .send()
+    };
+    for value in ["64:ff9b::/96", "64:ff9b:1::/96", "::ffff:0:0:0/96"] {
+        let r = post(json!({"scope": "ip", "value": value})).await.unwrap();
+        assert_eq!(r.status(), 400, "{value}");
+        let reply: Value = r.json().await.unwrap();
+        let detail = reply["detail"].as_str().unwrap_or("");
+        assert!(detail.contains("wider than /8"), "{value}: {reply}");
+    }
+    let served = client().get(gw.url("/x")).send().await.unwrap();
+    assert_eq!(served.status(), 200, "no IPv4 client is blocked");
+    let r = post(json!({"scope": "ip", "value": "64:ff9b::a00:0/104"}))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201, "10.0.0.0/8 through NAT64 is a block like any /8");
+    let forced = post(json!({"scope": "ip", "value": "64:ff9b::/96", "force": true}))
+        .await
+        .unwrap();
+    assert_eq!(forced.status(), 201);
+    let blocked = client().get(gw.url("/x")).send().await.unwrap();
+    assert_eq!(blocked.status(), 403, "forced, it is all of IPv4");
 }
