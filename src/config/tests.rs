@@ -408,7 +408,7 @@ fn check_token_comes_from_the_environment() {
     let err = load("[server]\ncheck_token = \"${CHECK_TOKEN_EMPTY}\"\n").unwrap_err();
     assert_eq!(
         err.to_string(),
-        "f.toml:2:15: check_token must not be empty"
+        "f.toml:2:15: check_token must not be empty (the value of ${CHECK_TOKEN_EMPTY})"
     );
     let err = load("[server]\ncheck_token = \"${CHECK_TOKEN_B}\"\n").unwrap_err();
     assert_eq!(
@@ -735,4 +735,5 @@ fn tracing_section() {
     }
 }
 
+mod secrets;
 mod tables;

@@ -64,7 +64,16 @@ pub(super) fn jwt(
         ));
     }
     // What the verifier refuses at start is refused now, at the value that causes it.
-    JwtVerifier::new(settings.clone()).map_err(|e| cx.err(span_of(j, &e), e.to_string()))?;
+    JwtVerifier::new(settings.clone()).map_err(|e| {
+        let msg = match (&e, &j.get_ref().jwks_url) {
+            // Never the value of a `${VAR}` (it may carry credentials): the variable.
+            (JwtConfigError::BadUrl { reason, .. }, Some(raw)) => {
+                format!("jwks_url {}: {reason}", super::server::shown(raw, raw.get_ref()))
+            }
+            _ => e.to_string(),
+        };
+        cx.err(span_of(j, &e), msg)
+    })?;
     Ok(Jwt {
         settings,
         default_tier: f.default_tier.as_ref().map(|t| t.get_ref().clone()),

@@ -80,9 +80,10 @@ pub(super) fn tracing_section(
         return Ok(None);
     }
     let bad = |why: &str| cx.err(raw.span(), format!("otlp_endpoint: {why}"));
+    let quoted = shown(raw, &endpoint);
     let uri: http::Uri = endpoint
         .parse()
-        .map_err(|e| bad(&format!("{endpoint:?} is not a URL: {e}")))?;
+        .map_err(|e| bad(&format!("{quoted} is not a URL: {e}")))?;
     match uri.scheme_str() {
         Some("http") => {}
         Some("https") => {
@@ -90,14 +91,14 @@ pub(super) fn tracing_section(
                 "https is not supported: export to a collector beside the gateway over http://",
             ))
         }
-        _ => return Err(bad(&format!("{endpoint:?}: expected http://host:port"))),
+        _ => return Err(bad(&format!("{quoted}: expected http://host:port"))),
     }
     if uri.host().is_none_or(str::is_empty) || uri.port_u16().is_none() {
-        return Err(bad(&format!("{endpoint:?}: expected http://host:port")));
+        return Err(bad(&format!("{quoted}: expected http://host:port")));
     }
     if uri.path_and_query().is_some_and(|p| p.as_str() != "/") {
         return Err(bad(&format!(
-            "{endpoint:?}: no path (the gRPC service's is fixed)"
+            "{quoted}: no path (the gRPC service's is fixed)"
         )));
     }
     let service_name = match &t.service_name {
@@ -142,10 +143,12 @@ fn access_log(cx: &Ctx<'_>, v: &Spanned<String>) -> Result<AccessLogTarget, Conf
     let path = dir.join(&raw);
     let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
     if parent.is_some_and(|p| !p.is_dir()) || path.is_dir() {
-        let msg = format!(
-            "access_log: {} is not a file in an existing directory",
-            path.display()
-        );
+        let shown = if v.get_ref().starts_with("${") {
+            shown(v, "")
+        } else {
+            path.display().to_string()
+        };
+        let msg = format!("access_log: {shown} is not a file in an existing directory");
         return Err(cx.err(v.span(), msg));
     }
     Ok(AccessLogTarget::File(path))
@@ -192,8 +195,23 @@ pub(super) fn check_token(cx: &Ctx<'_>, v: &Spanned<String>) -> Result<Secret, C
         None
     };
     match problem {
+        Some(msg) if v.get_ref().starts_with("${") => {
+            Err(cx.err(v.span(), format!("{msg} ({})", shown(v, ""))))
+        }
         Some(msg) => Err(cx.err(v.span(), msg)),
         None => Ok(Secret::new(&token)),
+    }
+}
+
+/// How an error shows the value of `v` once resolved (`value`): quoted when it is written
+/// in the file, else only the variable it came from (`the value of ${NAME}`), so a secret
+/// read from the environment (a password in a URL) is never echoed.
+pub(super) fn shown(v: &Spanned<String>, value: &str) -> String {
+    let raw = v.get_ref();
+    if raw.starts_with("${") && raw.ends_with('}') {
+        format!("the value of {raw}")
+    } else {
+        format!("{value:?}")
     }
 }
 
