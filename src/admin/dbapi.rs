@@ -3,6 +3,7 @@
 //! `invalid_request` naming the field, and the refresh that makes this gateway see its own
 //! write at once (the others see it through the tables' NOTIFY triggers, `sync`).
 
+use std::borrow::Cow;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -107,13 +108,15 @@ pub(super) async fn refresh(core: &Core, pool: &PgPool) {
     }
 }
 
-/// The JSON object of a body; every key must be one of `allowed` (else 400 naming it).
+/// The JSON object of a body; every key must be one of `allowed` (else 400 naming it),
+/// and no key may appear twice, at any depth (parsers disagree on which one wins).
 pub(super) fn object(
     body: &[u8],
     allowed: &[&'static str],
 ) -> Result<serde_json::Map<String, serde_json::Value>, Failure> {
-    let value: serde_json::Value = serde_json::from_slice(body)
-        .map_err(|e| Failure::Field("body", format!("not JSON: {e}")))?;
+    let value = serde_json::from_slice::<Unique>(body)
+        .map_err(|e| Failure::Field("body", format!("not JSON: {e}")))?
+        .0;
     let serde_json::Value::Object(map) = value else {
         return Err(Failure::Field("body", "must be a JSON object".into()));
     };
@@ -174,11 +177,34 @@ pub(super) async fn known_tier(core: &Core, pool: &PgPool, tier: &str) -> Result
     }
 }
 
-/// The `{id}` of `/v1/<collection>/{id}` (taken as it is, not percent-decoded), if the
-/// path has one.
-pub(super) fn path_id<'a>(path: &'a str, collection: &str) -> Option<&'a str> {
+/// The `{id}` of `/v1/<collection>/{id}`, percent-decoded (`/v1/tenants/acme%20co` names
+/// `acme co`), if the path has one that decodes to UTF-8.
+pub(super) fn path_id<'a>(path: &'a str, collection: &str) -> Option<Cow<'a, str>> {
     let id = path.strip_prefix(collection)?.strip_prefix('/')?;
-    (!id.is_empty() && !id.contains('/')).then_some(id)
+    if id.is_empty() || id.contains('/') {
+        return None;
+    }
+    percent_encoding::percent_decode_str(id).decode_utf8().ok()
+}
+
+/// Refuses an id that could not be addressed again or reads differently from what is
+/// stored: besides `text`'s rules, a `/` (a path segment is one id) and whitespace around
+/// it.
+pub(super) fn id(field: &'static str, value: &str) -> Result<(), Failure> {
+    text(field, value)?;
+    if value.contains('/') {
+        return Err(Failure::Field(
+            field,
+            format!("{field} must not contain '/'"),
+        ));
+    }
+    if value.trim() != value {
+        return Err(Failure::Field(
+            field,
+            format!("{field} must not begin or end with whitespace"),
+        ));
+    }
+    Ok(())
 }
 
 /// 204 with no body.
@@ -193,4 +219,102 @@ pub(super) fn no_content() -> Reply {
 /// A result as a reply: `ok(value)` or the failure's.
 pub(super) fn reply<T>(result: Result<T, Failure>, ok: impl FnOnce(T) -> Reply) -> Reply {
     result.map_or_else(Failure::reply, ok)
+}
+
+/// A JSON value whose objects, at every depth, name each key once: a key given twice is
+/// a parse error, not the last one silently winning.
+struct Unique(serde_json::Value);
+
+impl<'de> serde::Deserialize<'de> for Unique {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(UniqueVisitor).map(Unique)
+    }
+}
+
+struct UniqueVisitor;
+
+impl<'de> serde::de::Visitor<'de> for UniqueVisitor {
+    type Value = serde_json::Value;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_bool<E>(self, v: bool) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+    fn visit_f64<E>(self, v: f64) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+    fn visit_string<E>(self, v: String) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok(serde_json::Value::Null)
+    }
+    fn visit_none<E>(self) -> Result<Self::Value, E> {
+        Ok(serde_json::Value::Null)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut out = Vec::new();
+        while let Some(Unique(v)) = seq.next_element()? {
+            out.push(v);
+        }
+        Ok(serde_json::Value::Array(out))
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut out = serde_json::Map::new();
+        while let Some((k, Unique(v))) = map.next_entry::<String, Unique>()? {
+            if out.contains_key(&k) {
+                return Err(serde::de::Error::custom(format!("field {k:?} given twice")));
+            }
+            out.insert(k, v);
+        }
+        Ok(serde_json::Value::Object(out))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_and_bodies_are_checked() {
+        for (id, ok) in [
+            ("acme", true),
+            ("acme co", true),
+            ("a/b", false),
+            (" acme", false),
+            ("acme\t", false),
+            ("", false),
+        ] {
+            assert_eq!(super::id("id", id).is_ok(), ok, "{id:?}");
+        }
+        assert_eq!(
+            path_id("/v1/tenants/acme%20co", "/v1/tenants").as_deref(),
+            Some("acme co")
+        );
+        assert_eq!(
+            path_id("/v1/tenants/a%2Fb", "/v1/tenants").as_deref(),
+            Some("a/b")
+        );
+        assert_eq!(path_id("/v1/tenants/%FF", "/v1/tenants"), None);
+        assert_eq!(path_id("/v1/tenants/a/b", "/v1/tenants"), None);
+        assert!(object(br#"{"id":"a","tier":"x"}"#, &["id", "tier"]).is_ok());
+        for twice in [
+            &br#"{"id":"a","id":"b"}"#[..],
+            br#"{"id":"a","tier":{"x":1,"x":2}}"#,
+            br#"{"id":"a","tier":[{"x":1,"x":2}]}"#,
+        ] {
+            assert!(object(twice, &["id", "tier"]).is_err(), "{twice:?}");
+        }
+    }
 }

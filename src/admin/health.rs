@@ -42,7 +42,12 @@ fn waiting_for(core: &Core) -> Vec<&'static str> {
     if core.dynamic().awaiting {
         waiting.push("database");
     }
-    if core.runtime().jwt.as_ref().is_some_and(|j| j.awaiting_keys()) {
+    if core
+        .runtime()
+        .jwt
+        .as_ref()
+        .is_some_and(|j| j.awaiting_keys())
+    {
         waiting.push("jwks");
     }
     waiting

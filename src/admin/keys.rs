@@ -21,7 +21,7 @@ pub(super) async fn handle(
     method: &Method,
     path: &str,
 ) -> Reply {
-    match (method, dbapi::path_id(path, "/v1/keys")) {
+    match (method, dbapi::path_id(path, "/v1/keys").as_deref()) {
         (&Method::GET, None) if path == "/v1/keys" => dbapi::reply(list(db).await, |keys| {
             json_reply(200, &serde_json::json!({ "keys": keys }))
         }),
@@ -47,6 +47,7 @@ async fn list(db: &Database) -> Result<Vec<serde_json::Value>, Failure> {
 async fn create(core: &Core, db: &Database, body: &[u8]) -> Result<serde_json::Value, Failure> {
     let map = dbapi::object(body, &["tenant", "tier"])?;
     let tenant = dbapi::string(&map, "tenant", true)?.unwrap_or_default();
+    dbapi::id("tenant", &tenant)?;
     let tier = dbapi::string(&map, "tier", true)?.unwrap_or_default();
     let pool = dbapi::pool(db)?;
     dbapi::known_tier(core, &pool, &tier).await?;

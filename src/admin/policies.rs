@@ -33,7 +33,7 @@ pub(super) async fn handle(
     path: &str,
 ) -> Reply {
     let collection = path == "/v1/policies";
-    match (method, dbapi::path_id(path, "/v1/policies")) {
+    match (method, dbapi::path_id(path, "/v1/policies").as_deref()) {
         (&Method::GET, None) if collection => dbapi::reply(list(db).await, |p| {
             json_reply(200, &serde_json::json!({ "policies": p }))
         }),
@@ -68,7 +68,7 @@ async fn put(
     id: &str,
     body: &[u8],
 ) -> Result<(bool, serde_json::Value), Failure> {
-    dbapi::text("id", id)?;
+    dbapi::id("id", id)?;
     let row = parse(id, body)?;
     let pool = dbapi::pool(db)?;
     let created = dbapi::within(policies::put(&pool, &row)).await?;

@@ -22,7 +22,7 @@ pub(super) async fn handle(
     path: &str,
 ) -> Reply {
     let collection = path == "/v1/tenants";
-    match (method, dbapi::path_id(path, "/v1/tenants")) {
+    match (method, dbapi::path_id(path, "/v1/tenants").as_deref()) {
         (&Method::GET, None) if collection => dbapi::reply(list(db).await, |t| {
             json_reply(200, &serde_json::json!({ "tenants": t }))
         }),
@@ -59,6 +59,7 @@ async fn get(db: &Database, id: &str) -> Result<TenantRow, Failure> {
 async fn create(core: &Core, db: &Database, body: &[u8]) -> Result<TenantRow, Failure> {
     let map = dbapi::object(body, &["id", "name", "tier"])?;
     let id = dbapi::string(&map, "id", true)?.unwrap_or_default();
+    dbapi::id("id", &id)?;
     let tier = dbapi::string(&map, "tier", true)?.unwrap_or_default();
     let name = dbapi::string(&map, "name", false)?.unwrap_or_else(|| id.clone());
     let pool = dbapi::pool(db)?;

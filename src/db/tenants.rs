@@ -146,7 +146,10 @@ pub async fn delete(pool: &PgPool, id: &str) -> Result<Written, DbError> {
         .bind(id)
         .execute(&mut *tx)
         .await?;
-    let deleted = sqlx::query(DELETE).bind(id).fetch_optional(&mut *tx).await?;
+    let deleted = sqlx::query(DELETE)
+        .bind(id)
+        .fetch_optional(&mut *tx)
+        .await?;
     tx.commit().await?;
     Ok(deleted.map_or(Written::Missing, |r| Written::Row(row(&r))))
 }

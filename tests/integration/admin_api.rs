@@ -422,3 +422,66 @@ async fn admin_api_serves_every_documented_route() {
     assert_eq!(call(&gw, "PATCH", "/v1/keys", None).await.0, 405);
     assert_eq!(call(&gw, "GET", "/v1/nope", None).await.0, 404);
 }
+
+/// Ids are addressable again: `/` and whitespace around an id are 400 naming the field;
+/// path ids are percent-decoded; a JSON field given twice is 400 (nothing written).
+#[tokio::test(flavor = "multi_thread")]
+async fn admin_ids_are_addressable_and_fields_unique() {
+    let Some(db) = TestDb::migrated() else { return };
+    let up = Upstream::start("u").await;
+    let gw = connected(&db.url, &up).await;
+    for id in ["a/b", " acme", "acme ", "/"] {
+        let got = call(
+            &gw,
+            "POST",
+            "/v1/tenants",
+            Some(json!({"id": id, "tier": "free"})),
+        )
+        .await;
+        assert_field(got, "id");
+    }
+    assert_field(
+        call(
+            &gw,
+            "POST",
+            "/v1/keys",
+            Some(json!({"tenant": "x/y", "tier": "free"})),
+        )
+        .await,
+        "tenant",
+    );
+    assert_field(
+        call(
+            &gw,
+            "PUT",
+            "/v1/policies/%20p",
+            Some(json!({"per_second": 1})),
+        )
+        .await,
+        "id",
+    );
+    let (s, _) = call(
+        &gw,
+        "POST",
+        "/v1/tenants",
+        Some(json!({"id": "acme co", "tier": "free"})),
+    )
+    .await;
+    assert_eq!(s, 201);
+    let (s, got) = call(&gw, "GET", "/v1/tenants/acme%20co", None).await;
+    assert_eq!((s, got["id"].as_str()), (200, Some("acme co")));
+    let (s, body) = post_raw(
+        &gw,
+        "/v1/tenants",
+        r#"{"id":"dup","tier":"free","tier":"tight"}"#,
+    )
+    .await;
+    assert_eq!(s, 400, "{body}");
+    assert!(
+        body["detail"].as_str().unwrap_or("").contains("twice"),
+        "{body}"
+    );
+    assert_eq!(call(&gw, "GET", "/v1/tenants/dup", None).await.0, 404);
+    let (s, list) = call(&gw, "GET", "/v1/tenants", None).await;
+    assert_eq!((s, list["tenants"].as_array().unwrap().len()), (200, 1));
+}

@@ -143,7 +143,11 @@ async fn a_nat64_block_of_all_of_ipv4_needs_force() {
     let r = post(json!({"scope": "ip", "value": "64:ff9b::a00:0/104"}))
         .await
         .unwrap();
-    assert_eq!(r.status(), 201, "10.0.0.0/8 through NAT64 is a block like any /8");
+    assert_eq!(
+        r.status(),
+        201,
+        "10.0.0.0/8 through NAT64 is a block like any /8"
+    );
     let forced = post(json!({"scope": "ip", "value": "64:ff9b::/96", "force": true}))
         .await
         .unwrap();

@@ -43,6 +43,9 @@ async fn ready_status(gw: &Gateway) -> u16 {
         .map_or(0, |r| r.status().as_u16())
 }
 
+/// What a client saw: (status, error code, whether `/readyz` had said 200 before).
+type Seen = Arc<Mutex<Vec<(u16, String, bool)>>>;
+
 /// Sends `key` in a loop from the moment the gateway is alive until `stop`, keeping every
 /// (status, error code, whether `/readyz` had answered 200 before the request was sent).
 fn hammer(
@@ -50,10 +53,7 @@ fn hammer(
     key: String,
     ready: Arc<AtomicBool>,
     stop: Arc<AtomicBool>,
-) -> (
-    tokio::task::JoinHandle<()>,
-    Arc<Mutex<Vec<(u16, String, bool)>>>,
-) {
+) -> (tokio::task::JoinHandle<()>, Seen) {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let out = seen.clone();
     let task = tokio::spawn(async move {
@@ -79,7 +79,10 @@ fn hammer(
 /// `/healthz`; with `pg` the database is down at start and brought up once it is seen waiting.
 async fn restart_under_load(db_url: &str, up: &Upstream, key: &str, pg: Option<&PgServer>) {
     let gw = Arc::new(Gateway::start_live(&body(db_url, up), "grace_period_secs = 0").await);
-    let (ready, stop) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
+    let (ready, stop) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicBool::new(false)),
+    );
     let (task, seen) = hammer(gw.clone(), key.to_string(), ready.clone(), stop.clone());
     if let Some(pg) = pg {
         // The database is down: not ready, and the key is not refused.
@@ -96,17 +99,25 @@ async fn restart_under_load(db_url: &str, up: &Upstream, key: &str, pg: Option<&
     .await;
     ready.store(true, Ordering::SeqCst);
     let at_ready = seen.lock().unwrap().len();
-    eventually(Duration::from_secs(10), "20 requests after ready", || async {
-        (seen.lock().unwrap().len() >= at_ready + 20).then_some(())
-    })
+    eventually(
+        Duration::from_secs(10),
+        "20 requests after ready",
+        || async { (seen.lock().unwrap().len() >= at_ready + 20).then_some(()) },
+    )
     .await;
     stop.store(true, Ordering::SeqCst);
     task.await.unwrap();
     let seen = seen.lock().unwrap().clone();
     for (status, code, was_ready) in &seen {
-        assert_ne!(*status, 401, "a valid key got 401 during the restart: {seen:?}");
+        assert_ne!(
+            *status, 401,
+            "a valid key got 401 during the restart: {seen:?}"
+        );
         if *was_ready {
-            assert_eq!(*status, 200, "after /readyz 200 the key is served: {seen:?}");
+            assert_eq!(
+                *status, 200,
+                "after /readyz 200 the key is served: {seen:?}"
+            );
         } else {
             assert!(
                 *status == 200 || (*status == 503 && code == "not_ready"),
@@ -184,9 +195,11 @@ async fn ready_waits_for_the_first_key_set() {
         .unwrap();
     assert_eq!(r, json!({"ready": false, "waiting": ["jwks"]}));
     server.publish(jwks(&[&key]));
-    eventually(Duration::from_secs(10), "ready after the key set", || async {
-        (ready_status(&gw).await == 200).then_some(())
-    })
+    eventually(
+        Duration::from_secs(10),
+        "ready after the key set",
+        || async { (ready_status(&gw).await == 200).then_some(()) },
+    )
     .await;
     assert_eq!(ask().await.status(), 200);
     let forged = RsaKey::new(1, "k1").sign(&json!({"sub": "x", "exp": now_secs() + 600}));

@@ -35,8 +35,14 @@ fn an_error_names_the_variable_not_its_value() {
             if let Err(e) = parse_env("f.toml", &with_route(config), &env) {
                 refused += 1;
                 let shown = e.to_string();
-                assert!(!shown.contains(SECRET), "{config} echoed the value: {shown}");
-                assert!(shown.contains("${X}"), "{config} names the variable: {shown}");
+                assert!(
+                    !shown.contains(SECRET),
+                    "{config} echoed the value: {shown}"
+                );
+                assert!(
+                    shown.contains("${X}"),
+                    "{config} names the variable: {shown}"
+                );
             }
         }
     }

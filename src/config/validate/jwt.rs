@@ -68,7 +68,10 @@ pub(super) fn jwt(
         let msg = match (&e, &j.get_ref().jwks_url) {
             // Never the value of a `${VAR}` (it may carry credentials): the variable.
             (JwtConfigError::BadUrl { reason, .. }, Some(raw)) => {
-                format!("jwks_url {}: {reason}", super::server::shown(raw, raw.get_ref()))
+                format!(
+                    "jwks_url {}: {reason}",
+                    super::server::shown(raw, raw.get_ref())
+                )
             }
             _ => e.to_string(),
         };
