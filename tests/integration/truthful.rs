@@ -276,3 +276,24 @@ async fn jwt_counters_are_metrics() {
     let m = gw.metrics().await;
     assert!(!m.contains("throttle_jwt_fetches_total{"), "no labels: {m}");
 }
+
+/// `throttle check` warns (exit 0) about a `cost_header` route without `max_cost` that
+/// feeds `[limits.global]`.
+#[test]
+fn check_warns_about_an_unbounded_cost_on_a_shared_window() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gateway.toml");
+    let text = "[limits.global]\nper_minute = 1000\n\n[[routes]]\nname = \"llm\"\npath_prefix = \"/\"\nupstreams = [\"127.0.0.1:9\"]\nauth = \"none\"\ncost_header = \"x-cost\"\n";
+    std::fs::write(&path, text).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_throttle"))
+        .args(["check", "--config", path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("warning: route \"llm\" has cost_header without max_cost")
+            && stderr.contains("[limits.global]"),
+        "{stderr}"
+    );
+}
