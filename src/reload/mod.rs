@@ -31,7 +31,8 @@ pub mod settings;
 pub struct Reloaded {
     /// The file re-read.
     pub source: String,
-    /// Settings that changed but only take effect after a restart.
+    /// Settings the file changed since the process started that only a restart applies
+    /// (`settings::needs_restart`), as dotted gateway.toml paths.
     pub needs_restart: Vec<&'static str>,
 }
 
