@@ -289,6 +289,15 @@ impl Metrics {
         retain_series(&self.rls_descriptor_total, "domain", &keep);
     }
 
+    /// Registers `collector`: metrics read from state kept elsewhere at each scrape (the
+    /// JWT verifier's `throttle_jwt_*`).
+    ///
+    /// # Errors
+    /// When a name is taken (a programming error).
+    pub fn register(&self, collector: Box<dyn Collector>) -> Result<(), prometheus::Error> {
+        self.registry.register(collector)
+    }
+
     /// The Prometheus text exposition of every metric.
     pub fn render(&self) -> Vec<u8> {
         let mut buf = Vec::with_capacity(4096);

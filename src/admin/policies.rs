@@ -2,14 +2,16 @@
 //! `req_per_second` .. `req_per_month`, `burst_multiplier`, `algorithm`). `PUT
 //! /v1/policies/{id}` writes a row whole (201 when new, 200 when replaced) in one
 //! statement; the `rate_limit_policies` NOTIFY trigger makes every gateway reload it
-//! (`sync`), this one at once.
+//! (`sync`), this one at once. A row the gateways would refuse when they read it (a
+//! limit below the costliest route's `cost`, ...) is refused with 400 and its field
+//! before anything is written (`snapshot::row_tier`, what the snapshot validates with).
 
 use http::Method;
 use pingora::protocols::http::ServerSession;
 
 use super::dbapi::{self, Failure};
 use super::{json_reply, read_body};
-use crate::admission::snapshot::Database;
+use crate::admission::snapshot::{self, Database};
 use crate::admission::Core;
 use crate::config::{burst_multiplier, parse_algorithm, MAX_LIMIT};
 use crate::db::policies::{self, PolicyRow};
@@ -70,6 +72,9 @@ async fn put(
 ) -> Result<(bool, serde_json::Value), Failure> {
     dbapi::id("id", id)?;
     let row = parse(id, body)?;
+    // Refused here exactly as every gateway's snapshot would refuse the row.
+    snapshot::row_tier(&core.runtime().config, &row)
+        .map_err(|e| Failure::Field(column(e.field()), e.to_string()))?;
     let pool = dbapi::pool(db)?;
     let created = dbapi::within(policies::put(&pool, &row)).await?;
     dbapi::refresh(core, &pool).await;
@@ -118,6 +123,15 @@ fn parse(id: &str, body: &[u8]) -> Result<PolicyRow, Failure> {
         burst_multiplier: Some(burst),
         algorithm,
     })
+}
+
+/// The body field `field` names (a column; `body` for none).
+fn column(field: &str) -> &'static str {
+    LIMITS
+        .into_iter()
+        .chain(["burst_multiplier", "algorithm"])
+        .find(|f| *f == field)
+        .unwrap_or("body")
 }
 
 fn policy_json(p: &PolicyRow) -> serde_json::Value {

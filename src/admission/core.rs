@@ -112,6 +112,9 @@ pub struct Core {
     /// start): only then does admission keep what a refused request showed and the store
     /// call's timing, so with both off the request carries nothing for them.
     pub observed: bool,
+    /// The config the process started with: what every setting fixed at start was read
+    /// from, so a reload lists such a change until a restart (`reload::settings`).
+    pub started: Arc<Config>,
 }
 
 /// Builds a `Core` in one go (see `Core::builder`).
@@ -385,6 +388,7 @@ impl CoreBuilder {
             || config.server.access_log != crate::config::AccessLogTarget::Off;
         Core {
             observed,
+            started: Arc::new(config.clone()),
             runtime: ArcSwap::from_pointee(self.runtime),
             dynamic: ArcSwap::from_pointee(Dynamic {
                 awaiting: self.awaiting_database,

@@ -172,10 +172,9 @@ fn effective_tiers(
     refusals: &mut Refusals<'_>,
 ) -> HashMap<String, Arc<Tier>> {
     let mut tiers = config.tiers.clone();
-    let max_cost = config.max_cost();
     for row in rows {
         let base = config.tiers.get(&row.id).map(|t| &**t);
-        match policy_tier(config, row, base, max_cost) {
+        match row_tier(config, row) {
             Ok(t) if base == Some(&t) => {} // the row says what the config says
             Ok(t) => {
                 tiers.insert(row.id.clone(), Arc::new(t));
@@ -184,6 +183,17 @@ fn effective_tiers(
         }
     }
     tiers
+}
+
+/// The tier `row` defines under `config`: over the config's tier of that name, its
+/// windows holding the costliest route's `cost`. What every gateway's snapshot refuses
+/// (and so what `PUT /v1/policies` refuses before writing the row).
+///
+/// # Errors
+/// `LimitError` naming the column refused.
+pub fn row_tier(config: &Config, row: &PolicyRow) -> Result<Tier, LimitError> {
+    let base = config.tiers.get(&row.id).map(|t| &**t);
+    policy_tier(config, row, base, config.max_cost())
 }
 
 /// The tier `row` defines over `base` (the config's tier of that name, if any), its

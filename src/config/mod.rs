@@ -7,6 +7,7 @@ mod file;
 mod limits;
 mod model;
 mod validate;
+mod warnings;
 
 use std::path::Path;
 
@@ -59,6 +60,16 @@ pub fn apply_env(config: &mut Config) {
 /// `ConfigError` at the position of the first problem found.
 pub fn parse(name: &str, source: &str) -> Result<Config, ConfigError> {
     parse_env(name, source, &|var| std::env::var(var))
+}
+
+/// As `parse`, reading environment variables through `env` (tests elsewhere in the crate).
+#[cfg(test)]
+pub(crate) fn parse_with(
+    name: &str,
+    source: &str,
+    env: &dyn Fn(&str) -> Result<String, std::env::VarError>,
+) -> Result<Config, ConfigError> {
+    parse_env(name, source, env)
 }
 
 /// As `parse`, reading `"${VAR}"` references through `env`.

@@ -208,26 +208,26 @@ impl std::fmt::Debug for Secret {
 impl Config {
     /// What `throttle check` (and the start) warns about without failing: a decision API
     /// (the admin listener's `POST /v1/check`, the RLS) listening beyond loopback without
-    /// `check_token`, where anyone who reaches it can spend other clients' limits.
+    /// `check_token`, where anyone who reaches it can spend other clients' limits; a
+    /// `cost_header` route without `max_cost` feeding a shared window.
     pub fn warnings(&self) -> Vec<String> {
+        let mut out = super::warnings::unbounded_cost(self);
         if self.server.check_token.is_some() {
-            return Vec::new();
+            return out;
         }
         let s = &self.server;
         let listeners = [
             ("admin_listen", Some(s.admin_listen), "POST /v1/check"),
             ("rls_listen", s.rls_listen, "the rate-limit service"),
         ];
-        listeners
-            .into_iter()
-            .filter_map(|(key, addr, what)| {
+        out.extend(listeners.into_iter().filter_map(|(key, addr, what)| {
                 let addr = addr.filter(|a| !a.ip().to_canonical().is_loopback())?;
                 Some(format!(
                     "{}: warning: {key} {addr} listens beyond loopback and [server] check_token is not set: anyone who reaches it can spend any client's limits through {what}",
                     self.source
                 ))
-            })
-            .collect()
+            }));
+        out
     }
 }
 

@@ -10,12 +10,13 @@ use crate::admission::{Core, Rejection};
 use crate::edge::peer_ip;
 use crate::otlp::{Finished, Trace, Tracer, Upstream};
 
-/// The scope and window of a rate-limit rejection.
+/// The scope and window of a rate-limit rejection (`concurrent` for a concurrency one).
 pub(super) fn rejected(r: &Rejection) -> Option<(&'static str, &'static str)> {
     match r {
         Rejection::RateLimited { governing, .. } => {
             Some((governing.scope.as_str(), governing.window.label()))
         }
+        Rejection::Concurrent { full, .. } => Some((full.scope.as_str(), "concurrent")),
         _ => None,
     }
 }

@@ -138,6 +138,8 @@ pub fn build(mut config: Config, extras: Extras) -> Result<Built, StartError> {
         .awaiting_database(db.configured())
         .build();
     let core = Arc::new(core);
+    core.metrics
+        .register(Box::new(jwks::JwtMetrics::new(&core)?))?;
     let lifecycle = Arc::new(Lifecycle::default());
     let parts = Parts {
         core: core.clone(),

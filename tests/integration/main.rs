@@ -51,3 +51,4 @@ mod top;
 mod tower_layer;
 mod traces;
 mod transport;
+mod truthful;

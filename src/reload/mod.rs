@@ -5,11 +5,11 @@
 //! requests in flight finish on the runtime they started with, and no connection is
 //! touched. An adaptive route that keeps its name and stays adaptive keeps its window and
 //! factor (a reload never lifts the protection from a struggling upstream; new settings
-//! apply from the next controller tick). The listeners, the instance id, thread count,
-//! grace period, upgrade socket and connection cap, the store's connection settings
-//! (backend, URL, Cluster, Sentinel, timeout, key prefix, instances) and the database URL
-//! are fixed at start (`fixed_at_start`): a change to them is reported and needs a
-//! restart (or a zero-downtime upgrade).
+//! apply from the next controller tick). What a reload applies and what needs a restart
+//! is classified field by field in `settings` (the listeners, the store's connection and
+//! leases, the database URL, the access log, `[tracing]`, adding or removing TLS...): the
+//! answer's `needs_restart` names every such setting the file changed since the process
+//! started.
 //!
 //! What the gateway keeps per name of a route, route table, custom scope or domain (metric
 //! series, `/v1/top` sketches) is dropped when a reload removes the name (`forget_removed`),
@@ -24,12 +24,15 @@ use crate::admission::{Core, Runtime};
 use crate::config::{self, Config, ConfigError};
 use crate::limiter::{Named, Scope};
 
+pub mod settings;
+
 /// What a successful reload changed.
 #[derive(Debug, Clone)]
 pub struct Reloaded {
     /// The file re-read.
     pub source: String,
-    /// Settings that changed but only take effect after a restart.
+    /// Settings the file changed since the process started that only a restart applies
+    /// (`settings::needs_restart`), as dotted gateway.toml paths.
     pub needs_restart: Vec<&'static str>,
 }
 
@@ -49,7 +52,7 @@ pub async fn reload(core: &Core, db: &Database) -> Result<Reloaded, ConfigError>
     if let Some(addr) = core.upstream_override {
         point_routes_at(&mut loaded, addr); // `throttle demo` keeps its in-process upstream
     }
-    let needs_restart = fixed_at_start(&old.config, &loaded);
+    let needs_restart = settings::needs_restart(&core.started, &loaded);
     let runtime = Runtime::succeeding(loaded, Some(&old))
         .map_err(|e| ConfigError::file(&source, e.to_string()))?;
     core.swap_runtime(runtime);
@@ -120,112 +123,9 @@ pub fn point_routes_at(config: &mut Config, addr: std::net::SocketAddr) {
     }
 }
 
-/// Every setting read once at start, named as in gateway.toml, that differs.
-fn fixed_at_start(old: &Config, new: &Config) -> Vec<&'static str> {
-    let (a, b) = (&old.server, &new.server);
-    let (sa, sb) = (&old.store, &new.store);
-    let fields = [
-        ("server.listen", a.listen != b.listen),
-        ("server.admin_listen", a.admin_listen != b.admin_listen),
-        ("server.rls_listen", a.rls_listen != b.rls_listen),
-        ("server.instance_id", a.instance_id != b.instance_id),
-        ("server.threads", a.threads != b.threads),
-        ("server.grace_period_secs", a.grace_period != b.grace_period),
-        ("server.upgrade_sock", a.upgrade_sock != b.upgrade_sock),
-        (
-            "server.max_connections",
-            a.max_connections != b.max_connections,
-        ),
-        ("store.backend", sa.backend != sb.backend),
-        ("store.url", sa.url != sb.url),
-        ("store.cluster", sa.cluster != sb.cluster),
-        ("store.sentinel", sa.sentinel != sb.sentinel),
-        ("store.timeout_ms", sa.timeout != sb.timeout),
-        ("store.key_prefix", sa.key_prefix != sb.key_prefix),
-        ("store.instances", sa.instances != sb.instances),
-        ("database.url", old.database_url != new.database_url),
-        ("server.access_log", a.access_log != b.access_log),
-        ("tracing", old.tracing != new.tracing),
-    ];
-    fields
-        .into_iter()
-        .filter_map(|(name, changed)| changed.then_some(name))
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Every setting fixed at start is reported by its gateway.toml name when it changes,
-    /// and nothing is reported for a change that applies live.
-    #[test]
-    fn lists_every_setting_fixed_at_start() {
-        let route =
-            "[[routes]]\nname = \"r\"\npath_prefix = \"/\"\nupstreams = [\"127.0.0.1:1\"]\n";
-        let base =
-            config::parse("a.toml", &format!("[server]\ninstance_id = \"a\"\n{route}")).unwrap();
-        let changed = config::parse(
-            "b.toml",
-            &format!(
-                r#"[server]
-listen = "127.0.0.1:18080"
-admin_listen = "127.0.0.1:19090"
-rls_listen = "127.0.0.1:18081"
-instance_id = "b"
-threads = 3
-grace_period_secs = 9
-upgrade_sock = "/tmp/x.sock"
-max_connections = 100
-access_log = "stdout"
-[store]
-backend = "redis"
-url = "redis://127.0.0.1:1"
-cluster = ["redis://127.0.0.1:2"]
-sentinel = {{ urls = ["redis://127.0.0.1:3"], master = "m" }}
-timeout_ms = 40
-key_prefix = "x"
-instances = 2
-[database]
-url = "postgres://127.0.0.1/x"
-[limits.ip]
-per_second = 5
-[tracing]
-otlp_endpoint = "http://127.0.0.1:4317"
-{route}"#
-            ),
-        )
-        .unwrap();
-        assert_eq!(
-            fixed_at_start(&base, &changed),
-            [
-                "server.listen",
-                "server.admin_listen",
-                "server.rls_listen",
-                "server.instance_id",
-                "server.threads",
-                "server.grace_period_secs",
-                "server.upgrade_sock",
-                "server.max_connections",
-                "store.backend",
-                "store.url",
-                "store.cluster",
-                "store.sentinel",
-                "store.timeout_ms",
-                "store.key_prefix",
-                "store.instances",
-                "database.url",
-                "server.access_log",
-                "tracing",
-            ]
-        );
-        let live = config::parse(
-            "c.toml",
-            &format!("[server]\ninstance_id = \"a\"\nheader_timeout_secs = 3\n[limits.ip]\nper_second = 5\n{route}"),
-        )
-        .unwrap();
-        assert!(fixed_at_start(&base, &live).is_empty());
-    }
 
     /// A config's named scopes are its custom scopes and its routes' tables (the ones a
     /// reload keeps metric series and sketches for), and nothing else.

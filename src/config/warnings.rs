@@ -1,0 +1,67 @@
+//! What `throttle check` (and the start) warns about without failing, besides the
+//! decision APIs' `check_token` (`Config::warnings`).
+
+use super::{Config, Counts};
+
+/// A route with `cost_header` and no `max_cost` that feeds a shared window (`[limits.global]`,
+/// or its own `global` table): one upstream response reporting a huge usage settles it
+/// whole, and that window refuses everyone until it rolls over.
+pub(super) fn unbounded_cost(config: &Config) -> Vec<String> {
+    config
+        .routes
+        .iter()
+        .filter(|r| r.cost_header.is_some() && r.max_cost.is_none())
+        .flat_map(|r| {
+            let global = config.global_limits.as_ref().map(|_| "[limits.global]".to_string());
+            let own = r
+                .limits
+                .iter()
+                .filter(|t| t.counts == Counts::Global)
+                .map(|t| format!("its table {}", t.scope.as_str()));
+            global.into_iter().chain(own).map(move |what| {
+                format!(
+                    "{}: warning: route \"{}\" has cost_header without max_cost and feeds the shared window of {what}: one response reporting a huge usage fills it for every caller until it rolls over; set max_cost",
+                    config.source, r.name
+                )
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::parse;
+
+    fn warnings(global: &str, route: &str) -> Vec<String> {
+        let text = format!(
+            "{global}\n[[routes]]\nname = \"llm\"\npath_prefix = \"/\"\nupstreams = [\"127.0.0.1:1\"]\nauth = \"none\"\n{route}\n"
+        );
+        parse("f.toml", &text).unwrap().warnings()
+    }
+
+    /// A `cost_header` route without `max_cost` feeding `[limits.global]` or its own
+    /// `global` table is warned about (once per shared window); with `max_cost`, without
+    /// `cost_header`, or feeding only per-caller tables, not.
+    #[test]
+    fn cost_header_without_max_cost_on_a_shared_window_warns() {
+        let global = "[limits.global]\nper_minute = 1000";
+        let header = "cost_header = \"x-cost\"";
+        let w = warnings(global, header);
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(
+            w[0].starts_with("f.toml: warning: route \"llm\" has cost_header without max_cost")
+                && w[0].contains("[limits.global]")
+                && w[0].contains("set max_cost"),
+            "{w:?}"
+        );
+        let own = format!("{header}\nlimits = {{ global = {{ per_minute = 100 }} }}");
+        let w = warnings("", &own);
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(w[0].contains("its table llm.global"), "{w:?}");
+        assert_eq!(warnings(global, &own).len(), 2);
+        assert!(warnings(global, &format!("{header}\nmax_cost = 50")).is_empty());
+        assert!(warnings(global, "").is_empty());
+        let per_ip = format!("{header}\nlimits = {{ ip = {{ per_minute = 100 }} }}");
+        assert!(warnings("", &per_ip).is_empty());
+    }
+}
