@@ -6,15 +6,16 @@
 //! of a later second reuses the slot of the second 10 s earlier (resetting it), and a
 //! reading sums only the buckets of the 10 seconds ending at the reading's second. No
 //! sample is ever stored: memory is `BUCKETS x (BINS x 4 + 24 + HITTERS x 32)` bytes
-//! (about 9 KiB).
+//! (about 11 KiB).
 //!
 //! Each bucket also tracks, per client (`adaptive::client_id`), the responses of up
 //! to `HITTERS` clients: how many, how many were bad (5xx, or slower than the route's
 //! `target_p99_ms`), how many 5xx and how many slow. A new client takes a free entry, or,
 //! with a bad response, the entry of a client with no bad response; otherwise it is not
 //! tracked in that second. `judge` reads the window as the controller sees it: without
-//! the bad responses of the one client with the most of them, unless that client is all
-//! the traffic of the window (see `judge`).
+//! the bad responses of the `min_clients - 1` clients with the most of them, so bad
+//! responses move the factor only when at least `min_clients` clients send them (see
+//! `judge`).
 
 use std::time::Duration;
 
@@ -27,8 +28,8 @@ const BUCKETS: usize = WINDOW_SECS as usize;
 const BINS: usize = 160;
 const BINS_PER_DOUBLING: f64 = 8.0;
 const FIRST_EDGE_US: f64 = 250.0;
-/// Clients tracked per bucket.
-const HITTERS: usize = 8;
+/// Clients tracked per bucket; also the largest `min_clients` (see `Window::judge`).
+pub const HITTERS: usize = 16;
 
 /// A client as the window tells them apart: an IPv4 address, or an IPv6 client's /48 (its
 /// `/ipv6_prefix` network when that is shorter; see `adaptive::client_id`), as a 128-bit
@@ -153,30 +154,32 @@ impl Window {
     }
 
     /// The window as the controller judges it at `now_ms`: without the bad responses
-    /// (5xx or slow) of the one client with the most of them, so one client cannot
-    /// shrink a route for everyone; its good responses still count as traffic. When that
-    /// client sent every response of the window, nothing is left out (it is the whole
-    /// traffic, and its share explains everything).
-    pub fn judge(&self, now_ms: u64) -> Observed {
-        let (total, errors, mut bins) = self.sums(now_ms);
-        let Some(worst) = self.worst(now_ms).filter(|w| u64::from(w.samples) < total) else {
-            return Observed {
-                total,
-                errors,
-                p99_ms: quantile(&bins, total, 0.99),
-            };
-        };
-        // Its slow responses leave from the top of the histogram, its other bad ones
-        // (fast 5xx) from the bottom: the count above the target drops by exactly its
-        // slow responses, as if they had never been recorded.
-        let slow = u64::from(worst.slow);
-        let fast_bad = u64::from(worst.bad.saturating_sub(worst.slow));
+    /// (5xx or slow) of the `min_clients - 1` clients with the most of them, so that
+    /// fewer than `min_clients` clients (up to [`HITTERS`]) cannot shrink a route for
+    /// everyone, however much of the traffic they are; their good responses still count
+    /// as traffic. When fewer than `min_clients` clients sent bad responses, every bad
+    /// response is left out: a bucket leaves a bad response untracked only when
+    /// [`HITTERS`] clients with bad responses hold all its entries.
+    pub fn judge(&self, now_ms: u64, min_clients: usize) -> Observed {
+        let (mut total, mut errors, mut bins) = self.sums(now_ms);
+        let worst = self.worst(now_ms, min_clients.saturating_sub(1));
+        // Slow responses leave from the top of the histogram, other bad ones (fast 5xx)
+        // from the bottom: the count above the target drops by exactly the slow ones, as
+        // if they had never been recorded.
+        let slow: u64 = worst.iter().map(|w| u64::from(w.slow)).sum();
+        let fast_bad: u64 = worst
+            .iter()
+            .map(|w| u64::from(w.bad.saturating_sub(w.slow)))
+            .sum();
         remove(bins.iter_mut().rev(), slow);
         remove(bins.iter_mut(), fast_bad);
-        let total = total.saturating_sub(u64::from(worst.bad));
+        for w in &worst {
+            total = total.saturating_sub(u64::from(w.bad));
+            errors = errors.saturating_sub(u64::from(w.errors));
+        }
         Observed {
             total,
-            errors: errors.saturating_sub(u64::from(worst.errors)),
+            errors,
             p99_ms: quantile(&bins, total, 0.99),
         }
     }
@@ -204,9 +207,12 @@ impl Window {
         (total, errors, bins)
     }
 
-    /// The client with the most bad responses in the window (ties: the most responses,
-    /// then the lowest identity), if any client has one.
-    fn worst(&self, now_ms: u64) -> Option<Hitter> {
+    /// The `n` clients with the most bad responses in the window, worst first (ties: the
+    /// most responses, then the lowest identity); only clients with a bad response.
+    fn worst(&self, now_ms: u64, n: usize) -> Vec<Hitter> {
+        if n == 0 {
+            return Vec::new();
+        }
         let mut merged: Vec<Hitter> = Vec::with_capacity(HITTERS * BUCKETS);
         for h in self.live(now_ms).flat_map(|b| b.hitters.iter()) {
             if h.samples == 0 {
@@ -222,10 +228,12 @@ impl Window {
                 None => merged.push(*h),
             }
         }
+        merged.retain(|h| h.bad > 0);
+        merged.sort_unstable_by_key(|h| {
+            std::cmp::Reverse((h.bad, h.samples, std::cmp::Reverse(h.client)))
+        });
+        merged.truncate(n);
         merged
-            .into_iter()
-            .filter(|h| h.bad > 0)
-            .max_by_key(|h| (h.bad, h.samples, std::cmp::Reverse(h.client)))
     }
 }
 
@@ -406,9 +414,10 @@ mod tests {
         }
     }
 
-    /// The controller's reading leaves out the bad responses of the one client with the
-    /// most of them, unless it is all the traffic. Rows: traffic as (client, count,
-    /// latency ms, 5xx), then the judged (total, errors) and whether p99 > 100 ms.
+    /// With `min_clients` 2, the controller's reading leaves out the bad responses of the
+    /// one client with the most of them, even when it is all the traffic. Rows: traffic
+    /// as (client, count, latency ms, 5xx), then the judged (total, errors) and whether
+    /// p99 > 100 ms.
     #[test]
     fn judge_leaves_out_the_worst_client() {
         type Row = (&'static [(Client, u32, u64, bool)], (u64, u64), bool);
@@ -433,9 +442,9 @@ mod tests {
             ),
             // ... and truly slow: p99 stays above target without the worst client.
             (&[(1, 40, 300, false), (2, 30, 300, false)], (30, 0), true),
-            // The worst client alone is the whole traffic: judged as it is.
-            (&[(9, 5, 10, false), (9, 20, 10, true)], (25, 20), false),
-            (&[(9, 3, 300, false)], (3, 0), true),
+            // The worst client alone is the whole traffic: one client is not two.
+            (&[(9, 5, 10, false), (9, 20, 10, true)], (5, 0), false),
+            (&[(9, 3, 300, false)], (0, 0), false),
             // Only the single worst: a second bad client still counts.
             (
                 &[(1, 50, 10, false), (8, 20, 10, true), (9, 30, 10, true)],
@@ -456,7 +465,7 @@ mod tests {
                     error,
                 );
             }
-            let o = w.judge(T0 + 1_000);
+            let o = w.judge(T0 + 1_000, 2);
             assert_eq!((o.total, o.errors), (*total, *errors), "row {i}");
             assert_eq!(o.p99_ms.unwrap_or(0.0) > 100.0, *slow, "row {i}: {o:?}");
             // `observe` is the raw window, everything counted.
@@ -474,13 +483,94 @@ mod tests {
             feed(&mut w, T0, c, 5, 10, false);
         }
         feed(&mut w, T0, 99, 30, 10, true);
-        let o = w.judge(T0);
+        let o = w.judge(T0, 2);
         assert_eq!((o.total, o.errors), (100, 0));
         // A slow upstream for everyone is not hidden by it.
         for c in 1..=20 {
             feed(&mut w, T0 + 1_000, c, 5, 400, false);
         }
-        assert!(w.judge(T0 + 1_000).p99_ms.unwrap() > 100.0);
+        assert!(w.judge(T0 + 1_000, 2).p99_ms.unwrap() > 100.0);
+    }
+
+    /// Bad responses move the reading only when at least `min_clients` clients send them,
+    /// whatever their share of the traffic, and only while they are in the window. Rows:
+    /// bad clients as (second of the window, client), each sending 20 slow 503s among 10
+    /// healthy clients' 5 fast answers per second each; `min_clients`; the reading's
+    /// second; whether it is above a 100 ms p99 / 10% error target.
+    #[test]
+    fn bad_answers_count_from_min_clients_clients() {
+        type Row = (&'static [(u64, Client)], usize, u64, bool);
+        let rows: &[Row] = &[
+            // Nobody bad.
+            (&[], 5, 0, false),
+            // Two addresses acting together, however loud: not enough.
+            (&[(0, 101), (0, 102)], 5, 0, false),
+            (&[(0, 101), (1, 102), (2, 101), (3, 102)], 5, 3, false),
+            (&[(0, 101), (0, 102), (0, 103), (0, 104)], 5, 0, false),
+            // Five: enough.
+            (
+                &[(0, 101), (0, 102), (0, 103), (0, 104), (0, 105)],
+                5,
+                0,
+                true,
+            ),
+            // Five spread over the window count together ...
+            (
+                &[(0, 101), (2, 102), (4, 103), (6, 104), (9, 105)],
+                5,
+                9,
+                true,
+            ),
+            // ... until the first has left it (the window is 10 s).
+            (
+                &[(0, 101), (2, 102), (4, 103), (6, 104), (9, 105)],
+                5,
+                10,
+                false,
+            ),
+            // min_clients 1: one client is enough; 2: two are.
+            (&[(0, 101)], 1, 0, true),
+            (&[(0, 101)], 2, 0, false),
+            (&[(0, 101), (0, 102)], 2, 0, true),
+            // The largest min_clients: HITTERS clients.
+            (
+                &[
+                    (0, 101),
+                    (0, 102),
+                    (0, 103),
+                    (0, 104),
+                    (0, 105),
+                    (0, 106),
+                    (0, 107),
+                    (0, 108),
+                    (1, 109),
+                    (1, 110),
+                    (1, 111),
+                    (1, 112),
+                    (1, 113),
+                    (1, 114),
+                    (1, 115),
+                    (1, 116),
+                ],
+                HITTERS,
+                1,
+                true,
+            ),
+        ];
+        for (i, (bad, min_clients, at, above)) in rows.iter().enumerate() {
+            let mut w = Window::default();
+            for second in 0..WINDOW_SECS {
+                for c in 1..=10 {
+                    feed(&mut w, T0 + second * 1_000, c, 5, 5, false);
+                }
+            }
+            for &(second, client) in bad.iter() {
+                feed(&mut w, T0 + second * 1_000, client, 20, 300, true);
+            }
+            let o = w.judge(T0 + at * 1_000, *min_clients);
+            let got = o.p99_ms.unwrap_or(0.0) > 100.0 || o.error_rate().unwrap_or(0.0) > 0.1;
+            assert_eq!(got, *above, "row {i}: {o:?}");
+        }
     }
 
     /// The window slides: a response counts for the 10 seconds starting at its second,

@@ -324,6 +324,9 @@ pub struct Store {
     /// (`concurrency_lease_secs`, default 30): slots of a gateway that died free
     /// themselves within it.
     pub concurrency_lease: Duration,
+    /// Most window states the memory store holds (`max_states`, default 262,144; on
+    /// Redis, the local fallback's): beyond it the least recently used is evicted.
+    pub max_states: usize,
 }
 
 /// `[tiers.NAME]`: the key and tenant limits of a plan.
