@@ -235,7 +235,11 @@ async fn attack(gw: &Gateway, attackers: &[&str], secs: u64) -> f64 {
         let mut sends = Vec::new();
         for ip in attackers {
             for k in 0..8 {
-                let path = if k % 2 == 0 { "/x?delay_ms=300" } else { "/x?status=500" };
+                let path = if k % 2 == 0 {
+                    "/x?delay_ms=300"
+                } else {
+                    "/x?status=500"
+                };
                 sends.push(get_as(gw, ip, path));
             }
         }
@@ -251,9 +255,11 @@ async fn attack(gw: &Gateway, attackers: &[&str], secs: u64) -> f64 {
 async fn two_addresses_cannot_shrink_an_adaptive_route_five_can() {
     let up = Upstream::start("shared").await;
     let gw = Gateway::start(ADAPTIVE, Some(&up)).await;
-    eventually(Duration::from_secs(15), "the route exported at 1", || async {
-        (factor(&gw).await == 1.0).then_some(())
-    })
+    eventually(
+        Duration::from_secs(15),
+        "the route exported at 1",
+        || async { (factor(&gw).await == 1.0).then_some(()) },
+    )
     .await;
     let victim = "192.0.2.50";
     let pair = ["203.0.113.1", "203.0.113.2"];
@@ -275,10 +281,14 @@ async fn two_addresses_cannot_shrink_an_adaptive_route_five_can() {
         "203.0.113.5",
     ];
     let lowest = attack(&gw, &five, 3).await;
-    let lowered = eventually(Duration::from_secs(10), "five addresses move it", || async {
-        let f = factor(&gw).await.min(lowest);
-        (f < 1.0).then_some(f)
-    })
+    let lowered = eventually(
+        Duration::from_secs(10),
+        "five addresses move it",
+        || async {
+            let f = factor(&gw).await.min(lowest);
+            (f < 1.0).then_some(f)
+        },
+    )
     .await;
     assert!(lowered < 1.0);
     let (status, limit) = get_as(&gw, victim, "/x").await;
