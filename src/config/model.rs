@@ -329,6 +329,10 @@ pub struct Store {
     pub max_states: usize,
 }
 
+/// `[store] max_states` when unset: window states (one per scope and identity) the
+/// memory store holds.
+pub const DEFAULT_MAX_STATES: usize = 262_144;
+
 /// `[tiers.NAME]`: the key and tenant limits of a plan.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Tier {

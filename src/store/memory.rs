@@ -43,8 +43,7 @@ use crate::limiter::{
 use crate::sharded::Sharded;
 
 const SHARDS: usize = 64;
-/// `[store] max_states` when unset: window states (one per scope and identity) held.
-pub const DEFAULT_MAX_STATES: usize = 262_144;
+pub use crate::config::DEFAULT_MAX_STATES;
 /// A store of fewer states has fewer shards (one per this many states, at least one), so
 /// a small bound is a nearly exact LRU over the whole store.
 const STATES_PER_SHARD: usize = 4_096;

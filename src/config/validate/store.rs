@@ -60,7 +60,7 @@ pub(super) fn store(cx: &Ctx<'_>, s: &StoreFile) -> Result<Store, ConfigError> {
         key_prefix: s.key_prefix.clone().unwrap_or_else(|| "thr".to_string()),
         lease: Duration::from_millis(lease_ms.unwrap_or(1_000)),
         concurrency_lease: Duration::from_secs(conc_secs.unwrap_or(30)),
-        max_states: max_states.map_or(crate::store::memory::DEFAULT_MAX_STATES, |n| {
+        max_states: max_states.map_or(crate::config::DEFAULT_MAX_STATES, |n| {
             usize::try_from(n).unwrap_or(usize::MAX)
         }),
     })
