@@ -164,8 +164,8 @@ async fn decision_api_bans_leave_room_for_proxied_abuse() {
 
 /// The same in the fleet's table on Redis. It already holds 49,000 bans of proxied
 /// abuse (written straight into Redis); 51,050 bans through `/v1/check` would fill it,
-/// but only the decision APIs' half (50,000) is taken, and the next proxied abuser is
-/// banned.
+/// but at most the decision APIs' half (50,000) is taken, in the fleet's table and in
+/// the gateway's, and the next proxied abuser is banned.
 #[tokio::test(flavor = "multi_thread")]
 async fn decision_api_bans_leave_room_in_the_fleets_table() {
     const HELD: u32 = 49_000;
@@ -183,24 +183,37 @@ async fn decision_api_bans_leave_room_in_the_fleets_table() {
         let () = pipe.query_async(&mut conn).await.unwrap();
     }
     let store = format!(
-        "\n[store]\nbackend = \"redis\"\nurl = \"{}\"\nkey_prefix = \"bounds\"\ntimeout_ms = 500\n",
+        "\n[store]\nbackend = \"redis\"\nurl = \"{}\"\nkey_prefix = \"bounds\"\ntimeout_ms = 2000\n",
         redis.url()
     );
     let up = Upstream::start("u").await;
     let gw = Gateway::start(&CHECK_BANS.replace("{store}", &store), Some(&up)).await;
     check_bans(&gw, 0, 51_050).await;
-    let dropped = eventually(Duration::from_secs(10), "check bans refused", || async {
+    // At least the 1,050 past the half are refused (a publish that misses its deadline
+    // under load is refused locally instead, and counted there).
+    eventually(Duration::from_secs(10), "check bans refused", || async {
         let n = metric(&gw, "throttle_bans_dropped_total{source=\"check\"}").await;
         (n >= 1_050.0).then_some(n)
     })
     .await;
-    assert_eq!(dropped, 1_050.0, "check bans past half the fleet's table");
-    let held: u64 = redis::cmd("HLEN")
-        .arg("bounds:{bans}")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    assert_eq!(held, u64::from(HELD) + 50_000);
+    let count = |key: &'static str, cmd: &'static str| {
+        let mut conn = conn.clone();
+        async move {
+            let n: u64 = redis::cmd(cmd)
+                .arg(key)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            n
+        }
+    };
+    let checks = count("bounds:{bans}:checks", "ZCARD").await;
+    assert!(checks <= 50_000, "{checks} check bans in the fleet's table");
+    let held = count("bounds:{bans}", "HLEN").await;
+    assert!(
+        held <= u64::from(HELD) + 50_000,
+        "{held} bans in the fleet's table"
+    );
     abuser_is_banned(&gw, "198.51.100.9").await;
 }
 
