@@ -7,7 +7,7 @@
 //! read-locked hash lookup otherwise; a banned caller costs that lookup, not a limiter
 //! decision. Both maps are bounded.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError, RwLock};
 
@@ -16,6 +16,29 @@ use crate::limiter::{BanRule, Base, Ident, Scope};
 /// Most bans held. At the cap a new ban is refused (and counted), never put in place of
 /// another: a flood of bans on others cannot lift an earlier one.
 pub const MAX_BANS: usize = 100_000;
+/// Most bans struck by the decision APIs (`from_check`) held: half the table, so bans
+/// named by a caller of `/v1/check` or the RLS can never crowd out those of proxied abuse.
+pub const MAX_CHECK_BANS: usize = MAX_BANS / 2;
+
+/// What struck a ban: proxied requests, or the decision APIs (`/v1/check`, the RLS) with
+/// `from_check = true`, which may hold at most half the table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BanSource {
+    /// Requests the gateway proxies.
+    Proxy,
+    /// `POST /v1/check` or the rate-limit service.
+    Check,
+}
+
+impl BanSource {
+    /// The `source` label of `throttle_bans_dropped_total`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BanSource::Proxy => "proxy",
+            BanSource::Check => "check",
+        }
+    }
+}
 /// Most identities whose rejections are counted locally (on Redis too: there the entry
 /// also holds the rejections not yet sent to the fleet's count).
 pub const MAX_STRIKES: usize = 100_000;
@@ -93,6 +116,9 @@ pub enum Tally {
 #[derive(Default)]
 struct Active {
     map: HashMap<(Scope, Ident), Ban>,
+    /// The keys of `map` whose ban the decision APIs struck here (on Redis the fleet's
+    /// table keeps its own count; bans synced from it are not in here).
+    checks: HashSet<(Scope, Ident)>,
     /// No ban in `map` ends before this (`u64::MAX` when empty): at the cap, nothing can
     /// be pruned before then, so a refusal costs no scan.
     soonest_ms: u64,
@@ -165,6 +191,7 @@ impl Bans {
         Self {
             active: RwLock::new(Active {
                 map: HashMap::new(),
+                checks: HashSet::new(),
                 soonest_ms: u64::MAX,
             }),
             any: AtomicBool::new(false),
@@ -294,11 +321,25 @@ impl Bans {
     /// rejection count quiet until the ban ends. False (nothing changed) when the table
     /// is full of bans still in force.
     pub fn insert(&self, ident: Ident, ban: Ban, now_ms: u64) -> bool {
+        self.insert_from(ident, ban, now_ms, BanSource::Proxy)
+    }
+
+    /// [`Bans::insert`] of a ban `source` struck: one of the decision APIs is also
+    /// refused when half the table holds bans they struck (the fleet's table on Redis
+    /// counts its own).
+    pub fn insert_from(&self, ident: Ident, ban: Ban, now_ms: u64, source: BanSource) -> bool {
         let key = (ban.scope, ident);
         let until_ms = ban.expires_at_ms;
         {
             let mut active = self.active.write().unwrap_or_else(PoisonError::into_inner);
-            if !put(&mut active, key.clone(), ban, now_ms, self.max_bans) {
+            if !put(
+                &mut active,
+                key.clone(),
+                ban,
+                now_ms,
+                self.max_bans,
+                Some(source),
+            ) {
                 return false;
             }
             self.any.store(true, Ordering::Relaxed);
@@ -319,6 +360,7 @@ impl Bans {
             let mut active = self.active.write().unwrap_or_else(PoisonError::into_inner);
             let key = active.map.iter().find(|(_, b)| b.id() == id)?.0.clone();
             let ban = active.map.remove(&key);
+            active.checks.remove(&key);
             self.any.store(!active.map.is_empty(), Ordering::Relaxed);
             (key, ban)
         };
@@ -353,6 +395,7 @@ impl Bans {
         self.quiet(fresh.iter().map(|(k, b)| (k, b.expires_at_ms)));
         let mut active = self.active.write().unwrap_or_else(PoisonError::into_inner);
         active.soonest_ms = soonest(&fresh);
+        active.checks.retain(|k| fresh.contains_key(k));
         active.map = fresh;
         self.any.store(!active.map.is_empty(), Ordering::Relaxed);
     }
@@ -372,13 +415,20 @@ impl Bans {
             let mut active = self.active.write().unwrap_or_else(PoisonError::into_inner);
             for key in &lifted {
                 active.map.remove(key);
+                active.checks.remove(key);
             }
             if active.soonest_ms <= now_ms {
-                active.map.retain(|_, b| b.expires_at_ms > now_ms);
-                active.soonest_ms = soonest(&active.map);
+                active.prune(now_ms);
             }
             for (key, ban) in &set {
-                put(&mut active, key.clone(), ban.clone(), now_ms, self.max_bans);
+                put(
+                    &mut active,
+                    key.clone(),
+                    ban.clone(),
+                    now_ms,
+                    self.max_bans,
+                    None,
+                );
             }
             self.any.store(!active.map.is_empty(), Ordering::Relaxed);
         }
@@ -412,25 +462,53 @@ impl Bans {
         if active.soonest_ms > now_ms {
             return;
         }
-        active.map.retain(|_, b| b.expires_at_ms > now_ms);
-        active.soonest_ms = soonest(&active.map);
+        active.prune(now_ms);
         self.any.store(!active.map.is_empty(), Ordering::Relaxed);
     }
 }
 
+impl Active {
+    /// Drops the bans ended by `now_ms`.
+    fn prune(&mut self, now_ms: u64) {
+        self.map.retain(|_, b| b.expires_at_ms > now_ms);
+        let map = &self.map;
+        self.checks.retain(|k| map.contains_key(k));
+        self.soonest_ms = soonest(&self.map);
+    }
+}
+
 /// Puts `ban` under `key` in `active` unless it holds `max` bans in force and none on
-/// `key` (then false: refused, never put in place of another).
-fn put(active: &mut Active, key: (Scope, Ident), ban: Ban, now_ms: u64, max: usize) -> bool {
-    if active.map.len() >= max && !active.map.contains_key(&key) {
+/// `key`, or, for a ban of the decision APIs, `max / 2` of theirs and none on `key`; then
+/// false: refused, never put in place of another. `source` None: a ban synced from the
+/// fleet, whose source the fleet's table counts.
+fn put(
+    active: &mut Active,
+    key: (Scope, Ident),
+    ban: Ban,
+    now_ms: u64,
+    max: usize,
+    source: Option<BanSource>,
+) -> bool {
+    let full = |a: &Active| {
+        let checks_full = source == Some(BanSource::Check)
+            && a.checks.len() >= max / 2
+            && !a.checks.contains(&key);
+        checks_full || (a.map.len() >= max && !a.map.contains_key(&key))
+    };
+    if full(active) {
         if active.soonest_ms <= now_ms {
-            active.map.retain(|_, b| b.expires_at_ms > now_ms);
-            active.soonest_ms = soonest(&active.map);
+            active.prune(now_ms);
         }
-        if active.map.len() >= max {
+        if full(active) {
             return false;
         }
     }
     active.soonest_ms = active.soonest_ms.min(ban.expires_at_ms);
+    match source {
+        Some(BanSource::Check) => active.checks.insert(key.clone()),
+        Some(BanSource::Proxy) => active.checks.remove(&key),
+        None => false,
+    };
     active.map.insert(key, ban);
     true
 }

@@ -77,9 +77,13 @@ pub struct Metrics {
     /// `throttle_bans_total{scope}`: automatic bans this gateway imposed.
     bans: [IntCounter; 5],
     bans_total: IntCounterVec,
-    /// `throttle_bans_dropped_total`: automatic bans refused because the table of bans
-    /// (or the fleet's, on Redis) was full of bans still in force.
-    pub bans_dropped_total: IntCounter,
+    /// `throttle_bans_dropped_total{source}`: automatic bans refused because the table of
+    /// bans (or the fleet's, on Redis) was full of bans in force, or (`check`) half of it
+    /// holds bans of the decision APIs; by what struck them (`proxy`, `check`).
+    pub bans_dropped: [IntCounter; 2],
+    /// `throttle_store_evictions_total`: window states the memory store evicted, least
+    /// recently used first, to stay within `[store] max_states`.
+    pub store_evictions_total: IntCounter,
     /// `throttle_access_log_dropped_total`: access-log lines dropped because the
     /// writer's queue was full (the request is never held up for its line).
     pub access_log_dropped_total: IntCounter,
@@ -190,7 +194,8 @@ impl Metrics {
             near_limit_total,
             bans,
             bans_total,
-            bans_dropped_total: r.counter(&BANS_DROPPED_TOTAL)?,
+            bans_dropped: r.labelled(&BANS_DROPPED_TOTAL, "source", ["proxy", "check"])?,
+            store_evictions_total: r.counter(&STORE_EVICTIONS_TOTAL)?,
             access_log_dropped_total: r.counter(&ACCESS_LOG_DROPPED_TOTAL)?,
             trace_spans: r.labelled(
                 &TRACE_SPANS_TOTAL,
@@ -501,7 +506,12 @@ const BANS_TOTAL: Def = Def {
 
 const BANS_DROPPED_TOTAL: Def = Def {
     name: "throttle_bans_dropped_total",
-    help: "Automatic bans refused because the table of bans was full of bans in force.",
+    help: "Automatic bans refused: the table of bans was full, or half of it held decision-API bans (source: proxy, check).",
+};
+
+const STORE_EVICTIONS_TOTAL: Def = Def {
+    name: "throttle_store_evictions_total",
+    help: "Window states the memory store evicted (least recently used) to stay within [store] max_states.",
 };
 
 const BAN_SYNCS_TOTAL: Def = Def {

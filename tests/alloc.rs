@@ -1,6 +1,7 @@
 //! The admission path allocates nothing for a known key and client address on the memory
 //! store: counted by a global allocator that counts this thread's allocations (a count,
-//! not a time).
+//! not a time). The same allocator counts this thread's live heap bytes, which measures
+//! what one window state of the memory store costs at its `max_states` bound.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -18,6 +19,12 @@ struct Counting;
 
 thread_local! {
     static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
+    static LIVE_BYTES: Cell<i64> = const { Cell::new(0) };
+}
+
+/// Adds `delta` to this thread's live heap bytes.
+fn live(delta: i64) {
+    let _ = LIVE_BYTES.try_with(|c| c.set(c.get() + delta));
 }
 
 // SAFETY-free: `GlobalAlloc` is an unsafe trait, so this file needs `unsafe impl`; the
@@ -26,15 +33,18 @@ thread_local! {
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         let _ = ALLOCATIONS.try_with(|c| c.set(c.get() + 1));
+        live(layout.size() as i64);
         // SAFETY: forwarded unchanged to the system allocator.
         unsafe { System.alloc(layout) }
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        live(-(layout.size() as i64));
         // SAFETY: forwarded unchanged to the system allocator.
         unsafe { System.dealloc(ptr, layout) }
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         let _ = ALLOCATIONS.try_with(|c| c.set(c.get() + 1));
+        live(new_size as i64 - layout.size() as i64);
         // SAFETY: forwarded unchanged to the system allocator.
         unsafe { System.realloc(ptr, layout, new_size) }
     }
@@ -120,4 +130,75 @@ fn admit_path_allocates_nothing_for_a_known_key_and_ip() {
         drop(std::hint::black_box(Box::new(1u64)));
         assert_eq!(allocations() - before, 1);
     });
+}
+
+/// Bytes per window state at the memory store's default bound (`[store] max_states`,
+/// 262,144), allocator-counted: the live heap bytes of a store filled past its bound,
+/// over the states it holds. Each shard's hash table has doubled past its share of the
+/// bound by then, so this is the most a state costs. Rows: what a state holds, and the
+/// most bytes per state allowed (the README's figures, rounded up). Filling on past the
+/// bound grows nothing: the evicted states' memory is reused.
+#[test]
+fn bytes_per_state_at_the_default_bound() {
+    use std::net::{IpAddr, Ipv4Addr};
+    use throttle::limiter::{Check, Ident, OnFailure, Scope, ScopeLimits, Window, WindowLimit};
+    use throttle::store::memory::DEFAULT_MAX_STATES;
+    let limits = |windows: &[Window]| ScopeLimits {
+        concurrent: None,
+        ban: None,
+        windows: windows
+            .iter()
+            .map(|w| WindowLimit::new(*w, 1_000))
+            .collect(),
+        on_failure: OnFailure::Local,
+        message: None,
+    };
+    type Row = (&'static str, Vec<Window>, fn(u32) -> Ident, usize);
+    let rows: Vec<Row> = vec![
+        (
+            "client address, 2 windows",
+            vec![Window::Minute, Window::Hour],
+            |n| Ident::Ip(IpAddr::V4(Ipv4Addr::from(n))),
+            300,
+        ),
+        (
+            "RLS descriptor (a 40-byte name), 1 window",
+            vec![Window::Month],
+            |n| Ident::Name(format!("rls:edge/remote_address=10.{n:08}.0.0").into()),
+            400,
+        ),
+        (
+            "API key, 5 windows",
+            Window::ALL.to_vec(),
+            |n| Ident::Name(format!("key_{n:012}").into()),
+            700,
+        ),
+    ];
+    let fill = |store: &MemoryStore, l: &ScopeLimits, ident: fn(u32) -> Ident, from: u32| {
+        for n in from..from + DEFAULT_MAX_STATES as u32 + 20_000 {
+            let mut c = Check::new(1);
+            c.push(Scope::Key, ident(n), l);
+            store.decide(&c);
+        }
+    };
+    for (what, windows, ident, most) in rows {
+        let l = limits(&windows);
+        let before = LIVE_BYTES.with(Cell::get);
+        let store = MemoryStore::new();
+        fill(&store, &l, ident, 0);
+        let held = store.len();
+        assert!(held <= DEFAULT_MAX_STATES, "{what}: {held} states");
+        let grown = LIVE_BYTES.with(Cell::get) - before;
+        let per_state = grown as usize / held;
+        eprintln!("{what}: {held} states, {grown} bytes, {per_state} bytes per state");
+        assert!(per_state <= most, "{what}: {per_state} bytes per state");
+        // Past the bound: as many new states again, and the heap stays where it was.
+        fill(&store, &l, ident, 10_000_000);
+        let again = LIVE_BYTES.with(Cell::get) - before;
+        assert!(
+            again <= grown + grown / 20,
+            "{what}: {grown} -> {again} bytes past the bound"
+        );
+        drop(store);
+    }
 }

@@ -46,6 +46,7 @@ mod tests {
             target_p99_ms: p99,
             max_error_rate: err,
             min_factor: Factor::from_f64(min),
+            min_clients: 1,
         }
     }
 

@@ -1,12 +1,16 @@
 //! Adaptive limits: a route's limits shrink while its upstream is slow or failing, and
 //! grow back once it recovers.
 //!
-//! A route with `adaptive = { target_p99_ms, max_error_rate, min_factor }` has a
+//! A route with `adaptive = { target_p99_ms, max_error_rate, min_factor, min_clients }` has a
 //! `RouteState`: a `Window` of its upstream responses over the last 10 s (latency
 //! histogram and 5xx count per second, bounded memory) and a factor in `[min_factor, 1]`.
 //! The proxy records every upstream response (`record`, a short mutex section); once a
 //! second the server's controller task calls `tick`, which reads the window and moves the
-//! factor (`controller::next`: x 0.8 above target, + 0.05 at or below). Admission reads
+//! factor (`controller::next`: x 0.8 above target, + 0.05 at or below). The window is
+//! read without the bad responses of the `min_clients - 1` clients (IPv4 addresses, IPv6
+//! /48s) with the most of them (`Window::judge`), so the factor moves only when at least
+//! `min_clients` (default 5) clients see the upstream slow or failing: a few addresses
+//! acting together cannot shrink a route for everyone. Admission reads
 //! the factor with one atomic load and multiplies every limit checked for a request on
 //! that route (rate windows and `concurrent` slots) by it: `max(1, floor(limit x factor))`.
 //!
@@ -35,7 +39,13 @@ pub struct Settings {
     pub max_error_rate: Option<f64>,
     /// The lowest factor (`min_factor`, default 0.1).
     pub min_factor: Factor,
+    /// Clients whose bad responses it takes to move the factor (`min_clients`, default
+    /// [`DEFAULT_MIN_CLIENTS`], at most [`window::HITTERS`]).
+    pub min_clients: u32,
 }
+
+/// `min_clients` when the table names none.
+pub const DEFAULT_MIN_CLIENTS: u32 = 5;
 
 /// One adaptive route's live state: shared by every runtime that has the route, so a
 /// config reload keeps it (see `reload`).
@@ -168,18 +178,18 @@ impl RouteState {
             .observe(now_ms)
     }
 
-    /// What the controller judges at `now_ms` (`Window::judge`: without the worst
-    /// client's bad responses).
-    pub fn judged(&self, now_ms: u64) -> Observed {
+    /// What the controller judges at `now_ms` (`Window::judge`: without the bad
+    /// responses of the `min_clients - 1` worst clients).
+    pub fn judged(&self, now_ms: u64, min_clients: u32) -> Observed {
         self.window
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .judge(now_ms)
+            .judge(now_ms, min_clients as usize)
     }
 
     /// One controller step at `now_ms`; answers the new factor.
     pub fn tick(&self, settings: &Settings, now_ms: u64) -> Factor {
-        let observed = self.judged(now_ms);
+        let observed = self.judged(now_ms, settings.min_clients);
         let next = controller::next(self.factor(), settings, &observed);
         self.factor.store(next.0, Ordering::Relaxed);
         next
@@ -221,6 +231,7 @@ mod tests {
             target_p99_ms: Some(200),
             max_error_rate: None,
             min_factor: Factor::DEFAULT_MIN,
+            min_clients: 1,
         };
         let st = RouteState::default();
         assert!(st.factor().is_one());
@@ -232,6 +243,66 @@ mod tests {
         // 10 s after the slow second it has slid out: recovery.
         assert_eq!(st.tick(&s, T0 + 10_000), Factor::from_f64(0.69));
         assert_eq!(st.factor(), Factor::from_f64(0.69));
+    }
+
+    /// The controller moves the factor only when at least `min_clients` clients answer
+    /// slow: two addresses (or every /64 of one IPv6 /48) sending nothing but slow
+    /// requests, on explicit time, leave it at 1 however long they go on; five move it.
+    #[test]
+    fn min_clients_clients_move_the_factor() {
+        const T0: u64 = 1_764_000_000_000;
+        let s = Settings {
+            target_p99_ms: Some(100),
+            max_error_rate: Some(0.1),
+            min_factor: Factor::DEFAULT_MIN,
+            min_clients: DEFAULT_MIN_CLIENTS,
+        };
+        let clients = |ips: &[&str]| -> Vec<Client> {
+            ips.iter()
+                .map(|ip| client_id(ip.parse().unwrap(), 64))
+                .collect()
+        };
+        let rows: [(&[&str], bool); 4] = [
+            (&["192.0.2.1", "192.0.2.2"], false),
+            (
+                &[
+                    "2001:db8:1:1::1",
+                    "2001:db8:1:2::1",
+                    "2001:db8:1:3::1",
+                    "2001:db8:1:4::1",
+                    "2001:db8:1:5::1",
+                ],
+                false,
+            ),
+            (&["192.0.2.1", "192.0.2.2", "192.0.2.3", "192.0.2.4"], false),
+            (
+                &[
+                    "192.0.2.1",
+                    "192.0.2.2",
+                    "192.0.2.3",
+                    "192.0.2.4",
+                    "192.0.2.5",
+                ],
+                true,
+            ),
+        ];
+        for (bad, moves) in rows {
+            let st = RouteState::default();
+            let mut lowest = Factor::ONE;
+            for second in 0..30u64 {
+                let now = T0 + second * 1_000;
+                for c in clients(&["198.51.100.1", "198.51.100.2"]) {
+                    st.record_from(&s, now, c, Duration::from_millis(5), false);
+                }
+                for c in clients(bad) {
+                    for _ in 0..10 {
+                        st.record_from(&s, now, c, Duration::from_millis(400), true);
+                    }
+                }
+                lowest = lowest.min(st.tick(&s, now + 999));
+            }
+            assert_eq!(lowest < Factor::ONE, moves, "{bad:?}: lowest {lowest:?}");
+        }
     }
 
     /// An IPv6 subscriber's /64s (a /56 holds 256) are one client of the window; IPv4

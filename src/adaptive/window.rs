@@ -6,15 +6,16 @@
 //! of a later second reuses the slot of the second 10 s earlier (resetting it), and a
 //! reading sums only the buckets of the 10 seconds ending at the reading's second. No
 //! sample is ever stored: memory is `BUCKETS x (BINS x 4 + 24 + HITTERS x 32)` bytes
-//! (about 9 KiB).
+//! (about 11 KiB).
 //!
 //! Each bucket also tracks, per client (`adaptive::client_id`), the responses of up
 //! to `HITTERS` clients: how many, how many were bad (5xx, or slower than the route's
 //! `target_p99_ms`), how many 5xx and how many slow. A new client takes a free entry, or,
 //! with a bad response, the entry of a client with no bad response; otherwise it is not
 //! tracked in that second. `judge` reads the window as the controller sees it: without
-//! the bad responses of the one client with the most of them, unless that client is all
-//! the traffic of the window (see `judge`).
+//! the bad responses of the `min_clients - 1` clients with the most of them, so bad
+//! responses move the factor only when at least `min_clients` clients send them (see
+//! `judge`).
 
 use std::time::Duration;
 
@@ -27,8 +28,8 @@ const BUCKETS: usize = WINDOW_SECS as usize;
 const BINS: usize = 160;
 const BINS_PER_DOUBLING: f64 = 8.0;
 const FIRST_EDGE_US: f64 = 250.0;
-/// Clients tracked per bucket.
-const HITTERS: usize = 8;
+/// Clients tracked per bucket; also the largest `min_clients` (see `Window::judge`).
+pub const HITTERS: usize = 16;
 
 /// A client as the window tells them apart: an IPv4 address, or an IPv6 client's /48 (its
 /// `/ipv6_prefix` network when that is shorter; see `adaptive::client_id`), as a 128-bit
@@ -153,30 +154,32 @@ impl Window {
     }
 
     /// The window as the controller judges it at `now_ms`: without the bad responses
-    /// (5xx or slow) of the one client with the most of them, so one client cannot
-    /// shrink a route for everyone; its good responses still count as traffic. When that
-    /// client sent every response of the window, nothing is left out (it is the whole
-    /// traffic, and its share explains everything).
-    pub fn judge(&self, now_ms: u64) -> Observed {
-        let (total, errors, mut bins) = self.sums(now_ms);
-        let Some(worst) = self.worst(now_ms).filter(|w| u64::from(w.samples) < total) else {
-            return Observed {
-                total,
-                errors,
-                p99_ms: quantile(&bins, total, 0.99),
-            };
-        };
-        // Its slow responses leave from the top of the histogram, its other bad ones
-        // (fast 5xx) from the bottom: the count above the target drops by exactly its
-        // slow responses, as if they had never been recorded.
-        let slow = u64::from(worst.slow);
-        let fast_bad = u64::from(worst.bad.saturating_sub(worst.slow));
+    /// (5xx or slow) of the `min_clients - 1` clients with the most of them, so that
+    /// fewer than `min_clients` clients (up to [`HITTERS`]) cannot shrink a route for
+    /// everyone, however much of the traffic they are; their good responses still count
+    /// as traffic. When fewer than `min_clients` clients sent bad responses, every bad
+    /// response is left out: a bucket leaves a bad response untracked only when
+    /// [`HITTERS`] clients with bad responses hold all its entries.
+    pub fn judge(&self, now_ms: u64, min_clients: usize) -> Observed {
+        let (mut total, mut errors, mut bins) = self.sums(now_ms);
+        let worst = self.worst(now_ms, min_clients.saturating_sub(1));
+        // Slow responses leave from the top of the histogram, other bad ones (fast 5xx)
+        // from the bottom: the count above the target drops by exactly the slow ones, as
+        // if they had never been recorded.
+        let slow: u64 = worst.iter().map(|w| u64::from(w.slow)).sum();
+        let fast_bad: u64 = worst
+            .iter()
+            .map(|w| u64::from(w.bad.saturating_sub(w.slow)))
+            .sum();
         remove(bins.iter_mut().rev(), slow);
         remove(bins.iter_mut(), fast_bad);
-        let total = total.saturating_sub(u64::from(worst.bad));
+        for w in &worst {
+            total = total.saturating_sub(u64::from(w.bad));
+            errors = errors.saturating_sub(u64::from(w.errors));
+        }
         Observed {
             total,
-            errors: errors.saturating_sub(u64::from(worst.errors)),
+            errors,
             p99_ms: quantile(&bins, total, 0.99),
         }
     }
@@ -204,9 +207,12 @@ impl Window {
         (total, errors, bins)
     }
 
-    /// The client with the most bad responses in the window (ties: the most responses,
-    /// then the lowest identity), if any client has one.
-    fn worst(&self, now_ms: u64) -> Option<Hitter> {
+    /// The `n` clients with the most bad responses in the window, worst first (ties: the
+    /// most responses, then the lowest identity); only clients with a bad response.
+    fn worst(&self, now_ms: u64, n: usize) -> Vec<Hitter> {
+        if n == 0 {
+            return Vec::new();
+        }
         let mut merged: Vec<Hitter> = Vec::with_capacity(HITTERS * BUCKETS);
         for h in self.live(now_ms).flat_map(|b| b.hitters.iter()) {
             if h.samples == 0 {
@@ -222,10 +228,12 @@ impl Window {
                 None => merged.push(*h),
             }
         }
+        merged.retain(|h| h.bad > 0);
+        merged.sort_unstable_by_key(|h| {
+            std::cmp::Reverse((h.bad, h.samples, std::cmp::Reverse(h.client)))
+        });
+        merged.truncate(n);
         merged
-            .into_iter()
-            .filter(|h| h.bad > 0)
-            .max_by_key(|h| (h.bad, h.samples, std::cmp::Reverse(h.client)))
     }
 }
 
@@ -339,179 +347,4 @@ fn quantile(bins: &[u64; BINS], total: u64, q: f64) -> Option<f64> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const T0: u64 = 1_764_000_000_000;
-
-    fn ms(n: u64) -> Duration {
-        Duration::from_millis(n)
-    }
-
-    /// Every latency lands in a bin whose edges surround it, and bins are at most ~9% wide.
-    #[test]
-    fn bins_surround_their_latencies() {
-        for us in [0u64, 100, 250, 999, 1_000, 12_345, 200_000, 5_000_000] {
-            let d = Duration::from_micros(us);
-            let i = bin(d);
-            let v = us as f64 / 1_000.0;
-            assert!(lower_edge_ms(i) <= v, "{us}us in bin {i}");
-            assert!(v < lower_edge_ms(i + 1), "{us}us in bin {i}");
-            if i > 0 {
-                assert!(lower_edge_ms(i + 1) / lower_edge_ms(i) < 1.091);
-            }
-        }
-        assert_eq!(bin(Duration::from_secs(3_600)), BINS - 1);
-    }
-
-    /// p99 and the error share over explicit responses, within a bin's width.
-    #[test]
-    fn p99_and_error_share() {
-        // (fast ms, slow ms, how many slow of 100, errors, want p99 range)
-        type Case = (u64, u64, u64, u64, (f64, f64));
-        let cases: &[Case] = &[
-            (10, 300, 0, 0, (9.0, 11.0)),
-            (10, 300, 1, 0, (9.0, 11.0)),
-            (10, 300, 2, 1, (270.0, 330.0)),
-            (10, 300, 50, 100, (270.0, 330.0)),
-            (50, 50, 100, 5, (45.0, 55.0)),
-        ];
-        for (i, (fast, slow, n_slow, errors, (lo, hi))) in cases.iter().enumerate() {
-            let mut w = Window::default();
-            for k in 0..100 {
-                let latency = if k < *n_slow { ms(*slow) } else { ms(*fast) };
-                w.record(T0, latency, k < *errors);
-            }
-            let o = w.observe(T0);
-            assert_eq!((o.total, o.errors), (100, *errors), "case {i}");
-            let p99 = o.p99_ms.unwrap();
-            assert!(*lo <= p99 && p99 <= *hi, "case {i}: p99 {p99}");
-            assert_eq!(o.error_rate(), Some(*errors as f64 / 100.0), "case {i}");
-        }
-    }
-
-    /// `n` responses of `client` at `t`, `latency` ms each.
-    fn feed(w: &mut Window, t: u64, client: Client, n: u32, latency: u64, error: bool) {
-        for _ in 0..n {
-            let slow = latency > 100; // target_p99_ms 100
-            w.record_sample(
-                t,
-                Sample {
-                    client,
-                    latency: ms(latency),
-                    error,
-                    slow,
-                },
-            );
-        }
-    }
-
-    /// The controller's reading leaves out the bad responses of the one client with the
-    /// most of them, unless it is all the traffic. Rows: traffic as (client, count,
-    /// latency ms, 5xx), then the judged (total, errors) and whether p99 > 100 ms.
-    #[test]
-    fn judge_leaves_out_the_worst_client() {
-        type Row = (&'static [(Client, u32, u64, bool)], (u64, u64), bool);
-        let rows: &[Row] = &[
-            // Nobody bad: everything counts.
-            (&[(1, 50, 10, false), (2, 50, 10, false)], (100, 0), false),
-            // One client's 500s among healthy traffic: left out.
-            (&[(1, 90, 10, false), (9, 60, 10, true)], (90, 0), false),
-            // One client's slow responses: left out of the percentile.
-            (&[(1, 90, 10, false), (9, 60, 300, false)], (90, 0), false),
-            // Its good responses still count as traffic.
-            (
-                &[(1, 90, 10, false), (9, 30, 10, false), (9, 60, 10, true)],
-                (120, 0),
-                false,
-            ),
-            // A truly failing upstream: every client sees 5xx, only the worst is left out.
-            (
-                &[(1, 40, 10, true), (2, 30, 10, true), (3, 30, 10, false)],
-                (60, 30),
-                false,
-            ),
-            // ... and truly slow: p99 stays above target without the worst client.
-            (&[(1, 40, 300, false), (2, 30, 300, false)], (30, 0), true),
-            // The worst client alone is the whole traffic: judged as it is.
-            (&[(9, 5, 10, false), (9, 20, 10, true)], (25, 20), false),
-            (&[(9, 3, 300, false)], (3, 0), true),
-            // Only the single worst: a second bad client still counts.
-            (
-                &[(1, 50, 10, false), (8, 20, 10, true), (9, 30, 10, true)],
-                (70, 20),
-                false,
-            ),
-        ];
-        for (i, (traffic, (total, errors), slow)) in rows.iter().enumerate() {
-            let mut w = Window::default();
-            for (k, &(client, n, latency, error)) in traffic.iter().enumerate() {
-                // Spread over two seconds: the worst client is merged across buckets.
-                feed(
-                    &mut w,
-                    T0 + (k as u64 % 2) * 1_000,
-                    client,
-                    n,
-                    latency,
-                    error,
-                );
-            }
-            let o = w.judge(T0 + 1_000);
-            assert_eq!((o.total, o.errors), (*total, *errors), "row {i}");
-            assert_eq!(o.p99_ms.unwrap_or(0.0) > 100.0, *slow, "row {i}: {o:?}");
-            // `observe` is the raw window, everything counted.
-            let all: u64 = traffic.iter().map(|t| u64::from(t.1)).sum();
-            assert_eq!(w.observe(T0 + 1_000).total, all, "row {i}");
-        }
-    }
-
-    /// A bucket tracks at most `HITTERS` clients; a bad response takes the entry of a
-    /// client with none, so the one bad client among many healthy ones is still found.
-    #[test]
-    fn a_bad_client_is_tracked_among_many() {
-        let mut w = Window::default();
-        for c in 1..=20 {
-            feed(&mut w, T0, c, 5, 10, false);
-        }
-        feed(&mut w, T0, 99, 30, 10, true);
-        let o = w.judge(T0);
-        assert_eq!((o.total, o.errors), (100, 0));
-        // A slow upstream for everyone is not hidden by it.
-        for c in 1..=20 {
-            feed(&mut w, T0 + 1_000, c, 5, 400, false);
-        }
-        assert!(w.judge(T0 + 1_000).p99_ms.unwrap() > 100.0);
-    }
-
-    /// The window slides: a response counts for the 10 seconds starting at its second,
-    /// then is forgotten, and a reused slot starts empty.
-    #[test]
-    fn slides_over_ten_seconds() {
-        let mut w = Window::default();
-        assert_eq!(
-            w.observe(T0),
-            Observed {
-                total: 0,
-                errors: 0,
-                p99_ms: None
-            }
-        );
-        assert_eq!(w.observe(T0).error_rate(), None);
-        w.record(T0 + 500, ms(400), true);
-        w.record(T0 + 3_000, ms(5), false);
-        let total_at = |w: &Window, t: u64| w.observe(t).total;
-        assert_eq!(total_at(&w, T0), 1);
-        assert_eq!(total_at(&w, T0 + 3_000), 2);
-        assert_eq!(total_at(&w, T0 + 9_999), 2);
-        assert_eq!(total_at(&w, T0 + 10_000), 1, "the first second has left");
-        assert_eq!(total_at(&w, T0 + 12_999), 1);
-        assert_eq!(total_at(&w, T0 + 13_000), 0);
-        // Second T0+10 reuses the slot of second T0: the old response is gone.
-        w.record(T0 + 10_100, ms(5), false);
-        let o = w.observe(T0 + 10_100);
-        assert_eq!((o.total, o.errors), (2, 0));
-        assert!(o.p99_ms.unwrap() < 6.0);
-        // A reading from before a bucket's second does not count it.
-        assert_eq!(total_at(&w, T0 + 2_000), 0);
-    }
-}
+mod tests;

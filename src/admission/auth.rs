@@ -216,6 +216,7 @@ async fn auth_limit(
                     client_ip: ip,
                     key: None,
                     now_ms,
+                    source: origin.ban_source(),
                 };
                 super::bans::strike(
                     core,

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use super::core::Core;
 use super::Rejection;
-use crate::bans::{Ban, Bans, Tally};
+use crate::bans::{Ban, BanSource, Bans, Tally};
 use crate::db::events::{Event, EventQueue};
 use crate::identity::KeyInfo;
 use crate::limiter::{BanRule, Ident, Scope, Window};
@@ -37,6 +37,9 @@ pub(super) struct Offender<'a> {
     pub(super) key: Option<&'a KeyInfo>,
     /// The request's clock reading (what the strike counts at).
     pub(super) now_ms: u64,
+    /// Who struck: a proxied request or a decision API (whose bans may hold at most half
+    /// of the table).
+    pub(super) source: BanSource,
 }
 
 /// Counts a rejection of `ident` by `scope` under `rule`, whose `retry_after` was
@@ -89,7 +92,9 @@ pub(super) fn strike(
             // fleet's answer may replace it with another gateway's earlier ban, or lift it
             // when the fleet's table is full.
             let here = ban.ban();
-            let held = ban.bans.insert(ban.ident.clone(), here.clone(), now_ms);
+            let held = ban
+                .bans
+                .insert_from(ban.ident.clone(), here.clone(), now_ms, ban.source);
             runtime.spawn(publish(redis, ban, held.then(|| here.id())));
         }
         Tally::Send { n, span_ms } => {
@@ -130,7 +135,7 @@ pub(super) fn strike(
 /// published, lifted again if the fleet refuses it (its table is full).
 async fn publish(redis: Arc<RedisStore>, ban: Pending, here: Option<i64>) {
     let published = ban.ban();
-    match redis.publish_ban(&published, ban.now_ms).await {
+    match redis.publish_ban(&published, ban.now_ms, ban.source).await {
         Ok(Published::Set) => {
             let quiet = redis.quiet_strikes(
                 ban.struck_by,
@@ -144,8 +149,9 @@ async fn publish(redis: Arc<RedisStore>, ban: Pending, here: Option<i64>) {
             ban.impose();
         }
         Ok(Published::InForce(first)) => ban.adopt(first),
-        // The fleet's table is full of bans in force: refused, not put in place of one.
-        Ok(Published::Full) => {
+        // The fleet's table is full of bans in force (or, for a decision API's, its half of
+        // it): refused, not put in place of one.
+        Ok(Published::Full | Published::ChecksFull) => {
             if let Some(id) = here {
                 ban.bans.lift(id);
             }
@@ -185,6 +191,7 @@ struct Pending {
     ident: Ident,
     rule: BanRule,
     now_ms: u64,
+    source: BanSource,
     client_ip: IpAddr,
     tenant: Option<Arc<str>>,
     key_id: Option<Arc<str>>,
@@ -209,12 +216,13 @@ impl Pending {
             ident: ident.clone(),
             rule,
             now_ms,
+            source: who.source,
             client_ip: who.client_ip,
             tenant: who.key.and_then(|k| k.tenant.clone()),
             key_id: who.key.and_then(KeyInfo::key_scope_id).map(Arc::from),
             events: core.events.clone(),
             counted: core.metrics.bans(scope),
-            dropped: core.metrics.bans_dropped_total.clone(),
+            dropped: core.metrics.bans_dropped[who.source as usize].clone(),
             bans: core.bans.clone(),
         }
     }
@@ -237,11 +245,12 @@ impl Pending {
         let ban = self.ban();
         if !self
             .bans
-            .insert(self.ident.clone(), ban.clone(), self.now_ms)
+            .insert_from(self.ident.clone(), ban.clone(), self.now_ms, self.source)
         {
             tracing::warn!(
                 scope = ban.scope.as_str(),
-                "automatic ban refused: the table of bans is full"
+                source = self.source.as_str(),
+                "automatic ban refused: the table of bans (or the decision APIs' half) is full"
             );
             self.dropped.inc();
             return;

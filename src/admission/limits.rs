@@ -133,6 +133,7 @@ fn rejected(
                 client_ip,
                 key,
                 now_ms,
+                source: c.origin.ban_source(),
             };
             let retry_after = governing.decision.retry_after_ms;
             bans::strike(core, s.scope, &s.ident, rule, retry_after, &who);

@@ -105,6 +105,15 @@ impl Origin {
         self == Origin::Proxy || rule.from_check
     }
 
+    /// What a ban this origin strikes counts as: the decision APIs' bans may fill at most
+    /// half of the table.
+    pub fn ban_source(self) -> crate::bans::BanSource {
+        match self {
+            Origin::Proxy => crate::bans::BanSource::Proxy,
+            Origin::Check | Origin::Unaddressed => crate::bans::BanSource::Check,
+        }
+    }
+
     /// Whether the request names a client address (all but `Unaddressed`).
     pub fn addressed(self) -> bool {
         self != Origin::Unaddressed

@@ -933,7 +933,7 @@ auth = "none"
         "403 ban ip"
     );
     assert_eq!(run(&core, "198.51.100.3", Origin::Proxy).await, "429 ip");
-    assert_eq!(core.metrics.bans_dropped_total.get(), 2);
+    assert_eq!(core.metrics.bans_dropped[0].get(), 2);
     assert_eq!(core.bans.list(NOW).len(), 2);
 }
 

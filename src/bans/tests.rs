@@ -282,3 +282,48 @@ fn fleet_changes_apply_incrementally() {
     assert_eq!(bans.strike(Scope::Ip, &a, &RULE, 1_300), 1);
     assert!(bans.banned(Scope::Ip, &c, 1_300).is_some());
 }
+
+/// Bans of the decision APIs fill at most half the table: past that theirs are refused,
+/// while proxied abuse is still banned up to the full table. A check ban that ends, or
+/// is lifted, or is replaced by a proxied one makes room for another; a renewed one
+/// needs none.
+#[test]
+fn decision_api_bans_fill_at_most_half_the_table() {
+    let bans = Bans::with_caps(10, 100);
+    let who = |n: u32| Ident::Ip(std::net::IpAddr::from([10, 0, 0, n as u8]));
+    let ban = |n: u32, at: u64| Ban::new(Scope::Ip, &who(n), &RULE, at);
+    let check = |n: u32, at: u64| bans.insert_from(who(n), ban(n, at), at, BanSource::Check);
+    let proxy = |n: u32, at: u64| bans.insert_from(who(n), ban(n, at), at, BanSource::Proxy);
+    // Rows: (what, identity, when, inserted?)
+    type Row<'a> = (&'a dyn Fn(u32, u64) -> bool, u32, u64, bool);
+    let rows: [Row<'_>; 13] = [
+        (&check, 1, 0, true),
+        (&check, 2, 0, true),
+        (&check, 3, 0, true),
+        (&check, 4, 0, true),
+        (&check, 5, 10, true),
+        // Half the table (5 of 10) holds check bans: the next is refused ...
+        (&check, 6, 20, false),
+        // ... a renewal of one held is not a new one ...
+        (&check, 1, 20, true),
+        // ... and proxied abuse is banned up to the full table.
+        (&proxy, 20, 20, true),
+        (&proxy, 21, 20, true),
+        (&proxy, 22, 20, true),
+        (&proxy, 23, 20, true),
+        (&proxy, 24, 20, true),
+        (&proxy, 25, 20, false),
+    ];
+    for (i, (insert, n, at, want)) in rows.iter().enumerate() {
+        assert_eq!(insert(*n, *at), *want, "row {i}");
+    }
+    assert_eq!(bans.list(20).len(), 10);
+    // A check ban replaced by a proxied one, and a lifted one: room for two.
+    assert!(proxy(2, 30));
+    assert!(bans.lift(ban(3, 0).id()).is_some());
+    assert!(check(7, 30));
+    assert!(!check(8, 30), "the table is full again");
+    // Once the check bans of t = 0 end (60 s), their room is free again.
+    assert!(!check(9, 59_999));
+    assert!(check(9, 60_000));
+}

@@ -140,6 +140,7 @@ pub(crate) struct StoreFile {
     pub(crate) key_prefix: Option<String>,
     pub(crate) lease_ms: Option<Spanned<u64>>,
     pub(crate) concurrency_lease_secs: Option<Spanned<u64>>,
+    pub(crate) max_states: Option<Spanned<u64>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -337,13 +338,14 @@ pub(crate) struct JwtFile {
     pub(crate) default_tier: Option<Spanned<String>>,
 }
 
-/// A route's `adaptive = { target_p99_ms, max_error_rate, min_factor }`.
+/// A route's `adaptive = { target_p99_ms, max_error_rate, min_factor, min_clients }`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct AdaptiveFile {
     pub(crate) target_p99_ms: Option<Spanned<u64>>,
     pub(crate) max_error_rate: Option<Spanned<f64>>,
     pub(crate) min_factor: Option<Spanned<f64>>,
+    pub(crate) min_clients: Option<Spanned<u32>>,
 }
 
 /// A route's `health_check = { path = "/healthz", interval_ms = 1000 }`.

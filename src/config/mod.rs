@@ -21,7 +21,7 @@ pub use model::{
     method_forwarded, AccessLogTarget, Attribute, Auth, Backend, BlockEntry, BlockTarget,
     ClientIpHeader, Config, Counts, CustomScope, HealthCheck, Jwt, KeyEntry, KeySources, Missing,
     Mode, PathParameters, RateLimitHeaders, Rls, RlsDescriptors, Route, RouteLimit, Secret, Server,
-    Store, Tier, Tls, Tracing,
+    Store, Tier, Tls, Tracing, DEFAULT_MAX_STATES,
 };
 pub use validate::{format_rfc3339, rfc3339_ms};
 

@@ -324,7 +324,14 @@ pub struct Store {
     /// (`concurrency_lease_secs`, default 30): slots of a gateway that died free
     /// themselves within it.
     pub concurrency_lease: Duration,
+    /// Most window states the memory store holds (`max_states`, default 262,144; on
+    /// Redis, the local fallback's): beyond it the least recently used is evicted.
+    pub max_states: usize,
 }
+
+/// `[store] max_states` when unset: window states (one per scope and identity) the
+/// memory store holds.
+pub const DEFAULT_MAX_STATES: usize = 262_144;
 
 /// `[tiers.NAME]`: the key and tenant limits of a plan.
 #[derive(Debug, Clone, PartialEq)]

@@ -343,7 +343,7 @@ adaptive = { target_p99_ms = 200, max_error_rate = 0.05 }
 name = "errors"
 path_prefix = "/errors"
 upstreams = ["127.0.0.1:9000"]
-adaptive = { max_error_rate = 1, min_factor = 0.25 }
+adaptive = { max_error_rate = 1, min_factor = 0.25, min_clients = 2 }
 [[routes]]
 name = "plain"
 path_prefix = "/"
@@ -359,11 +359,13 @@ upstreams = ["127.0.0.1:9000"]
                 target_p99_ms: Some(200),
                 max_error_rate: Some(0.05),
                 min_factor: Factor::from_f64(0.1),
+                min_clients: 5,
             }),
             Some(Settings {
                 target_p99_ms: None,
                 max_error_rate: Some(1.0),
                 min_factor: Factor::from_f64(0.25),
+                min_clients: 2,
             }),
             None,
         ]

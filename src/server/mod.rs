@@ -204,7 +204,11 @@ impl Stores {
         given: Option<Arc<dyn LimitStore>>,
         metrics: &Arc<Metrics>,
     ) -> Result<Self, StartError> {
-        let memory = Arc::new(MemoryStore::new());
+        let memory = Arc::new(
+            MemoryStore::new()
+                .with_max_states(config.store.max_states)
+                .with_evictions_counter(metrics.store_evictions_total.clone()),
+        );
         let instances = Arc::new(AtomicU32::new(config.store.instances.unwrap_or(1)));
         let mut redis = None;
         let store: Arc<dyn LimitStore> = match (given, config.store.backend) {

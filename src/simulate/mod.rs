@@ -159,7 +159,10 @@ impl Replay {
             by_id.insert(Sha256::digest(stand_in(&info.key_id)).into(), info.clone());
         }
         let clock = ManualClock::at(0);
-        let store = Arc::new(MemoryStore::with_clock(clock.clone()));
+        // The gateway's bound on states, so a trace of more identities evicts as it would.
+        let store = Arc::new(
+            MemoryStore::with_clock(clock.clone()).with_max_states(config.store.max_states),
+        );
         let metrics = Arc::new(Metrics::new().map_err(|e| setup(&e))?);
         let core = Core::with_clock(runtime, store.clone(), metrics, Arc::new(clock.clone()));
         core.swap_dynamic(Dynamic {

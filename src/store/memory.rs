@@ -12,6 +12,18 @@
 //! doubled since its last sweep. An evicted slot is indistinguishable from a fresh one,
 //! so eviction never hands an active client a fresh bucket. A client spraying a million
 //! source IPs costs memory only until those IPs' windows have passed.
+//!
+//! And memory is bounded outright by `[store] max_states` (default [`DEFAULT_MAX_STATES`]),
+//! as nginx bounds its zones: each shard holds at most its share of it. A new identity in
+//! a full shard first sweeps the idle slots, then evicts the least recently used slots
+//! down to 7/8 of the shard's share (`throttle_store_evictions_total` counts them): an
+//! evicted client's limits start afresh. Recency is a per-shard counter stamped on a slot
+//! at every decision, so the order is exact within a shard; the shard is the
+//! approximation (a shard may fill while another has room). An eviction pass is one scan
+//! of the shard plus a selection over its stamps, and frees an eighth of it, so it costs
+//! O(1) per new identity amortized, and nothing while the store is below its bound: the
+//! hot path only writes the stamp. (A CLOCK hand would need an index over the map; the
+//! batch keeps the map a plain hash table.)
 
 use std::hash::Hash;
 
@@ -31,6 +43,10 @@ use crate::limiter::{
 use crate::sharded::Sharded;
 
 const SHARDS: usize = 64;
+pub use crate::config::DEFAULT_MAX_STATES;
+/// A store of fewer states has fewer shards (one per this many states, at least one), so
+/// a small bound is a nearly exact LRU over the whole store.
+const STATES_PER_SHARD: usize = 4_096;
 /// A shard below this size is never swept inline.
 const INLINE_SWEEP_MIN: usize = 4_096;
 /// Upper bound of windows in one check: 4 scopes x 5 windows.
@@ -41,6 +57,7 @@ pub struct MemoryStore<C: Clock = SystemClock> {
     shards: Sharded<Shard>,
     clock: C,
     inflight: Inflight,
+    max_states: usize,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -60,13 +77,22 @@ struct KeyRef<'a> {
 struct Slot {
     /// When every window is back to its initial value (Unix ms).
     idle_at: u64,
+    /// The shard's `tick` at the last decision on it: the larger, the more recent.
+    used: u64,
     windows: SmallVec<[(Window, State); 2]>,
 }
 
-#[derive(Default)]
 struct Shard {
     map: HashMap<StateKey, Slot>,
     len_after_sweep: usize,
+    /// Most slots held (this shard's share of `max_states`).
+    cap: usize,
+    /// Stamps every use of a slot (`Slot::used`).
+    tick: u64,
+    /// Slots evicted to stay within `cap`.
+    evicted: u64,
+    /// `throttle_store_evictions_total`, when the gateway's metrics are attached.
+    counter: Option<prometheus::IntCounter>,
 }
 
 // === impl MemoryStore ===
@@ -88,10 +114,36 @@ impl<C: Clock> MemoryStore<C> {
     /// A store reading time from `clock`.
     pub fn with_clock(clock: C) -> Self {
         Self {
-            shards: Sharded::new(SHARDS),
+            shards: shards_for(DEFAULT_MAX_STATES),
             clock,
             inflight: Inflight::default(),
+            max_states: DEFAULT_MAX_STATES,
         }
+    }
+
+    /// The same store (empty) holding at most `max_states` window states (at least 1).
+    pub fn with_max_states(mut self, max_states: usize) -> Self {
+        self.max_states = max_states.max(1);
+        self.shards = shards_for(self.max_states);
+        self
+    }
+
+    /// Counts evictions in `counter` (`throttle_store_evictions_total`) too.
+    pub fn with_evictions_counter(self, counter: prometheus::IntCounter) -> Self {
+        for mut shard in self.shards.iter_locked() {
+            shard.counter = Some(counter.clone());
+        }
+        self
+    }
+
+    /// The most window states held (`[store] max_states`).
+    pub fn max_states(&self) -> usize {
+        self.max_states
+    }
+
+    /// Slots evicted, least recently used first, to stay within `max_states`.
+    pub fn evictions(&self) -> u64 {
+        self.shards.iter_locked().map(|s| s.evicted).sum()
     }
 
     /// The store's clock.
@@ -255,11 +307,15 @@ impl Shard {
         out: &mut ArrayVec<WindowDecision, MAX_WINDOWS>,
         nexts: &mut ArrayVec<Option<State>, MAX_WINDOWS>,
     ) {
+        let tick = self.next_tick();
         let slot = self.map.get_mut(&KeyRef {
             scope: s.scope,
             ident: &s.ident,
         });
-        let mut slot = slot.map(|s| &mut s.windows);
+        let mut slot = slot.map(|slot| {
+            slot.used = tick;
+            &mut slot.windows
+        });
         for limit in &s.limits.windows {
             let offset = s.ident.offset_ms(limit);
             let existing = slot
@@ -316,8 +372,8 @@ impl Shard {
         });
     }
 
-    /// Runs `f` on the slot of `s`, created empty when missing (after an amortized
-    /// sweep). One hash lookup for an identity already held.
+    /// Runs `f` on the slot of `s`, created empty when missing (after making room: see
+    /// `make_room`). One hash lookup for an identity already held.
     fn with_slot<R>(
         &mut self,
         s: &ScopeCheck<'_>,
@@ -328,21 +384,21 @@ impl Shard {
             scope: s.scope,
             ident: &s.ident,
         };
-        let slot = match self.map.get_mut(&key) {
-            Some(slot) => slot,
-            None => {
-                self.maybe_sweep(now_ms);
-                let owned = StateKey {
-                    scope: s.scope,
-                    ident: s.ident.clone(),
-                };
-                self.map.entry(owned).or_insert(Slot {
-                    idle_at: 0,
-                    windows: SmallVec::new(),
-                })
-            }
+        let used = self.next_tick();
+        if let Some(slot) = self.map.get_mut(&key) {
+            slot.used = used;
+            return f(slot);
+        }
+        self.make_room(now_ms);
+        let owned = StateKey {
+            scope: s.scope,
+            ident: s.ident.clone(),
         };
-        f(slot)
+        f(self.map.entry(owned).or_insert(Slot {
+            idle_at: 0,
+            used,
+            windows: SmallVec::new(),
+        }))
     }
 
     /// Charges every window of `s` that allows (the caller knows all do, or that there is
@@ -400,9 +456,37 @@ impl Shard {
         });
     }
 
-    fn maybe_sweep(&mut self, now_ms: u64) {
+    fn next_tick(&mut self) -> u64 {
+        self.tick += 1;
+        self.tick
+    }
+
+    /// Before a new slot: the amortized sweep of idle slots; then, at the cap, a sweep
+    /// and the eviction of the least recently used slots down to 7/8 of the cap, so the
+    /// next passes are an eighth of the cap away.
+    fn make_room(&mut self, now_ms: u64) {
         if self.map.len() >= INLINE_SWEEP_MIN && self.map.len() >= 2 * self.len_after_sweep {
             self.sweep(now_ms);
+        }
+        if self.map.len() < self.cap {
+            return;
+        }
+        self.sweep(now_ms);
+        let keep = self.cap - (self.cap / 8).max(1);
+        let excess = self.map.len().saturating_sub(keep);
+        if excess == 0 {
+            return;
+        }
+        // Stamps are unique within a shard: exactly `excess` slots are at or below the
+        // `excess`-th smallest.
+        let mut stamps: Vec<u64> = self.map.values().map(|s| s.used).collect();
+        let (_, threshold, _) = stamps.select_nth_unstable(excess - 1);
+        let threshold = *threshold;
+        self.map.retain(|_, s| s.used > threshold);
+        self.len_after_sweep = self.map.len();
+        self.evicted += excess as u64;
+        if let Some(c) = &self.counter {
+            c.inc_by(excess as u64);
         }
     }
 
@@ -410,6 +494,23 @@ impl Shard {
         self.map.retain(|_, slot| slot.idle_at > now_ms);
         self.len_after_sweep = self.map.len();
     }
+}
+
+/// Empty shards sharing `max_states`: one per [`STATES_PER_SHARD`] states (a power of
+/// two, 1 to [`SHARDS`]), each holding at most its share (at least 1).
+fn shards_for(max_states: usize) -> Sharded<Shard> {
+    // The largest power of two at most the states over `STATES_PER_SHARD`.
+    let want = (max_states / STATES_PER_SHARD).clamp(1, SHARDS);
+    let n = 1usize << want.ilog2();
+    let cap = (max_states / n).max(1);
+    Sharded::with(n, || Shard {
+        map: HashMap::new(),
+        len_after_sweep: 0,
+        cap,
+        tick: 0,
+        evicted: 0,
+        counter: None,
+    })
 }
 
 /// The state of `limit`'s window in `windows`, added as initial when missing.

@@ -17,14 +17,14 @@ name = "slow"
 path_prefix = "/slow"
 upstreams = ["{upstream}"]
 auth = "none"
-adaptive = { target_p99_ms = 100, min_factor = 0.5 }
+adaptive = { target_p99_ms = 100, min_factor = 0.5, min_clients = 1 }
 
 [[routes]]
 name = "flaky"
 path_prefix = "/flaky"
 upstreams = ["{upstream}"]
 auth = "none"
-adaptive = { max_error_rate = 0.1 }
+adaptive = { max_error_rate = 0.1, min_clients = 1 }
 
 [[routes]]
 name = "dead"
@@ -32,14 +32,14 @@ path_prefix = "/dead"
 upstreams = ["127.0.0.1:{dead}"]
 auth = "none"
 connect_timeout_ms = 200
-adaptive = { max_error_rate = 0.1 }
+adaptive = { max_error_rate = 0.1, min_clients = 1 }
 
 [[routes]]
 name = "steady"
 path_prefix = "/"
 upstreams = ["{upstream}"]
 auth = "none"
-adaptive = { target_p99_ms = 100 }
+adaptive = { target_p99_ms = 100, min_clients = 1 }
 "#;
 
 async fn start() -> (Gateway, Upstream) {
@@ -136,7 +136,8 @@ async fn erroring_upstreams_lower_the_factor() {
 }
 
 /// One route shared by several clients told apart by `X-Forwarded-For` (from a trusted
-/// proxy), each well within its ip limit.
+/// proxy), each well within its ip limit; one client's bad answers alone never move it
+/// (`min_clients = 2`; `bounds` tests the default of 5).
 const SHARED: &str = r#"
 [client_ip]
 trusted_proxies = ["127.0.0.1/32"]
@@ -149,7 +150,7 @@ name = "shared"
 path_prefix = "/"
 upstreams = ["{upstream}"]
 auth = "none"
-adaptive = { target_p99_ms = 100, max_error_rate = 0.1 }
+adaptive = { target_p99_ms = 100, max_error_rate = 0.1, min_clients = 2 }
 "#;
 
 /// Status of one request from `client` (its `X-Forwarded-For`).
@@ -175,8 +176,9 @@ async fn lowest_factor_over(gw: &Gateway, route: &str, secs: u64) -> f64 {
 }
 
 /// One client within its limits hitting a URL that answers 500 and a slow one, while
-/// three others use the route normally, does not move the route's factor at all (the
-/// controller leaves out the bad responses of the one client with the most of them);
+/// three others use the route normally, does not move the route's factor at all (with
+/// `min_clients = 2` the controller leaves out the bad responses of the one client with
+/// the most of them);
 /// when the upstream fails for everyone, the factor still drops.
 #[tokio::test(flavor = "multi_thread")]
 async fn one_client_cannot_shrink_a_shared_route() {

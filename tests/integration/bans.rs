@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
-use throttle::bans::Ban;
+use throttle::bans::{Ban, BanSource};
 use throttle::clock::{Clock, SystemClock};
 use throttle::limiter::{BanRule, Ident, Scope};
 use throttle::store::redis::bans::{BanCursor, BanRead, Published, MAX_CHANGES};
@@ -644,13 +644,19 @@ async fn the_change_log_serves_changes_and_reads_anew_when_behind() {
     );
     let mut near = early.clone();
     assert_eq!(
-        store.publish_ban(&ban(0), now).await.unwrap(),
+        store
+            .publish_ban(&ban(0), now, BanSource::Proxy)
+            .await
+            .unwrap(),
         Published::Set
     );
     // The same identity again (a gateway the ban had not reached): the first is kept.
     let again = Ban::new(Scope::Ip, &who(0), &rule, now + 500);
     assert_eq!(
-        store.publish_ban(&again, now + 500).await.unwrap(),
+        store
+            .publish_ban(&again, now + 500, BanSource::Proxy)
+            .await
+            .unwrap(),
         Published::InForce(ban(0))
     );
     let changes =
@@ -665,7 +671,10 @@ async fn the_change_log_serves_changes_and_reads_anew_when_behind() {
     );
     store.lift_ban(&ban(0)).await.unwrap();
     assert_eq!(
-        store.publish_ban(&ban(1), now).await.unwrap(),
+        store
+            .publish_ban(&ban(1), now, BanSource::Proxy)
+            .await
+            .unwrap(),
         Published::Set
     );
     assert_eq!(
@@ -679,7 +688,10 @@ async fn the_change_log_serves_changes_and_reads_anew_when_behind() {
         ..ban(2)
     };
     assert_eq!(
-        store.publish_ban(&ended, now).await.unwrap(),
+        store
+            .publish_ban(&ended, now, BanSource::Proxy)
+            .await
+            .unwrap(),
         Published::Set
     );
     assert_eq!(
@@ -704,7 +716,10 @@ async fn the_change_log_serves_changes_and_reads_anew_when_behind() {
                 let mut i = 10 + t;
                 while i < 10 + flood {
                     let b = Ban::new(Scope::Ip, &who(i), &rule, now);
-                    assert_eq!(store.publish_ban(&b, now).await.unwrap(), Published::Set);
+                    assert_eq!(
+                        store.publish_ban(&b, now, BanSource::Proxy).await.unwrap(),
+                        Published::Set
+                    );
                     i += 16;
                 }
             })
@@ -759,7 +774,13 @@ async fn the_ban_scripts_run_on_redis_cluster() {
         BanRead::Full(Vec::new())
     );
     let ban = Ban::new(Scope::Ip, &who, &rule, now);
-    assert_eq!(store.publish_ban(&ban, now).await.unwrap(), Published::Set);
+    assert_eq!(
+        store
+            .publish_ban(&ban, now, BanSource::Proxy)
+            .await
+            .unwrap(),
+        Published::Set
+    );
     store
         .quiet_strikes(Scope::Ip, &who, ban.expires_at_ms, now)
         .await

@@ -493,7 +493,7 @@ auth = "none"
     let metrics = gw.metrics().await;
     let dropped: f64 = metrics
         .lines()
-        .find_map(|l| l.strip_prefix("throttle_bans_dropped_total "))
+        .find_map(|l| l.strip_prefix("throttle_bans_dropped_total{source=\"check\"} "))
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or(0.0);
     assert!(dropped >= 51.0, "throttle_bans_dropped_total {dropped}");

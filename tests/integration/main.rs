@@ -18,6 +18,7 @@ mod admin_api;
 mod admin_fuzz;
 mod admin_usage;
 mod bans;
+mod bounds;
 mod cli;
 mod client_ip_e2e;
 mod concurrency;

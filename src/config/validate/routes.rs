@@ -153,7 +153,7 @@ fn cost_header(cx: &Ctx<'_>, r: &RouteFile) -> Result<Option<http::HeaderName>, 
 }
 
 /// A route's `adaptive` table: at least one target; `max_error_rate` in [0, 1];
-/// `min_factor` in (0, 1].
+/// `min_factor` in (0, 1]; `min_clients` from 1 to the clients a window tells apart.
 pub(super) fn adaptive(
     cx: &Ctx<'_>,
     a: &Spanned<AdaptiveFile>,
@@ -194,10 +194,13 @@ pub(super) fn adaptive(
         Some(v) => crate::adaptive::Factor::from_f64(*v.get_ref()),
         None => crate::adaptive::Factor::DEFAULT_MIN,
     };
+    let most = crate::adaptive::window::HITTERS as u32;
+    let min_clients = bounded(cx, "min_clients", t.min_clients.as_ref(), 1..=most)?;
     Ok(crate::adaptive::Settings {
         target_p99_ms,
         max_error_rate,
         min_factor,
+        min_clients: min_clients.unwrap_or(crate::adaptive::DEFAULT_MIN_CLIENTS),
     })
 }
 

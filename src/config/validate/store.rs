@@ -2,6 +2,9 @@
 
 use super::*;
 
+/// The largest `max_states`: 2^28 states, tens of GiB.
+const MAX_STATES: u64 = 1 << 28;
+
 pub(super) fn store(cx: &Ctx<'_>, s: &StoreFile) -> Result<Store, ConfigError> {
     let backend = match s.backend.as_ref().map(|b| *b.get_ref()) {
         Some(BackendFile::Redis) => Backend::Redis,
@@ -33,6 +36,7 @@ pub(super) fn store(cx: &Ctx<'_>, s: &StoreFile) -> Result<Store, ConfigError> {
         s.concurrency_lease_secs.as_ref(),
         1..=3_600,
     )?;
+    let max_states = bounded(cx, "max_states", s.max_states.as_ref(), 1..=MAX_STATES)?;
     // Every URL may be a `"${VAR}"` reference: credentials stay out of the file.
     let urls = |key: &str, v: &[Spanned<String>]| -> Result<Vec<String>, ConfigError> {
         v.iter().map(|u| env_value(cx, key, u)).collect()
@@ -56,6 +60,9 @@ pub(super) fn store(cx: &Ctx<'_>, s: &StoreFile) -> Result<Store, ConfigError> {
         key_prefix: s.key_prefix.clone().unwrap_or_else(|| "thr".to_string()),
         lease: Duration::from_millis(lease_ms.unwrap_or(1_000)),
         concurrency_lease: Duration::from_secs(conc_secs.unwrap_or(30)),
+        max_states: max_states.map_or(crate::config::DEFAULT_MAX_STATES, |n| {
+            usize::try_from(n).unwrap_or(usize::MAX)
+        }),
     })
 }
 

@@ -254,3 +254,107 @@ fn debt_outlives_eviction_and_refunds_create_nothing() {
     store.sweep_at(T0 + 10_000);
     assert!(store.is_empty());
 }
+
+/// `max_states`: one shard per 4,096 states (a power of two, at most 64), each with its
+/// share of the bound.
+#[test]
+fn max_states_sizes_the_shards() {
+    for (max, shards, cap) in [
+        (1, 1, 1),
+        (100, 1, 100),
+        (8_191, 1, 8_191),
+        (8_192, 2, 4_096),
+        (DEFAULT_MAX_STATES, 64, 4_096),
+        (1 << 24, 64, 1 << 18),
+    ] {
+        let store = MemoryStore::new().with_max_states(max);
+        assert_eq!(store.shards.shard_count(), shards, "{max}");
+        assert!(store.shards.iter_locked().all(|s| s.cap == cap), "{max}");
+        assert_eq!(store.max_states(), max);
+    }
+}
+
+/// Past `max_states` the least recently used states go: the oldest caller's limit
+/// starts afresh while a caller used since keeps its count; idle states are swept before
+/// any active one is evicted, and only evictions of active states are counted.
+#[test]
+fn least_recently_used_states_are_evicted_at_the_bound() {
+    const MAX: usize = 64;
+    let clock = ManualClock::at(T0);
+    let counter = prometheus::IntCounter::new("evictions", "test").unwrap();
+    let store = MemoryStore::with_clock(clock.clone())
+        .with_max_states(MAX)
+        .with_evictions_counter(counter.clone());
+    let l = limits(vec![WindowLimit::new(Window::Hour, 3)]);
+    let decide = |n: u32| {
+        let mut c = Check::new(1);
+        c.push(Scope::Ip, ip(n), &l);
+        store.decide(&c)
+    };
+    // Caller 1 (the oldest) and caller 2 spend their 3.
+    for n in [1, 2] {
+        for _ in 0..3 {
+            assert!(decide(n).allowed);
+        }
+        assert!(!decide(n).allowed);
+    }
+    // 61 more callers fill the store to 63; caller 2 is used again (still refused).
+    for n in 100..161 {
+        clock.advance(Duration::from_millis(1));
+        assert!(decide(n).allowed);
+    }
+    assert!(!decide(2).allowed);
+    assert_eq!(store.len(), 63);
+    // Caller 1000 makes 64; caller 1001 finds the store full: the least recently used
+    // eighth (8) goes, caller 1 first; caller 2 was used since and stays.
+    assert!(decide(1_000).allowed);
+    assert!(decide(1_001).allowed);
+    assert!(store.len() <= MAX);
+    assert_eq!(store.evictions(), 8);
+    assert_eq!(counter.get(), 8);
+    assert!(!decide(2).allowed, "a recently used caller kept its count");
+    let fresh = decide(1);
+    assert!(fresh.allowed, "the oldest caller's state was evicted");
+    assert_eq!(fresh.governing.unwrap().decision.remaining, 2);
+    // However many more distinct callers come, the bound holds.
+    for n in 10_000..20_000 {
+        decide(n);
+        assert!(store.len() <= MAX);
+    }
+    // Idle states are swept first, and not counted as evictions: after the hour every
+    // state is back to initial.
+    let before = store.evictions();
+    clock.advance(Duration::from_secs(2 * 3_600));
+    for n in 30_000..30_060 {
+        decide(n);
+    }
+    assert_eq!(store.evictions(), before);
+}
+
+/// The default bound holds a full store within `max_states`, and a state costs what the
+/// README says: at most 300 heap bytes (hash table included) for an address with two
+/// windows, as the `[limits.ip]` scope has.
+#[test]
+fn the_default_bound_holds_and_a_state_is_small() {
+    let clock = ManualClock::at(T0);
+    let store = MemoryStore::with_clock(clock.clone());
+    let l = limits(vec![
+        WindowLimit::new(Window::Minute, 100),
+        WindowLimit::new(Window::Hour, 1_000),
+    ]);
+    let n = DEFAULT_MAX_STATES as u32 + 50_000;
+    for i in 0..n {
+        let mut c = Check::new(1);
+        c.push(Scope::Ip, ip(i), &l);
+        store.decide(&c);
+    }
+    assert!(store.len() <= DEFAULT_MAX_STATES, "{}", store.len());
+    assert!(store.evictions() >= 50_000);
+    let per_state = store.heap_bytes() / store.len();
+    eprintln!(
+        "{} states, {per_state} heap bytes per state, {} evicted",
+        store.len(),
+        store.evictions()
+    );
+    assert!(per_state <= 300, "{per_state} bytes per state");
+}

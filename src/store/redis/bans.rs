@@ -9,7 +9,9 @@
 //!   removed without a scan), `<prefix>:{bans}:log` (a hash: `epoch`, a random id made
 //!   with the log; `seq`, the last change's number; `floor`, the newest change trimmed
 //!   away) and `<prefix>:{bans}:changes` (a sorted set of the fields by the number of
-//!   their last change, at most [`MAX_CHANGES`]).
+//!   their last change, at most [`MAX_CHANGES`]) and `<prefix>:{bans}:checks` (a sorted
+//!   set, by end, of the fields whose ban a decision API struck: at most
+//!   [`MAX_CHECK_BANS`], half the table, so they never crowd out bans of proxied abuse).
 //! - Every publish and lift takes the next `seq` in the same script as its HSET / HDEL.
 //!   The ban sync asks, in one script call, for the fields changed after the last `seq`
 //!   it applied, with their values (none: lifted). It reads the whole hash only on its
@@ -26,7 +28,7 @@ use std::sync::LazyLock;
 use redis::{FromRedisValue, Script, ScriptInvocation};
 
 use super::{unavailable, wire, Conn, RedisStore};
-use crate::bans::{parse_ident, Ban, MAX_BANS};
+use crate::bans::{parse_ident, Ban, BanSource, MAX_BANS, MAX_CHECK_BANS};
 use crate::limiter::{Ident, Scope};
 use crate::store::StoreError;
 
@@ -44,7 +46,8 @@ return n",
     )
 });
 
-/// What the ban scripts share. KEYS: the hash, the log, the changes, the expiry set.
+/// What the ban scripts share. KEYS: the hash, the log, the changes, the expiry set, the
+/// decision APIs' bans.
 /// `open` returns the log (made anew with epoch `e` when missing); `logged` numbers a
 /// change of `field` and trims the changes to `max`; `prune` removes ended bans.
 const BAN_LIB: &str = "
@@ -73,6 +76,7 @@ local function prune(now, limit)
   for _, f in ipairs(dead) do
     redis.call('HDEL', KEYS[1], f)
     redis.call('ZREM', KEYS[4], f)
+    redis.call('ZREM', KEYS[5], f)
   end
 end
 local function ends(v)
@@ -80,10 +84,12 @@ local function ends(v)
 end
 ";
 
-/// ARGV: max changes, epoch, field, value, ends (ms), max bans, now (ms), prune.
+/// ARGV: max changes, epoch, field, value, ends (ms), max bans, now (ms), prune, `1` when
+/// a decision API struck it, max such bans.
 /// `{1, ''}`: set. `{0, ''}`: refused, the hash is full of bans in force (none is dropped
-/// for another). `{2, value}`: a ban on the field is in force already (a gateway the
-/// first ban has not reached yet struck too): kept, not renewed.
+/// for another). `{3, ''}`: refused, a decision API's and they hold their maximum.
+/// `{2, value}`: a ban on the field is in force already (a gateway the first ban has not
+/// reached yet struck too): kept, not renewed.
 static PUBLISH: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         "{BAN_LIB}
@@ -94,6 +100,16 @@ if cur then
 elseif redis.call('HLEN', KEYS[1]) >= tonumber(ARGV[6]) then
   prune(ARGV[7], tonumber(ARGV[8]))
   if redis.call('HLEN', KEYS[1]) >= tonumber(ARGV[6]) then return {{0, ''}} end
+end
+if ARGV[9] == '1' then
+  if not redis.call('ZSCORE', KEYS[5], ARGV[3])
+     and redis.call('ZCARD', KEYS[5]) >= tonumber(ARGV[10]) then
+    redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', ARGV[7])
+    if redis.call('ZCARD', KEYS[5]) >= tonumber(ARGV[10]) then return {{3, ''}} end
+  end
+  redis.call('ZADD', KEYS[5], ARGV[5], ARGV[3])
+else
+  redis.call('ZREM', KEYS[5], ARGV[3])
 end
 redis.call('HSET', KEYS[1], ARGV[3], ARGV[4])
 redis.call('ZADD', KEYS[4], ARGV[5], ARGV[3])
@@ -108,6 +124,7 @@ static LIFT: LazyLock<Script> = LazyLock::new(|| {
         "{BAN_LIB}
 local n = redis.call('HDEL', KEYS[1], ARGV[3])
 redis.call('ZREM', KEYS[4], ARGV[3])
+redis.call('ZREM', KEYS[5], ARGV[3])
 logged(ARGV[3], tonumber(ARGV[1]), ARGV[2])
 return n"
     ))
@@ -134,6 +151,7 @@ if epoch ~= ARGV[2] or not since or since > seq or since < floor then
     else
       redis.call('HDEL', KEYS[1], all[i])
       redis.call('ZREM', KEYS[4], all[i])
+      redis.call('ZREM', KEYS[5], all[i])
     end
   end
   return {{epoch, seq, 1, live}}
@@ -184,6 +202,9 @@ pub enum Published {
     Set,
     /// Refused: the fleet's table holds `MAX_BANS` bans in force, none on this identity.
     Full,
+    /// Refused: a decision API's ban, and the fleet's table holds `MAX_CHECK_BANS` of
+    /// theirs in force, none on this identity.
+    ChecksFull,
     /// The identity is banned already (that ban is kept).
     InForce(Ban),
 }
@@ -193,15 +214,16 @@ impl RedisStore {
         format!("{}:{{bans}}", self.prefix)
     }
 
-    /// An invocation of `script` on the hash, the log, the changes and the expiry set
-    /// (one slot: `{bans}`), in that order.
+    /// An invocation of `script` on the hash, the log, the changes, the expiry set and
+    /// the decision APIs' bans (one slot: `{bans}`), in that order.
     fn on_bans<'a>(&self, script: &'a Script) -> ScriptInvocation<'a> {
         let hash = self.bans_key();
         let mut inv = script.prepare_invoke();
         inv.key(&hash)
             .key(format!("{hash}:log"))
             .key(format!("{hash}:changes"))
-            .key(format!("{hash}:expiry"));
+            .key(format!("{hash}:expiry"))
+            .key(format!("{hash}:checks"));
         inv
     }
 
@@ -280,13 +302,19 @@ impl RedisStore {
         self.command::<()>(&cmd).await
     }
 
-    /// Publishes `ban` to the fleet at `now_ms`, unless the identity is banned already
-    /// or the fleet's table holds `MAX_BANS` bans in force (no ban is dropped for
+    /// Publishes `ban` (struck by `source`) to the fleet at `now_ms`, unless the identity
+    /// is banned already, the fleet's table holds `MAX_BANS` bans in force, or `source` is
+    /// a decision API and it holds `MAX_CHECK_BANS` of theirs (no ban is dropped for
     /// another; ended ones make room).
     ///
     /// # Errors
     /// When Redis fails or misses the deadline.
-    pub async fn publish_ban(&self, ban: &Ban, now_ms: u64) -> Result<Published, StoreError> {
+    pub async fn publish_ban(
+        &self,
+        ban: &Ban,
+        now_ms: u64,
+        source: BanSource,
+    ) -> Result<Published, StoreError> {
         let field = field(ban);
         let mut inv = self.on_bans(&PUBLISH);
         inv.arg(MAX_CHANGES)
@@ -296,11 +324,14 @@ impl RedisStore {
             .arg(ban.expires_at_ms)
             .arg(MAX_BANS)
             .arg(now_ms)
-            .arg(PRUNE);
+            .arg(PRUNE)
+            .arg(u8::from(source == BanSource::Check))
+            .arg(MAX_CHECK_BANS);
         let (code, value): (i64, String) = self.script(&inv).await?;
         Ok(match code {
             1 => Published::Set,
             0 => Published::Full,
+            3 => Published::ChecksFull,
             _ => Published::InForce(parse(&field, &value).map_or_else(|| ban.clone(), |(_, b)| b)),
         })
     }
