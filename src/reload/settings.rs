@@ -167,6 +167,7 @@ fn store_settings(out: &mut Out, a: &Store, b: &Store) {
         key_prefix,
         lease,
         concurrency_lease,
+        max_states,
     } = a;
     out.restart("store.backend", *backend != b.backend);
     out.restart("store.url", *url != b.url);
@@ -182,6 +183,8 @@ fn store_settings(out: &mut Out, a: &Store, b: &Store) {
         "store.concurrency_lease_secs",
         *concurrency_lease != b.concurrency_lease,
     );
+    // The memory store (and Redis's local fallback) is sized once, at start.
+    out.restart("store.max_states", *max_states != b.max_states);
 }
 
 /// `[auth]`.
@@ -289,6 +292,7 @@ fn adaptive_settings(out: &mut Out, a: Option<&crate::adaptive::Settings>) {
         target_p99_ms,
         max_error_rate,
         min_factor,
+        min_clients,
     }) = a
     else {
         return out.applied("routes.adaptive", &a);
@@ -296,6 +300,7 @@ fn adaptive_settings(out: &mut Out, a: Option<&crate::adaptive::Settings>) {
     out.applied("routes.adaptive.target_p99_ms", target_p99_ms);
     out.applied("routes.adaptive.max_error_rate", max_error_rate);
     out.applied("routes.adaptive.min_factor", min_factor);
+    out.applied("routes.adaptive.min_clients", min_clients);
 }
 
 /// `[rls]`: read from the runtime by every rate-limit call.

@@ -46,6 +46,7 @@ instances = 2
 key_prefix = "thr"
 lease_ms = 1000
 concurrency_lease_secs = 30
+max_states = 1000
 
 [database]
 url = "postgres://127.0.0.1/a"
@@ -96,7 +97,7 @@ connect_timeout_ms = 1000
 read_timeout_ms = 30000
 cost_header = "x-cost"
 max_cost = 10
-adaptive = {{ target_p99_ms = 500, max_error_rate = 0.5, min_factor = 0.2 }}
+adaptive = {{ target_p99_ms = 500, max_error_rate = 0.5, min_factor = 0.2, min_clients = 5 }}
 health_check = {{ path = "/health", interval_ms = 1000 }}
 upgrade = false
 methods = ["GET"]
@@ -296,6 +297,7 @@ const TABLE: &[(&str, &str, &str, bool)] = &[
         "concurrency_lease_secs = 10",
         true,
     ),
+    ("store.max_states", "max_states = 1000", "max_states = 2000", true),
     ("database.url", "127.0.0.1/a", "127.0.0.1/b", true),
     (
         "database.events_retention_months",
@@ -455,6 +457,12 @@ const TABLE: &[(&str, &str, &str, bool)] = &[
         "routes.adaptive.min_factor",
         "min_factor = 0.2",
         "min_factor = 0.3",
+        false,
+    ),
+    (
+        "routes.adaptive.min_clients",
+        "min_clients = 5",
+        "min_clients = 6",
         false,
     ),
     (
