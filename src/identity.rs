@@ -166,7 +166,8 @@ impl KeyInfo {
         (tier, tenant_tier): (Arc<Tier>, Arc<Tier>),
     ) -> Self {
         let tenant: Option<Arc<str>> = tenant.map(Arc::from);
-        let value = |s: &str| http::HeaderValue::from_str(s).ok();
+        // The rule `auth` holds JWT claims to (UTF-8 as the field's opaque octets).
+        let value = |s: &str| http::HeaderValue::from_bytes(s.as_bytes()).ok();
         let headers = CallerHeaders {
             tenant: tenant.as_deref().and_then(value),
             key_id: Some(&*key_id).filter(|id| !id.is_empty()).and_then(value),
@@ -445,10 +446,12 @@ pub fn is_bearer(value: &[u8]) -> bool {
     bearer(value).is_some()
 }
 
-/// The credential of a Bearer `Authorization` value (case-insensitive scheme).
+/// The credential of a Bearer `Authorization` value (case-insensitive scheme, then any
+/// whitespace: `Bearer<TAB>k` is a Bearer credential, as lenient upstream parsers read it).
 fn bearer(b: &[u8]) -> Option<&[u8]> {
-    (b.len() >= 6 && b[..6].eq_ignore_ascii_case(b"bearer") && (b.len() == 6 || b[6] == b' '))
-        .then(|| b.get(7..).unwrap_or_default())
+    let scheme = b.get(..6)?;
+    let sep = b.get(6).is_none_or(u8::is_ascii_whitespace);
+    (scheme.eq_ignore_ascii_case(b"bearer") && sep).then(|| b.get(7..).unwrap_or_default())
 }
 
 /// Classifies a raw key value: a usable key or malformed.
@@ -537,6 +540,19 @@ mod tests {
             (&[("x-api-key", &long)], Ok(Presented::Malformed)),
             (&[("x-api-key", b"caf\xc3\xa9")], Ok(Presented::Malformed)),
             (&[("authorization", b"Bearerabc")], Ok(Presented::Missing)),
+            // Any whitespace after the scheme: a Bearer credential, tab included.
+            (
+                &[("authorization", b"Bearer\tabc")],
+                Ok(Presented::Key(b"abc")),
+            ),
+            (
+                &[("authorization", b"BEARER\t abc")],
+                Ok(Presented::Key(b"abc")),
+            ),
+            (
+                &[("authorization", b"Bearer\tb1"), ("x-api-key", b"k1")],
+                Err(AmbiguousCredentials),
+            ),
         ];
         for (i, (h, want)) in cases.iter().enumerate() {
             let x_api_key = http::HeaderName::from_static("x-api-key");
