@@ -37,6 +37,7 @@ mod proxy_e2e;
 mod ratelimit_headers;
 mod rediss;
 mod reload;
+mod request_edge;
 mod rls;
 mod rls_conformance;
 mod routes;
