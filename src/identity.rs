@@ -166,8 +166,7 @@ impl KeyInfo {
         (tier, tenant_tier): (Arc<Tier>, Arc<Tier>),
     ) -> Self {
         let tenant: Option<Arc<str>> = tenant.map(Arc::from);
-        // The rule `auth` holds JWT claims to (UTF-8 as the field's opaque octets).
-        let value = |s: &str| http::HeaderValue::from_bytes(s.as_bytes()).ok();
+        let value = |s: &str| http::HeaderValue::from_str(s).ok();
         let headers = CallerHeaders {
             tenant: tenant.as_deref().and_then(value),
             key_id: Some(&*key_id).filter(|id| !id.is_empty()).and_then(value),

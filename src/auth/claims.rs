@@ -61,13 +61,6 @@ pub(super) fn caller(
     })
 }
 
-/// Whether `s` can be an identity header's value (`X-Throttle-Key-Id`,
-/// `X-Throttle-Tenant`): no control character (tab excepted) and no DEL; UTF-8 passes as
-/// the field's opaque octets.
-fn header_value(s: &str) -> bool {
-    http::HeaderValue::from_bytes(s.as_bytes()).is_ok()
-}
-
 /// A NumericDate (RFC 7519 2): seconds, possibly fractional (truncated), not negative.
 fn numeric_date(v: &Value) -> Option<u64> {
     match v.as_u64() {
@@ -99,8 +92,7 @@ fn optional(
 }
 
 /// An identity claim's value: a non-empty string or a number, at most `MAX_CLAIM_LEN`
-/// bytes, that can be a header value (no control character: a newline in `sub` would
-/// otherwise leave the request without its `X-Throttle-Key-Id`); absent is `None`.
+/// bytes; absent is `None`.
 fn identity(v: Option<&Value>) -> Result<Option<String>, InvalidToken> {
     let s = match v {
         None => return Ok(None),
@@ -108,7 +100,7 @@ fn identity(v: Option<&Value>) -> Result<Option<String>, InvalidToken> {
         Some(Value::Number(n)) => n.to_string(),
         Some(_) => return Err(InvalidToken::Claim),
     };
-    if s.is_empty() || s.len() > MAX_CLAIM_LEN || !header_value(&s) {
+    if s.is_empty() || s.len() > MAX_CLAIM_LEN {
         return Err(InvalidToken::Claim);
     }
     Ok(Some(s))

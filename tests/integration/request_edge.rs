@@ -81,21 +81,20 @@ fn remaining(r: &reqwest::Response) -> u64 {
 
 /// A method over 32 bytes is 405 before routing (the upstream never sees it); 32 bytes
 /// pass. The access log cuts every field at 2,048 bytes and escapes U+2028 and U+2029
-/// (here from a JWT subject), so each line stays one short line.
+/// (here from a key's tenant), so each line stays one short line.
 #[tokio::test(flavor = "multi_thread")]
 async fn long_methods_are_refused_and_log_lines_are_bounded() {
     let up = Upstream::start("edge").await;
     let body = format!(
-        "[auth.jwt]\nalgorithms = [\"HS256\"]\nhs256_secret_env = \"THROTTLE_TEST_JWT_SECRET\"\n\
-         default_tier = \"free\"\n{}",
-        ROUTES.replace("{upstream}", &up.addr.to_string())
+        "{}\n[[keys]]\nid = \"k3\"\nkey = \"key-three-secret\"\ntier = \"free\"\n\
+         tenant = \"eve\\u2028line\\u2029para{}\"\n",
+        ROUTES.replace("{upstream}", &up.addr.to_string()),
+        "t".repeat(3000)
     );
-    let env = [("THROTTLE_TEST_JWT_SECRET", Some(SECRET))];
-    let gw = Gateway::start_env(
+    let gw = Gateway::start_full(
         &["run"],
         &body,
         "grace_period_secs = 0\naccess_log = \"access.log\"",
-        &env,
     )
     .await;
     let raw = |m: &str| format!("{m} /v1/x HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n");
@@ -110,15 +109,9 @@ async fn long_methods_are_refused_and_log_lines_are_bounded() {
             _ => assert_eq!(body["method"], method(n), "the upstream served it"),
         }
     }
-    let sub = format!("eve\u{2028}line\u{2029}para{}", "s".repeat(200));
-    let token = hs256(
-        SECRET.as_bytes(),
-        "k",
-        &json!({"sub": sub, "exp": now_secs() + 600}),
-    );
     let r = client()
         .get(gw.url("/v1/x"))
-        .header("authorization", format!("Bearer {token}"))
+        .header("x-api-key", "key-three-secret")
         .send()
         .await
         .unwrap();
@@ -141,13 +134,18 @@ async fn long_methods_are_refused_and_log_lines_are_bounded() {
         .collect();
     assert_eq!(methods[0]["method"], method(2048), "cut at 2,048 bytes");
     assert_eq!(methods[0]["status"], 405);
-    let jwt_line = text.lines().find(|l| l.contains("jwt:eve")).unwrap();
-    assert!(jwt_line.contains(r"eve\u2028line\u2029para"), "{jwt_line}");
+    let k3 = text
+        .lines()
+        .find(|l| l.contains(r#""key_id":"k3""#))
+        .unwrap();
+    assert!(k3.contains(r"eve\u2028line\u2029para"), "{k3}");
+    let k3: Value = serde_json::from_str(k3).unwrap();
+    assert_eq!(k3["tenant"].as_str().unwrap().len(), 2048, "the tenant cut");
 }
 
 /// A JWT whose key or tenant claim cannot be a header value (a newline, a control byte)
-/// is 401 `invalid_token`, never a request without identity headers; a subject with
-/// UTF-8 passes and reaches the upstream as `X-Throttle-Key-Id`.
+/// is 401 `invalid_token`, never a request without identity headers; a valid one reaches
+/// the upstream as `X-Throttle-Key-Id` and `X-Throttle-Tenant`.
 #[tokio::test(flavor = "multi_thread")]
 async fn jwt_claims_that_cannot_be_header_values_are_invalid_tokens() {
     let up = Upstream::start("edge").await;
