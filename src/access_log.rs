@@ -2,8 +2,8 @@
 //!
 //! A request builds its `Entry` (borrowed fields, no header value but the request id,
 //! never a key: only its id), serializes it with `serde_json` (so client input such as the
-//! path is escaped) with the path capped at `MAX_PATH` bytes, and hands the line to a
-//! bounded queue with `try_send`. A dedicated thread drains the queue into a `BufWriter`
+//! path is escaped, U+2028 and U+2029 too) with every text field capped at `MAX_FIELD`
+//! bytes, and hands the line to a bounded queue with `try_send`. A dedicated thread drains the queue into a `BufWriter`
 //! and flushes whenever the queue is empty (and at least every `FLUSH_EVERY` lines under
 //! sustained load), so a line waits for the disk only on that thread. A full queue drops
 //! the line and counts `throttle_access_log_dropped_total`: a slow disk costs lines, never
@@ -17,8 +17,8 @@ use serde::Serialize;
 
 /// Lines the queue holds before new ones are dropped.
 pub const CAPACITY: usize = 8192;
-/// The longest path written (bytes; a longer one is cut at a character boundary).
-pub const MAX_PATH: usize = 2048;
+/// The longest field written (bytes; a longer one is cut at a character boundary).
+pub const MAX_FIELD: usize = 2048;
 /// Lines written between flushes while the queue never empties.
 const FLUSH_EVERY: usize = 256;
 
@@ -39,7 +39,7 @@ pub struct Entry<'a> {
     pub client_ip: Option<String>,
     /// The request method.
     pub method: &'a str,
-    /// The request path (capped at `MAX_PATH` by `line`).
+    /// The request path (every field is capped at `MAX_FIELD` by `line`).
     pub path: &'a str,
     /// The matched route's name.
     pub route: Option<&'a str>,
@@ -124,12 +124,43 @@ impl AccessLog {
     }
 }
 
-/// `entry` as one JSON line (newline included), its path capped at `MAX_PATH` bytes.
+/// `entry` as one JSON line (newline included), every text field capped at `MAX_FIELD`
+/// bytes, U+2028 and U+2029 escaped.
 pub fn line(mut entry: Entry<'_>) -> Option<String> {
-    entry.path = cap(entry.path, MAX_PATH);
-    let mut out = serde_json::to_string(&entry).ok()?;
+    for field in [&mut entry.request_id, &mut entry.method, &mut entry.path] {
+        *field = cap(field, MAX_FIELD);
+    }
+    for field in [
+        &mut entry.route,
+        &mut entry.scope,
+        &mut entry.window,
+        &mut entry.key_id,
+        &mut entry.tenant,
+    ] {
+        *field = field.map(|f| cap(f, MAX_FIELD));
+    }
+    for field in [&mut entry.client_ip, &mut entry.upstream] {
+        if let Some(f) = field.as_mut() {
+            let keep = cap(f, MAX_FIELD).len();
+            f.truncate(keep);
+        }
+    }
+    let out = serde_json::to_string(&entry).ok()?;
+    let mut out = escape_separators(out);
     out.push('\n');
     Some(out)
+}
+
+/// `json` with U+2028 and U+2029 as `\u2028` and `\u2029`: valid JSON either way, but a
+/// reader splitting on Unicode line terminators (JavaScript before ES2019, many log
+/// viewers) would see one line as two. In serialized JSON they only occur inside strings,
+/// where the escape means the same character.
+fn escape_separators(json: String) -> String {
+    if !json.contains(['\u{2028}', '\u{2029}']) {
+        return json; // the common case: nothing copied
+    }
+    json.replace('\u{2028}', "\\u2028")
+        .replace('\u{2029}', "\\u2029")
 }
 
 /// `s` cut to at most `max` bytes at a character boundary.
@@ -236,7 +267,7 @@ mod tests {
     }
 
     /// Quotes, control bytes, newlines and a huge multi-byte path stay one valid JSON
-    /// object on one line, the path capped at `MAX_PATH` bytes.
+    /// object on one line, the path capped at `MAX_FIELD` bytes.
     #[test]
     fn hostile_input_stays_one_capped_json_line() {
         let huge = format!("/\"\n\r\t\u{1}\\{}", "é".repeat(5000));
@@ -245,13 +276,48 @@ mod tests {
         let v: serde_json::Value = serde_json::from_str(l.trim_end()).unwrap();
         let path = v["path"].as_str().unwrap();
         assert!(
-            path.len() <= MAX_PATH && path.starts_with("/\"\n"),
+            path.len() <= MAX_FIELD && path.starts_with("/\"\n"),
             "{}",
             path.len()
         );
         assert_eq!(v["request_id"], "id\"\n");
         assert_eq!(v["status"], 200);
         assert_eq!(v["scope"], serde_json::Value::Null);
+    }
+
+    /// Every text field is cut at `MAX_FIELD` bytes (a megabyte method or JWT subject
+    /// makes a line of a few kilobytes), and U+2028 / U+2029 are escaped, never raw.
+    #[test]
+    fn every_field_is_capped_and_separators_escaped() {
+        let huge = "M".repeat(1 << 20);
+        let sep = format!("a\u{2028}b\u{2029}c{}", "é".repeat(3000));
+        let mut e = entry("/\u{2028}", &sep);
+        e.method = &huge;
+        e.key_id = Some(&huge);
+        e.tenant = Some(&sep);
+        e.route = Some(&huge);
+        e.upstream = Some(huge.clone());
+        let l = line(e).unwrap();
+        assert!(l.len() < 8 * MAX_FIELD, "{} bytes", l.len());
+        assert!(!l.contains(['\u{2028}', '\u{2029}']), "{l}");
+        assert!(l.contains("\\u2028") && l.contains("\\u2029"));
+        let v: serde_json::Value = serde_json::from_str(l.trim_end()).unwrap();
+        for field in [
+            "method",
+            "key_id",
+            "route",
+            "upstream",
+            "request_id",
+            "tenant",
+        ] {
+            let f = v[field].as_str().unwrap();
+            assert!(f.len() <= MAX_FIELD, "{field}: {}", f.len());
+        }
+        assert_eq!(v["path"], "/\u{2028}");
+        assert!(v["tenant"]
+            .as_str()
+            .unwrap()
+            .starts_with("a\u{2028}b\u{2029}c"));
     }
 
     /// A full queue drops the line and counts it, without blocking the sender.

@@ -445,10 +445,12 @@ pub fn is_bearer(value: &[u8]) -> bool {
     bearer(value).is_some()
 }
 
-/// The credential of a Bearer `Authorization` value (case-insensitive scheme).
+/// The credential of a Bearer `Authorization` value (case-insensitive scheme, then any
+/// whitespace: `Bearer<TAB>k` is a Bearer credential, as lenient upstream parsers read it).
 fn bearer(b: &[u8]) -> Option<&[u8]> {
-    (b.len() >= 6 && b[..6].eq_ignore_ascii_case(b"bearer") && (b.len() == 6 || b[6] == b' '))
-        .then(|| b.get(7..).unwrap_or_default())
+    let scheme = b.get(..6)?;
+    let sep = b.get(6).is_none_or(u8::is_ascii_whitespace);
+    (scheme.eq_ignore_ascii_case(b"bearer") && sep).then(|| b.get(7..).unwrap_or_default())
 }
 
 /// Classifies a raw key value: a usable key or malformed.
@@ -537,6 +539,19 @@ mod tests {
             (&[("x-api-key", &long)], Ok(Presented::Malformed)),
             (&[("x-api-key", b"caf\xc3\xa9")], Ok(Presented::Malformed)),
             (&[("authorization", b"Bearerabc")], Ok(Presented::Missing)),
+            // Any whitespace after the scheme: a Bearer credential, tab included.
+            (
+                &[("authorization", b"Bearer\tabc")],
+                Ok(Presented::Key(b"abc")),
+            ),
+            (
+                &[("authorization", b"BEARER\t abc")],
+                Ok(Presented::Key(b"abc")),
+            ),
+            (
+                &[("authorization", b"Bearer\tb1"), ("x-api-key", b"k1")],
+                Err(AmbiguousCredentials),
+            ),
         ];
         for (i, (h, want)) in cases.iter().enumerate() {
             let x_api_key = http::HeaderName::from_static("x-api-key");

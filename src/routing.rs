@@ -337,6 +337,11 @@ name = "read-only"
 path_prefix = "/docs"
 methods = ["GET", "HEAD"]
 upstreams = ["127.0.0.1:3"]
+[[routes]]
+name = "report"
+path_prefix = "/v1/report"
+methods = ["GET"]
+upstreams = ["127.0.0.1:4"]
 "#,
         )
         .unwrap();
@@ -354,6 +359,10 @@ upstreams = ["127.0.0.1:3"]
             (Method::HEAD, "/docs", Some("read-only")),
             (Method::DELETE, "/docs/a", None),
             (Method::from_bytes(b"PURGE").unwrap(), "/docs/a", None),
+            // A route taking GET takes HEAD: a HEAD does not fall through to `api`.
+            (Method::GET, "/v1/report", Some("report")),
+            (Method::HEAD, "/v1/report", Some("report")),
+            (Method::POST, "/v1/report", Some("api")),
         ];
         for (method, path, want) in rows {
             assert_eq!(

@@ -82,6 +82,17 @@ pub(super) async fn limit(
     if check.is_empty() {
         return Ok(outcome(Verdict::UNLIMITED, false, None));
     }
+    // A cost that a window can never hold is the caller's error, not a wait: `/v1/check`
+    // and the rate-limit service name their own cost (a proxied request's route cost is
+    // checked against every window when the config loads). Nothing is charged or struck.
+    if c.origin != super::Origin::Proxy && c.mode == Mode::Enforce {
+        if let Some(capacity) = below_cost(&check) {
+            return Err(Rejection::CostOverCapacity {
+                cost: check.cost,
+                capacity,
+            });
+        }
+    }
     // The time the memory store decides at (the store reports the time it decided at
     // in `Verdict::decided_at`, which is what a settle names).
     check.at_ms = Some(c.now_ms);
@@ -112,6 +123,18 @@ pub(super) async fn limit(
         }
         _ => Ok(outcome(verdict, false, policy)),
     }
+}
+
+/// The smallest capacity of `check`'s windows below its cost (None: every window can
+/// hold it).
+fn below_cost(check: &Check<'_>) -> Option<u32> {
+    check
+        .scopes
+        .iter()
+        .flat_map(|s| &s.limits.windows)
+        .map(|w| w.capacity)
+        .filter(|&capacity| capacity < check.cost)
+        .min()
 }
 
 /// The 429 of a rejection by `governing`: recorded in the violation log, and a strike

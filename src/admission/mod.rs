@@ -185,6 +185,14 @@ pub enum Rejection {
     MissingIdentity(Scope),
     /// 405: a method the gateway does not forward (see `proxy::target::method_allowed`).
     MethodNotAllowed,
+    /// 400: the cost a `/v1/check` (or rate-limit service) call names is above the
+    /// capacity of one of its windows, so no wait would ever admit it.
+    CostOverCapacity {
+        /// The cost asked.
+        cost: u32,
+        /// The smallest capacity below it.
+        capacity: u32,
+    },
     /// 503: a fail-closed scope could not reach its store.
     Unavailable,
     /// 503: the credential may be one not loaded yet (before the first database snapshot,

@@ -179,6 +179,7 @@ fn kind(r: &Result<Admission, Refusal>) -> String {
             Rejection::InvalidHost => "400 host".into(),
             Rejection::AmbiguousCredentials => "400 credentials".into(),
             Rejection::MethodNotAllowed => "405 method".into(),
+            Rejection::CostOverCapacity { cost, capacity } => format!("400 cost {cost}>{capacity}"),
             Rejection::InvalidIdentity(s) => format!("400 invalid {}", s.as_str()),
             Rejection::MissingIdentity(s) => format!("400 missing {}", s.as_str()),
             Rejection::Unavailable => "503".into(),
@@ -876,7 +877,7 @@ async fn only_proxied_requests_ban_and_a_full_table_refuses() {
         format!(
             r#"
 [limits.ip]
-per_minute = 1
+per_minute = 1000
 ban = {{ after = 2, within_secs = 60, for_secs = 600, from_check = {from_check} }}
 
 [[routes]]
@@ -902,20 +903,21 @@ auth = "none"
     async fn run(core: &Core, client: &str, origin: Origin) -> String {
         let request = AdmitRequest {
             origin,
-            cost: Some(1_000), // the attack: a huge cost naming a victim
+            cost: Some(1_000), // the attack: a whole window's cost naming a victim
             ..req(client, "/x", None)
         };
         kind(&admit(core, &request).await)
     }
     // Checks naming a victim: refused, never banned.
     let core = core_for(false);
+    assert_eq!(run(&core, "192.0.2.1", Origin::Check).await, "ok");
     for _ in 0..5 {
         assert_eq!(run(&core, "192.0.2.1", Origin::Check).await, "429 ip");
     }
     assert!(core.bans.list(NOW).is_empty(), "a check banned its victim");
     // The same scope opted in: checks ban.
     let core = core_for(true);
-    for want in ["429 ip", "429 ip", "403 ban ip"] {
+    for want in ["ok", "429 ip", "429 ip", "403 ban ip"] {
         assert_eq!(run(&core, "192.0.2.1", Origin::Check).await, want);
     }
     // Proxied requests always strike. The attacker is banned first, then a flood of
@@ -923,7 +925,7 @@ auth = "none"
     // attacker's ban stays.
     let core = core_for(false);
     for client in ["192.0.2.66", "198.51.100.1", "198.51.100.2", "198.51.100.3"] {
-        for want in ["429 ip", "429 ip"] {
+        for want in ["ok", "429 ip", "429 ip"] {
             assert_eq!(run(&core, client, Origin::Proxy).await, want, "{client}");
         }
     }
@@ -1088,4 +1090,25 @@ auth = "none"
     for a in [other, anonymous, again] {
         a.finish(Ending::Completed { status: 200 });
     }
+}
+
+/// A decision API's cost above a window's capacity is 400 (no wait would admit it),
+/// charges nothing and strikes nothing; the same cost on a proxied request (a route's
+/// cost, checked when the config loads) stays a limit decision.
+#[tokio::test]
+async fn a_check_cost_no_window_holds_is_refused() {
+    let (core, _) = memory_core();
+    let run = |origin, cost| {
+        let request = AdmitRequest {
+            origin,
+            cost: Some(cost),
+            ..req("192.0.2.5", "/opt/x", None)
+        };
+        let core = &core;
+        async move { kind(&admit(core, &request).await) }
+    };
+    assert_eq!(run(Origin::Check, 6).await, "400 cost 6>5");
+    assert_eq!(run(Origin::Check, 5).await, "ok", "nothing was charged");
+    assert_eq!(run(Origin::Check, 1).await, "429 ip");
+    assert_eq!(run(Origin::Proxy, 6).await, "429 ip");
 }

@@ -487,7 +487,11 @@ pub enum Missing {
 impl Route {
     /// Whether the route takes requests of `method`.
     pub fn takes(&self, method: &http::Method) -> bool {
-        self.methods.as_ref().is_none_or(|m| m.contains(method))
+        // HEAD is GET without the body (RFC 9110 §9.3.2): a route that takes GET takes
+        // it, so a HEAD cannot fall through to another (cheaper) route's limits.
+        self.methods.as_ref().is_none_or(|m| {
+            m.contains(method) || (method == http::Method::HEAD && m.contains(&http::Method::GET))
+        })
     }
 }
 
@@ -496,11 +500,18 @@ impl Route {
 /// can read the response) and `CONNECT` (a tunnel is not an API request). Methods are
 /// case-sensitive (RFC 9110 §9.1): a lower-case `get` is not `GET` to the gateway, but an
 /// upstream that folds case would serve it as one, so it is refused (405). A route's
-/// `methods` may name only these.
+/// `methods` may name only these. A token over `MAX_METHOD_LEN` bytes is refused too (no
+/// registered method is longer than 17): it never reaches routing, the upstream or the
+/// access log whole.
 pub fn method_forwarded(m: &http::Method) -> bool {
     let s = m.as_str();
-    !matches!(s, "TRACE" | "TRACK" | "CONNECT") && !s.bytes().any(|b| b.is_ascii_lowercase())
+    s.len() <= MAX_METHOD_LEN
+        && !matches!(s, "TRACE" | "TRACK" | "CONNECT")
+        && !s.bytes().any(|b| b.is_ascii_lowercase())
 }
+
+/// The longest method token forwarded (bytes); a longer one is 405 before routing.
+pub(crate) const MAX_METHOD_LEN: usize = 32;
 
 /// `[auth]`: where API keys are read from. `Authorization: Bearer <key>` always works.
 #[derive(Debug, Clone)]

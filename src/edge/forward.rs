@@ -15,6 +15,8 @@ use crate::config::ClientIpHeader;
 ///   `X_Throttle_Tenant` as `X-Throttle-Tenant`;
 /// - `X-Original-URL` / `X-Rewrite-URL`: some frameworks route on them instead of the
 ///   path this gateway matched;
+/// - `X-HTTP-Method-Override`, `X-HTTP-Method`, `X-Method-Override`: some frameworks
+///   serve them instead of the method this gateway routed and limited;
 /// - the client-IP chain the gateway does not read (`fwd`: it reads `Forwarded`);
 /// - from a peer that is not a trusted proxy, `Forwarded` and `X-Forwarded-Host`,
 ///   `-Proto`, `-Port`, `-Prefix` (the gateway sets `Forwarded` and `X-Forwarded-For`
@@ -87,7 +89,7 @@ pub fn shows_rate_headers(a: &Admission) -> bool {
 
 /// Whether a client-sent request header (lower-case `name`) is removed before the request
 /// goes upstream: `X-Throttle-*` (only the gateway sets them), names with `_` (unless
-/// `underscores_in_headers`), URL-override headers, the client-IP chain the gateway does
+/// `underscores_in_headers`), URL- and method-override headers, the client-IP chain the gateway does
 /// not read (`Forwarded`, or `X-Forwarded-For` with `reads_forwarded`), and, from an
 /// untrusted peer, the forwarding headers that would name another host, scheme or prefix.
 /// The tower layer applies the same rule.
@@ -96,7 +98,14 @@ pub fn scrubbed(n: &str, trusted: bool, underscores: bool, reads_forwarded: bool
         // The client-IP chain the gateway does not read was never checked.
         || (if reads_forwarded { n == "x-forwarded-for" } else { n == "forwarded" })
         || (!underscores && n.contains('_'))
-        || matches!(n, "x-original-url" | "x-rewrite-url")
+        || matches!(
+            n,
+            "x-original-url"
+                | "x-rewrite-url"
+                | "x-http-method-override"
+                | "x-http-method"
+                | "x-method-override"
+        )
         || (!trusted
             && matches!(
                 n,
@@ -272,6 +281,23 @@ mod tests {
 
     fn text(v: &Option<HeaderValue>) -> Option<&str> {
         v.as_ref().map(|v| v.to_str().unwrap())
+    }
+
+    /// The override headers some frameworks serve instead of the routed method or path
+    /// never go upstream; ordinary headers do.
+    #[test]
+    fn override_headers_are_scrubbed() {
+        for (name, gone) in [
+            ("x-http-method-override", true),
+            ("x-http-method", true),
+            ("x-method-override", true),
+            ("x-original-url", true),
+            ("x-rewrite-url", true),
+            ("x-method", false),
+            ("accept", false),
+        ] {
+            assert_eq!(scrubbed(name, true, false, false), gone, "{name}");
+        }
     }
 
     /// Only the chain the gateway reads is forwarded as received, and only from a trusted

@@ -113,6 +113,11 @@ pub(crate) async fn serve_http1<A>(
     let stream = stream.idle_after_requests(Duration::from_secs(idle_secs));
     let mut session = ServerSession::new_http1(Box::new(stream));
     session.set_keepalive(keepalive(shutdown));
+    // HTTP/1.1 pipelining (RFC 9112 §9.3.2): requests sent before the previous answer
+    // are served one after another, answered in order. Without it Pingora closes the
+    // connection after the first answer and drops what followed unanswered. The
+    // setting travels with the connection to each next session.
+    session.set_pipelining_enabled(true);
     let mut result = app.process_new_http(session, shutdown).await;
     while let Some((stream, settings)) = result.map(|r| r.consume()) {
         let guarded = match stream.as_any().downcast_ref::<Guarded>() {

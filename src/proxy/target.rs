@@ -264,6 +264,9 @@ mod tests {
             ("get", false),
             ("Get", false),
             ("trace", false),
+            // At most 32 bytes.
+            ("ABCDEFGHIJKLMNOPQRSTUVWXYZABCDEF", true),
+            ("ABCDEFGHIJKLMNOPQRSTUVWXYZABCDEFG", false),
         ];
         for (m, want) in cases {
             let m = http::Method::from_bytes(m.as_bytes()).unwrap();

@@ -133,6 +133,7 @@ impl Rejection {
             Rejection::InvalidPath => "invalid_path",
             Rejection::InvalidHost => "invalid_host",
             Rejection::MethodNotAllowed => "method_not_allowed",
+            Rejection::CostOverCapacity { .. } => "cost_exceeds_capacity",
             Rejection::AmbiguousCredentials => "ambiguous_credentials",
             Rejection::InvalidIdentity(_) => "invalid_identity",
             Rejection::MissingIdentity(_) => "missing_identity",
@@ -195,6 +196,11 @@ pub fn render(rejection: &Rejection, now_ms: u64, style: RateLimitHeaders) -> Re
             error_reply(400, code)
         }
         Rejection::MethodNotAllowed => error_reply(405, code),
+        Rejection::CostOverCapacity { cost, capacity } => json(
+            400,
+            format!(r#"{{"error":"{code}","cost":{cost},"capacity":{capacity}}}"#),
+            Vec::new(),
+        ),
         // Custom scope names are [a-z][a-z0-9_]*: nothing to escape.
         Rejection::InvalidIdentity(scope) | Rejection::MissingIdentity(scope) => json(
             400,

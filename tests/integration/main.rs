@@ -39,6 +39,7 @@ mod ratelimit_headers;
 mod ready;
 mod rediss;
 mod reload;
+mod request_edge;
 mod rls;
 mod rls_conformance;
 mod routes;

@@ -100,7 +100,7 @@ fn methods(cx: &Ctx<'_>, r: &RouteFile) -> Result<Option<Arc<[http::Method]>>, C
             .ok_or_else(|| {
                 cx.err(
                     m.span(),
-                    format!("{name:?} is not a method the gateway forwards (upper case, like \"GET\"; not CONNECT, TRACE or TRACK)"),
+                    format!("{name:?} is not a method the gateway forwards (upper case, like \"GET\", at most 32 bytes; not CONNECT, TRACE or TRACK)"),
                 )
             })?;
         if out.contains(&method) {
