@@ -125,16 +125,17 @@ pub(super) async fn limit(
     }
 }
 
-/// The smallest capacity of `check`'s windows below its cost (None: every window can
-/// hold it).
+/// The largest capacity of `check`'s windows when even that is below its cost: a cost
+/// above every window's capacity (None: some window can hold it; a window that cannot is
+/// then a 429 like any other).
 fn below_cost(check: &Check<'_>) -> Option<u32> {
-    check
+    let largest = check
         .scopes
         .iter()
         .flat_map(|s| &s.limits.windows)
         .map(|w| w.capacity)
-        .filter(|&capacity| capacity < check.cost)
-        .min()
+        .max()?;
+    (largest < check.cost).then_some(largest)
 }
 
 /// The 429 of a rejection by `governing`: recorded in the violation log, and a strike

@@ -297,7 +297,12 @@ const TABLE: &[(&str, &str, &str, bool)] = &[
         "concurrency_lease_secs = 10",
         true,
     ),
-    ("store.max_states", "max_states = 1000", "max_states = 2000", true),
+    (
+        "store.max_states",
+        "max_states = 1000",
+        "max_states = 2000",
+        true,
+    ),
     ("database.url", "127.0.0.1/a", "127.0.0.1/b", true),
     (
         "database.events_retention_months",

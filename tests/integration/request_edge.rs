@@ -282,7 +282,7 @@ async fn credential_spellings_are_credentials() {
     }
 }
 
-/// `/v1/check` with a cost above a window's capacity is 400 naming the cost and the
+/// `/v1/check` with a cost above every window's capacity is 400 naming the cost and the
 /// capacity (no wait would admit it), and spends nothing; a cost the window holds is
 /// decided as usual.
 #[tokio::test(flavor = "multi_thread")]
