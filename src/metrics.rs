@@ -169,7 +169,10 @@ impl Metrics {
         let (near_limit_total, near_limit) = scoped(&NEAR_LIMIT_TOTAL)?;
         let (bans_total, bans) = scoped(&BANS_TOTAL)?;
         let refused = r.counter_vec(&CONNECTIONS_REFUSED_TOTAL, &["listener", "reason"])?;
-        for l in ["proxy", "admin", "rls"].iter().flat_map(|l| [[*l, "max_connections"], [*l, "per_ip"]]) {
+        for l in ["proxy", "admin", "rls"]
+            .iter()
+            .flat_map(|l| [[*l, "max_connections"], [*l, "per_ip"]])
+        {
             refused.with_label_values(&l);
         }
         Ok(Self {
@@ -258,7 +261,9 @@ impl Metrics {
     /// Counts a connection `listener` refused, and why.
     pub fn connection_refused(&self, listener: &str, reason: &str) {
         let labels = [listener, reason];
-        self.connections_refused_total.with_label_values(&labels).inc();
+        self.connections_refused_total
+            .with_label_values(&labels)
+            .inc();
     }
 
     /// Counts one decision of `scope`.

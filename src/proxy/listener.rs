@@ -158,7 +158,7 @@ impl ServerApp for Edge {
             .filter(|_| !rt.resolver.is_trusted(peer))
             .map(|n| n.unwrap_or_else(|| lifecycle::default_per_ip(self.max_connections)));
         drop(rt); // the connection may outlive a reload
-        // The slot is taken before the TLS handshake: a half-open handshake counts.
+                  // The slot is taken before the TLS handshake: a half-open handshake counts.
         let slot = match self.lifecycle.open(peer, self.max_connections, per_ip) {
             Ok(slot) => slot,
             Err(why) => {
@@ -276,7 +276,10 @@ where
         let per_ip = s.admin_max_connections_per_ip;
         drop(rt);
         let peer = peer_ip(&stream);
-        let slot = match self.lifecycle.open(peer, self.max_connections, Some(per_ip)) {
+        let slot = match self
+            .lifecycle
+            .open(peer, self.max_connections, Some(per_ip))
+        {
             Ok(slot) => slot,
             Err(why) => {
                 self.probe_only(stream, peer, why).await;

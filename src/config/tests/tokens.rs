@@ -52,18 +52,54 @@ fn weak_tokens_are_refused_by_name() {
     );
     let name = dir.config();
     let cases: &[(&str, Option<&'static str>, Result<(), &str>)] = &[
-        ("check_token = \"short-tok\"", None, Err(":2:15: check_token is shorter than 16 bytes")),
-        ("check_token = \"${V_abc}\"", None, Err(":2:15: check_token is shorter than 16 bytes")),
-        ("check_token = \"REPLACE-ME-check-token\"", None, Err(":2:15: check_token is a placeholder")),
-        ("check_token = \"replace-me-CHECK-token\"", None, Err(":2:15: check_token is a placeholder")),
+        (
+            "check_token = \"short-tok\"",
+            None,
+            Err(":2:15: check_token is shorter than 16 bytes"),
+        ),
+        (
+            "check_token = \"${V_abc}\"",
+            None,
+            Err(":2:15: check_token is shorter than 16 bytes"),
+        ),
+        (
+            "check_token = \"REPLACE-ME-check-token\"",
+            None,
+            Err(":2:15: check_token is a placeholder"),
+        ),
+        (
+            "check_token = \"replace-me-CHECK-token\"",
+            None,
+            Err(":2:15: check_token is a placeholder"),
+        ),
         ("check_token = \"check-token-0123456\"", None, Ok(())),
-        ("check_token_file = \"short\"", None, Err(":2:20: check_token_file: the token in")),
+        (
+            "check_token_file = \"short\"",
+            None,
+            Err(":2:20: check_token_file: the token in"),
+        ),
         ("check_token_file = \"good\"", None, Ok(())),
-        ("admin_token_file = \"short\"", None, Err(":2:20: admin_token_file: the token in")),
-        ("admin_token_file = \"placeholder\"", None, Err(":2:20: admin_token_file: the token in")),
+        (
+            "admin_token_file = \"short\"",
+            None,
+            Err(":2:20: admin_token_file: the token in"),
+        ),
+        (
+            "admin_token_file = \"placeholder\"",
+            None,
+            Err(":2:20: admin_token_file: the token in"),
+        ),
         ("admin_token_file = \"good\"", None, Ok(())),
-        ("", Some("change-me"), Err(": $THROTTLE_ADMIN_TOKEN is shorter than 16 bytes")),
-        ("", Some("REPLACE-ME-admin-token"), Err(": $THROTTLE_ADMIN_TOKEN is a placeholder")),
+        (
+            "",
+            Some("change-me"),
+            Err(": $THROTTLE_ADMIN_TOKEN is shorter than 16 bytes"),
+        ),
+        (
+            "",
+            Some("REPLACE-ME-admin-token"),
+            Err(": $THROTTLE_ADMIN_TOKEN is a placeholder"),
+        ),
         ("", Some("an-admin-token-0123"), Ok(())),
         ("", Some(""), Ok(())),
     ];
@@ -75,7 +111,10 @@ fn weak_tokens_are_refused_by_name() {
             (Ok(()), Ok(_)) => {}
             (Err(msg), Err(e)) => {
                 let e = e.to_string();
-                assert!(e.starts_with(&format!("{name}{msg}")), "{server} {admin:?}: {e}");
+                assert!(
+                    e.starts_with(&format!("{name}{msg}")),
+                    "{server} {admin:?}: {e}"
+                );
                 for secret in ["tiny-token", "short-tok", "abc", "change-me"] {
                     assert!(!e.contains(secret), "{server}: the value is echoed: {e}");
                 }
@@ -98,12 +137,18 @@ fn tokens_come_from_files() {
     let env = env_with(None);
     let load = |server: &str| parse_env(&name, &with_route(&format!("[server]\n{server}\n")), &env);
     let c = load("admin_token_file = \"token\"\ncheck_token_file = \"token\"").unwrap();
-    assert_eq!(c.server.admin_token.unwrap().expose(), "t0ken-from-file-0123");
+    assert_eq!(
+        c.server.admin_token.unwrap().expose(),
+        "t0ken-from-file-0123"
+    );
     let check = c.server.check_token.unwrap();
     assert!(check.bearer_matches(Some(b"Bearer t0ken-from-file-0123")));
     for key in ["admin_token_file", "check_token_file"] {
         let err = load(&format!("{key} = \"empty\"")).unwrap_err().to_string();
-        assert!(err.contains(&format!(":2:20: {key}:")) && err.ends_with("is empty"), "{err}");
+        assert!(
+            err.contains(&format!(":2:20: {key}:")) && err.ends_with("is empty"),
+            "{err}"
+        );
         let err = load(&format!("{key} = \"nope\"")).unwrap_err().to_string();
         assert!(err.contains(&format!("{key}: cannot read")), "{err}");
     }
@@ -131,8 +176,15 @@ fn one_source_per_token() {
         err,
         format!("{name}:3:20: check_token_file and check_token are both set: use one")
     );
-    let c = parse_env(&name, &with_route("[server]\n"), &env_with(Some("an-admin-token-0123")));
-    assert_eq!(c.unwrap().server.admin_token.unwrap().expose(), "an-admin-token-0123");
+    let c = parse_env(
+        &name,
+        &with_route("[server]\n"),
+        &env_with(Some("an-admin-token-0123")),
+    );
+    assert_eq!(
+        c.unwrap().server.admin_token.unwrap().expose(),
+        "an-admin-token-0123"
+    );
 }
 
 /// `admin_max_connections_per_ip` and `rls_max_connections_per_ip`: 8 by default, at
@@ -140,13 +192,30 @@ fn one_source_per_token() {
 #[test]
 fn listener_caps_per_client() {
     let env = env_with(None);
-    let load = |server: &str| parse_env("f.toml", &with_route(&format!("[server]\n{server}\n")), &env);
+    let load = |server: &str| {
+        parse_env(
+            "f.toml",
+            &with_route(&format!("[server]\n{server}\n")),
+            &env,
+        )
+    };
     let s = load("").unwrap().server;
-    assert_eq!((s.admin_max_connections_per_ip, s.rls_max_connections_per_ip), (8, 8));
-    let s = load("admin_max_connections_per_ip = 2\nrls_max_connections_per_ip = 40").unwrap().server;
-    assert_eq!((s.admin_max_connections_per_ip, s.rls_max_connections_per_ip), (2, 40));
+    assert_eq!(
+        (s.admin_max_connections_per_ip, s.rls_max_connections_per_ip),
+        (8, 8)
+    );
+    let s = load("admin_max_connections_per_ip = 2\nrls_max_connections_per_ip = 40")
+        .unwrap()
+        .server;
+    assert_eq!(
+        (s.admin_max_connections_per_ip, s.rls_max_connections_per_ip),
+        (2, 40)
+    );
     for key in ["admin_max_connections_per_ip", "rls_max_connections_per_ip"] {
         let err = load(&format!("{key} = 0")).unwrap_err().to_string();
-        assert_eq!(err, format!("f.toml:2:{}: {key} must be at least 1", key.len() + 4));
+        assert_eq!(
+            err,
+            format!("f.toml:2:{}: {key} must be at least 1", key.len() + 4)
+        );
     }
 }

@@ -36,8 +36,16 @@ pub(super) fn server(cx: &Ctx<'_>, s: &ServerFile) -> Result<Server, ConfigError
             &s.max_connections_per_ip,
             u32::MAX,
         )?,
-        admin_max_connections_per_ip: per_ip(cx, "admin_max_connections_per_ip", &s.admin_max_connections_per_ip)?,
-        rls_max_connections_per_ip: per_ip(cx, "rls_max_connections_per_ip", &s.rls_max_connections_per_ip)?,
+        admin_max_connections_per_ip: per_ip(
+            cx,
+            "admin_max_connections_per_ip",
+            &s.admin_max_connections_per_ip,
+        )?,
+        rls_max_connections_per_ip: per_ip(
+            cx,
+            "rls_max_connections_per_ip",
+            &s.rls_max_connections_per_ip,
+        )?,
         underscores_in_headers: s.underscores_in_headers.unwrap_or(false),
         path_parameters: match s.path_parameters {
             None | Some(PathParametersFile::Reject) => PathParameters::Reject,
