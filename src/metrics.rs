@@ -169,11 +169,8 @@ impl Metrics {
         let (near_limit_total, near_limit) = scoped(&NEAR_LIMIT_TOTAL)?;
         let (bans_total, bans) = scoped(&BANS_TOTAL)?;
         let refused = r.counter_vec(&CONNECTIONS_REFUSED_TOTAL, &["listener", "reason"])?;
-        for l in ["proxy", "admin", "rls"]
-            .iter()
-            .flat_map(|l| [[*l, "max_connections"], [*l, "per_ip"]])
-        {
-            refused.with_label_values(&l);
+        for l in ["proxy", "admin", "rls"].map(|l| [[l, "max_connections"], [l, "per_ip"]]) {
+            l.map(|labels| refused.with_label_values(&labels));
         }
         Ok(Self {
             requests_total: r.counter_vec(&REQUESTS_TOTAL, &["route", "status"])?,
@@ -260,10 +257,8 @@ impl Metrics {
 
     /// Counts a connection `listener` refused, and why.
     pub fn connection_refused(&self, listener: &str, reason: &str) {
-        let labels = [listener, reason];
-        self.connections_refused_total
-            .with_label_values(&labels)
-            .inc();
+        let c = &self.connections_refused_total;
+        c.with_label_values(&[listener, reason]).inc();
     }
 
     /// Counts one decision of `scope`.

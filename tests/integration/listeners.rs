@@ -57,7 +57,7 @@ async fn exchange(from: Ipv4Addr, to: SocketAddr, request: &str) -> Option<(u16,
         let body = text.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
         Some((status, body))
     };
-    tokio::time::timeout(Duration::from_secs(3), call)
+    tokio::time::timeout(Duration::from_secs(5), call)
         .await
         .ok()
         .flatten()
@@ -138,7 +138,7 @@ async fn probes_are_answered_when_every_admin_slot_is_held() {
         held.extend(hold(loopback(10 + i), gw.admin, 8, HALF_HEAD).await);
     }
     let other = loopback(30);
-    let (code, body) = eventually(Duration::from_secs(10), "the admin slots full", || async {
+    let (code, body) = eventually(Duration::from_secs(30), "the admin slots full", || async {
         exchange(other, gw.admin, &get("/v1/openapi.json", ""))
             .await
             .filter(|(s, _)| *s == 503)
@@ -156,7 +156,7 @@ async fn probes_are_answered_when_every_admin_slot_is_held() {
         assert_eq!(status(probe, gw.admin, &get("/healthz", "")).await, 200);
     }
     drop(held.drain(..8)); // room for a metrics scrape
-    let total = eventually(Duration::from_secs(5), "the refusal counted", || async {
+    let total = eventually(Duration::from_secs(30), "the refusal counted", || async {
         refused(&gw, loopback(1), "admin", "max_connections")
             .await
             .filter(|n| *n >= 1)
