@@ -170,7 +170,7 @@ impl Metrics {
         let (bans_total, bans) = scoped(&BANS_TOTAL)?;
         let refused = r.counter_vec(&CONNECTIONS_REFUSED_TOTAL, &["listener", "reason"])?;
         for l in ["proxy", "admin", "rls"].map(|l| [[l, "max_connections"], [l, "per_ip"]]) {
-            l.map(|labels| refused.with_label_values(&labels));
+            let _ = l.map(|labels| refused.with_label_values(&labels));
         }
         Ok(Self {
             requests_total: r.counter_vec(&REQUESTS_TOTAL, &["route", "status"])?,
