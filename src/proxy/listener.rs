@@ -157,8 +157,9 @@ impl ServerApp for Edge {
         let per_ip = Some(server.max_connections_per_ip)
             .filter(|_| !rt.resolver.is_trusted(peer))
             .map(|n| n.unwrap_or_else(|| lifecycle::default_per_ip(self.max_connections)));
-        drop(rt); // the connection may outlive a reload
-                  // The slot is taken before the TLS handshake: a half-open handshake counts.
+        // The connection may outlive a reload. The slot is taken before the TLS
+        // handshake: a half-open handshake counts.
+        drop(rt);
         let slot = match self.lifecycle.open(peer, self.max_connections, per_ip) {
             Ok(slot) => slot,
             Err(why) => {
@@ -240,15 +241,16 @@ impl<A: ServeHttp + Send + Sync + 'static> Capped<A> {
         let guarded = Guarded::new(stream, PROBE_HEAD_TIMEOUT, slot);
         let mut session = ServerSession::new_http1(Box::new(guarded));
         let read = tokio::time::timeout(PROBE_HEAD_TIMEOUT, session.read_request()).await;
+        if !matches!(read, Ok(Ok(true))) {
+            // No head in time (the header is only there after a successful read).
+            self.core.metrics.connection_refused("admin", why.as_str());
+            return;
+        }
         let head = session.req_header();
-        let probe = matches!(read, Ok(Ok(true)))
-            && head.method == http::Method::GET
-            && matches!(head.uri.path(), "/healthz" | "/readyz");
+        let probe =
+            head.method == http::Method::GET && matches!(head.uri.path(), "/healthz" | "/readyz");
         if !probe {
             self.core.metrics.connection_refused("admin", why.as_str());
-        }
-        if !matches!(read, Ok(Ok(true))) {
-            return;
         }
         session.set_keepalive(None);
         let response = if probe {
