@@ -37,6 +37,36 @@ pub enum Refused {
     PerIp,
 }
 
+impl Refused {
+    /// The `reason` label of `throttle_connections_refused_total`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Refused::Total => "max_connections",
+            Refused::PerIp => "per_ip",
+        }
+    }
+}
+
+/// The identity connections are counted by: an IPv4 address (also when carried in an
+/// IPv6 one, as `limiter::canonical` reads it), else the IPv6 /64, so one client holding
+/// a /64 is one client, as the `ip` scope counts it.
+pub fn conn_key(ip: IpAddr) -> IpAddr {
+    match crate::limiter::canonical(ip) {
+        IpAddr::V6(v6) => {
+            let bits = u128::from(v6) & !(u128::MAX >> 64);
+            IpAddr::V6(std::net::Ipv6Addr::from(bits))
+        }
+        v4 => v4,
+    }
+}
+
+/// The proxy's `max_connections_per_ip` when not configured: max(16, max_connections / 16).
+pub fn default_per_ip(max_connections: usize) -> u32 {
+    u32::try_from(max_connections / 16)
+        .unwrap_or(u32::MAX)
+        .max(16)
+}
+
 /// An open connection; released on drop.
 #[derive(Debug)]
 pub struct ConnSlot {
@@ -57,6 +87,18 @@ pub const MAX_REFUSING: usize = 16;
 /// Connections the admin listener keeps open at most (its own cap, apart from the proxy's).
 pub const ADMIN_MAX_CONNECTIONS: usize = 64;
 
+/// The admin listener's probe reserve: connections beyond its caps (`ADMIN_MAX_CONNECTIONS`,
+/// `admin_max_connections_per_ip`) that may only ask `GET /healthz` or `GET /readyz`, one
+/// request each, whose head must arrive within `PROBE_HEAD_TIMEOUT`. So whoever holds the
+/// other slots, the kubelet's probes are answered.
+pub const PROBE_SLOTS: usize = 64;
+
+/// Probe-reserve connections one client (IPv4 address, IPv6 /64) holds at most.
+pub const PROBE_SLOTS_PER_IP: u32 = 1;
+
+/// How long a probe-reserve connection may take to send its request head.
+pub const PROBE_HEAD_TIMEOUT: Duration = Duration::from_secs(1);
+
 /// Connections the Envoy rate-limit service keeps open at most (its own cap). Envoy
 /// multiplexes calls over a few HTTP/2 connections per worker, so this is ample.
 pub const RLS_MAX_CONNECTIONS: usize = 256;
@@ -71,7 +113,7 @@ pub struct Finishing {
 
 impl Lifecycle {
     /// Takes a connection slot for `peer`, or says which cap refused it. `per_ip` caps are
-    /// counted only when set (behind a load balancer every connection has the same peer).
+    /// counted only when set (a trusted proxy's connections are not), per `conn_key`.
     ///
     /// # Errors
     /// `Refused` when a cap is reached; nothing is taken then.
@@ -91,12 +133,13 @@ impl Lifecycle {
         }
         if let Some(cap) = per_ip {
             let mut m = self.per_ip.lock().unwrap_or_else(PoisonError::into_inner);
-            let n = m.entry(peer).or_insert(0);
+            let key = conn_key(peer);
+            let n = m.entry(key).or_insert(0);
             if *n >= cap {
                 return Err(Refused::PerIp);
             }
             *n += 1;
-            slot.ip = Some(peer);
+            slot.ip = Some(key);
         }
         Ok(slot)
     }
@@ -188,7 +231,7 @@ pub fn raise_nofile_limit() -> u64 {
 /// proxied connection may hold an upstream connection as well. At least 16.
 pub fn default_max_connections(nofile: u64, open: u64) -> usize {
     let margin = (nofile / 8).clamp(256, 1024);
-    let others = (ADMIN_MAX_CONNECTIONS + RLS_MAX_CONNECTIONS) as u64;
+    let others = (ADMIN_MAX_CONNECTIONS + PROBE_SLOTS + RLS_MAX_CONNECTIONS) as u64;
     let reserved = open.saturating_add(margin).saturating_add(others);
     let usable = nofile.saturating_sub(reserved) / 2;
     usize::try_from(usable).unwrap_or(usize::MAX).max(16)
@@ -305,6 +348,44 @@ mod tests {
         assert!(!l.idle());
     }
 
+    /// One client is one identity: an IPv4 address, IPv4 carried in IPv6 included, or an
+    /// IPv6 /64; a cap counts the /64 as a whole.
+    #[test]
+    fn connections_count_per_client_identity() {
+        let cases = [
+            ("192.0.2.7", "192.0.2.7"),
+            ("::ffff:192.0.2.7", "192.0.2.7"),
+            ("64:ff9b::192.0.2.7", "192.0.2.7"),
+            ("::192.0.2.7", "192.0.2.7"),
+            ("2001:db8:1:2:aaaa::1", "2001:db8:1:2::"),
+            ("2001:db8:1:2:ffff:ffff:ffff:ffff", "2001:db8:1:2::"),
+            ("2001:db8:1:3::1", "2001:db8:1:3::"),
+            ("::1", "::"),
+        ];
+        for (input, want) in cases {
+            assert_eq!(conn_key(ip(input)), ip(want), "{input}");
+        }
+        let l = Arc::new(Lifecycle::default());
+        let _a = l.open(ip("2001:db8::1"), 10, Some(2)).unwrap();
+        let _b = l.open(ip("2001:db8::2"), 10, Some(2)).unwrap();
+        let third = l.open(ip("2001:db8::ffff:3"), 10, Some(2));
+        assert_eq!(third.unwrap_err(), Refused::PerIp);
+        let _c = l.open(ip("2001:db8:0:1::1"), 10, Some(2)).unwrap();
+        let _d = l.open(ip("::ffff:10.0.0.1"), 10, Some(1)).unwrap();
+        assert_eq!(
+            l.open(ip("10.0.0.1"), 10, Some(1)).unwrap_err(),
+            Refused::PerIp
+        );
+    }
+
+    /// The proxy's default per-address cap: max(16, max_connections / 16).
+    #[test]
+    fn default_per_ip_cap() {
+        for (max, want) in [(10, 16), (256, 16), (512, 32), (100_000, 6250)] {
+            assert_eq!(default_per_ip(max), want, "{max}");
+        }
+    }
+
     /// Idle only when no connection and no shutdown work remain.
     #[test]
     fn idle_waits_for_finishing_work() {
@@ -318,7 +399,7 @@ mod tests {
     /// The cap leaves what is open and a margin free; never under 16.
     #[test]
     fn default_cap_keeps_a_reserve() {
-        let others = ADMIN_MAX_CONNECTIONS + RLS_MAX_CONNECTIONS;
+        let others = ADMIN_MAX_CONNECTIONS + PROBE_SLOTS + RLS_MAX_CONNECTIONS;
         assert_eq!(
             default_max_connections(1024, 30),
             (1024 - 30 - 256 - others) / 2

@@ -115,6 +115,9 @@ pub struct Metrics {
     /// token that does not verify) of rate-limit service descriptors without
     /// `remote_address`, which `[limits.auth]` cannot count against an address.
     pub rls_unmetered_lookups_total: IntCounter,
+    /// `throttle_connections_refused_total{listener,reason}`: connections refused by a cap
+    /// (`proxy`, `admin`, `rls`; `max_connections`, `per_ip`).
+    pub connections_refused_total: IntCounterVec,
 }
 
 // === impl Outcome ===
@@ -169,6 +172,10 @@ impl Metrics {
         };
         let (near_limit_total, near_limit) = scoped(&NEAR_LIMIT_TOTAL)?;
         let (bans_total, bans) = scoped(&BANS_TOTAL)?;
+        let refused = r.counter_vec(&CONNECTIONS_REFUSED_TOTAL, &["listener", "reason"])?;
+        for l in ["proxy", "admin", "rls"].map(|l| [[l, "max_connections"], [l, "per_ip"]]) {
+            let _ = l.map(|labels| refused.with_label_values(&labels));
+        }
         Ok(Self {
             requests_total: r.counter_vec(&REQUESTS_TOTAL, &["route", "status"])?,
             decisions,
@@ -212,6 +219,7 @@ impl Metrics {
             rls_unmetered_lookups_total: r.counter(&RLS_UNMETERED_LOOKUPS_TOTAL)?,
             rls_descriptor_total: r
                 .counter_vec(&RLS_DESCRIPTOR_TOTAL, &["domain", "descriptor", "code"])?,
+            connections_refused_total: refused,
             registry: r.0,
         })
     }
@@ -250,6 +258,12 @@ impl Metrics {
             Some(i) => self.bans[i].clone(),
             None => self.bans_total.with_label_values(&[scope.as_str()]),
         }
+    }
+
+    /// Counts a connection `listener` refused, and why.
+    pub fn connection_refused(&self, listener: &str, reason: &str) {
+        let c = &self.connections_refused_total;
+        c.with_label_values(&[listener, reason]).inc();
     }
 
     /// Counts one decision of `scope`.
@@ -532,6 +546,11 @@ const RLS_UNMETERED_LOOKUPS_TOTAL: Def = Def {
 const RLS_DESCRIPTOR_TOTAL: Def = Def {
     name: "throttle_rls_descriptor_total",
     help: "Rate-limit service descriptors with detailed_metric, by config path and code.",
+};
+
+const CONNECTIONS_REFUSED_TOTAL: Def = Def {
+    name: "throttle_connections_refused_total",
+    help: "Connections refused by a cap, by listener (proxy, admin, rls) and reason (max_connections, per_ip).",
 };
 
 const ACCESS_LOG_DROPPED_TOTAL: Def = Def {

@@ -88,13 +88,19 @@ impl Admin {
         let Some(token) = &self.token else {
             return false;
         };
-        let presented = session
+        // Exactly one `Authorization`: with two, which one a proxy in front checked is
+        // anyone's guess.
+        let mut all = session
             .req_header()
             .headers
-            .get(http::header::AUTHORIZATION)
-            .map(|v| v.as_bytes());
+            .get_all(http::header::AUTHORIZATION)
+            .iter();
+        let presented = match (all.next(), all.next()) {
+            (Some(one), None) => one.as_bytes(),
+            _ => return false,
+        };
         let expected = format!("Bearer {token}");
-        presented.is_some_and(|p| constant_time_eq(p, expected.as_bytes()))
+        constant_time_eq(presented, expected.as_bytes())
     }
 
     /// Whether `POST /v1/check` may be answered: always without `[server] check_token`,

@@ -71,6 +71,8 @@ pub(crate) struct ServerFile {
     pub(crate) body_timeout_secs: Option<Spanned<u64>>,
     pub(crate) max_connections: Option<Spanned<u32>>,
     pub(crate) max_connections_per_ip: Option<Spanned<u32>>,
+    pub(crate) admin_max_connections_per_ip: Option<Spanned<u32>>,
+    pub(crate) rls_max_connections_per_ip: Option<Spanned<u32>>,
     pub(crate) underscores_in_headers: Option<bool>,
     pub(crate) path_parameters: Option<PathParametersFile>,
     pub(crate) case_insensitive_paths: Option<bool>,
@@ -78,6 +80,8 @@ pub(crate) struct ServerFile {
     pub(crate) tls: Option<Spanned<TlsFile>>,
     /// `check_token = "${VAR}"`: the bearer token `POST /v1/check` and the RLS require.
     pub(crate) check_token: Option<Spanned<String>>,
+    /// `check_token_file`: `check_token` read from a file (a mounted secret).
+    pub(crate) check_token_file: Option<Spanned<String>>,
     /// `admin_token_file`: the admin token's file (a mounted secret).
     pub(crate) admin_token_file: Option<Spanned<String>>,
     /// `access_log = "stdout" | "off" | "<path>"`.

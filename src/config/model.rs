@@ -125,8 +125,14 @@ pub struct Server {
     pub body_timeout: Duration,
     /// Cap on open proxy connections; `None`: derived at start from the open-file limit.
     pub max_connections: Option<u32>,
-    /// Cap on open proxy connections from one client IP; `None`: no cap.
+    /// Cap on open proxy connections from one client (IPv4 address, IPv6 /64); `None`:
+    /// max(16, max_connections / 16). A trusted proxy's connections are not capped.
     pub max_connections_per_ip: Option<u32>,
+    /// Cap on open admin connections from one client (default 8); beyond it only the
+    /// probe reserve answers `/healthz` and `/readyz`.
+    pub admin_max_connections_per_ip: u32,
+    /// Cap on open rate-limit service connections from one client (default 8).
+    pub rls_max_connections_per_ip: u32,
     /// Forward request headers whose names contain `_`; when false (the default, as
     /// nginx) they are dropped before forwarding.
     pub underscores_in_headers: bool,
@@ -140,12 +146,12 @@ pub struct Server {
     pub rate_limit_headers: RateLimitHeaders,
     /// `tls`: serve TLS (HTTP/2 and HTTP/1.1 by ALPN) on `listen`; `None`: plain HTTP.
     pub tls: Option<Tls>,
-    /// `check_token`: the bearer token `POST /v1/check` and the RLS require; `None`:
-    /// both answer anyone who reaches them.
+    /// `check_token` (or `check_token_file`'s content): the bearer token `POST /v1/check`
+    /// and the RLS require; `None`: both answer anyone who reaches them.
     pub check_token: Option<Secret>,
-    /// `admin_token_file`: the admin token read from this file at load (and each
-    /// reload's check; the admin listener keeps the token it started with);
-    /// `$THROTTLE_ADMIN_TOKEN`, when set, takes precedence.
+    /// The admin token: `$THROTTLE_ADMIN_TOKEN`, or `admin_token_file`'s content (never
+    /// both), read at load (and each reload's check; the admin listener keeps the token
+    /// it started with). At least 16 bytes and no shipped placeholder.
     pub admin_token: Option<Secret>,
     /// `access_log`: where the JSON access log goes (read at start; a change needs a
     /// restart).

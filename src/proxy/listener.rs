@@ -8,14 +8,21 @@
 //!   byte of the request, or from accept for a new connection;
 //! - a keep-alive idle timeout (`idle_timeout_secs`) between requests;
 //! - caps on open connections, in total (`max_connections`, by default sized from the
-//!   open-file limit) and per peer address (`max_connections_per_ip`), answered with
-//!   `503 {"error":"too_many_connections"}` and a close.
+//!   open-file limit) and per client (`max_connections_per_ip`, by default max(16,
+//!   max_connections / 16), counted per IPv4 address or IPv6 /64; a trusted proxy's
+//!   connections are not capped), answered with `503 {"error":"too_many_connections"}`
+//!   and a close, and counted in `throttle_connections_refused_total{listener="proxy"}`.
+//!
+//! `Capped` puts the admin API behind its own caps (64 connections, 8 per client) and a
+//! probe reserve (`PROBE_SLOTS`): a connection over the caps may still ask `GET /healthz`
+//! or `GET /readyz` once, so whoever holds the other slots, the probes are answered.
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use pingora::apps::http_app::ServeHttp;
 use pingora::apps::{HttpServerApp, HttpServerOptions, ServerApp};
 use pingora::http::ResponseHeader;
 use pingora::listeners::tls::Acceptor;
@@ -31,7 +38,7 @@ use tokio::io::AsyncWriteExt;
 use super::Gateway;
 use crate::admission::Core;
 pub use crate::edge::guarded::Guarded;
-use crate::lifecycle::{Lifecycle, Refused};
+use crate::lifecycle::{self, Lifecycle, Refused, PROBE_HEAD_TIMEOUT};
 
 /// The proxy listener's app: connection caps and deadlines around Pingora's HTTP proxy.
 pub struct Edge {
@@ -77,6 +84,7 @@ impl Edge {
     /// `REFUSE_WITHIN`; beyond that the connection is just closed.
     async fn refuse(&self, stream: Stream, why: Refused) {
         tracing::debug!(?why, "connection refused: cap reached");
+        self.core.metrics.connection_refused("proxy", why.as_str());
         let Some(_permit) = self.lifecycle.refusing() else {
             return;
         };
@@ -149,10 +157,14 @@ impl ServerApp for Edge {
         let server = &rt.config.server;
         let (header_timeout, idle_timeout) = (server.header_timeout, server.idle_timeout);
         let body_timeout = server.body_timeout;
-        let per_ip = server.max_connections_per_ip;
-        drop(rt); // the connection may outlive a reload
         let peer = peer_ip(&stream);
-        // The slot is taken before the TLS handshake: a half-open handshake counts.
+        // A trusted proxy's connections carry many clients: not capped per address.
+        let per_ip = Some(server.max_connections_per_ip)
+            .filter(|_| !rt.resolver.is_trusted(peer))
+            .map(|n| n.unwrap_or_else(|| lifecycle::default_per_ip(self.max_connections)));
+        // The connection may outlive a reload. The slot is taken before the TLS
+        // handshake: a half-open handshake counts.
+        drop(rt);
         let slot = match self.lifecycle.open(peer, self.max_connections, per_ip) {
             Ok(slot) => slot,
             Err(why) => {
@@ -187,13 +199,17 @@ impl ServerApp for Edge {
     }
 }
 
-/// An HTTP/1 app (the admin API) behind its own connection cap and the proxy's header
-/// and idle deadlines, so that its connections cannot starve the proxy's, nor the
-/// proxy's its own.
+/// An HTTP/1 app (the admin API) behind its own connection caps (in total, and per client:
+/// `admin_max_connections_per_ip`) and the proxy's header and idle deadlines, so that its
+/// connections cannot starve the proxy's, nor the proxy's its own. A connection over a
+/// cap takes a slot of the probe reserve when one is free (`PROBE_SLOTS`, one per
+/// client): it may ask `GET /healthz` or `GET /readyz` once, within `PROBE_HEAD_TIMEOUT`;
+/// anything else is answered 503 `too_many_connections`.
 pub struct Capped<A> {
     app: Arc<A>,
     core: Arc<Core>,
     lifecycle: Arc<Lifecycle>,
+    probes: Arc<Lifecycle>,
     max_connections: usize,
 }
 
@@ -204,37 +220,76 @@ impl<A> Capped<A> {
             app: Arc::new(app),
             core,
             lifecycle,
+            probes: Arc::new(Lifecycle::default()),
             max_connections,
         }
+    }
+}
+
+impl<A: ServeHttp + Send + Sync + 'static> Capped<A> {
+    /// Serves a connection refused by a cap (`why`) from the probe reserve: one probe
+    /// answered, anything else (or nothing within `PROBE_HEAD_TIMEOUT`) refused.
+    async fn probe_only(&self, mut stream: Stream, peer: IpAddr, why: Refused) {
+        let reserve = self.probes.open(
+            peer,
+            lifecycle::PROBE_SLOTS,
+            Some(lifecycle::PROBE_SLOTS_PER_IP),
+        );
+        let Ok(slot) = reserve else {
+            tracing::debug!(?why, "admin connection refused: cap and probe reserve full");
+            self.core.metrics.connection_refused("admin", why.as_str());
+            if let Some(_permit) = self.lifecycle.refusing() {
+                refuse_h1(&mut stream).await;
+            }
+            return;
+        };
+        let guarded = Guarded::new(stream, PROBE_HEAD_TIMEOUT, slot);
+        let mut session = ServerSession::new_http1(Box::new(guarded));
+        let read = tokio::time::timeout(PROBE_HEAD_TIMEOUT, session.read_request()).await;
+        if !matches!(read, Ok(Ok(true))) {
+            // No head in time (the header is only there after a successful read).
+            self.core.metrics.connection_refused("admin", why.as_str());
+            return;
+        }
+        let head = session.req_header();
+        let probe =
+            head.method == http::Method::GET && matches!(head.uri.path(), "/healthz" | "/readyz");
+        if !probe {
+            self.core.metrics.connection_refused("admin", why.as_str());
+        }
+        session.set_keepalive(None);
+        let response = if probe {
+            self.app.response(&mut session).await
+        } else {
+            refused_response()
+        };
+        let _ = tokio::time::timeout(PROBE_HEAD_TIMEOUT, answer(session, response)).await;
     }
 }
 
 #[async_trait]
 impl<A> ServerApp for Capped<A>
 where
-    A: HttpServerApp + Send + Sync + 'static,
+    A: ServeHttp + Send + Sync + 'static,
 {
     async fn process_new(
         self: &Arc<Self>,
-        mut stream: Stream,
+        stream: Stream,
         shutdown: &ShutdownWatch,
     ) -> Option<Stream> {
         let rt = self.core.runtime();
-        let (header_timeout, idle) = (
-            rt.config.server.header_timeout,
-            rt.config.server.idle_timeout,
-        );
+        let s = &rt.config.server;
+        let (header_timeout, idle) = (s.header_timeout, s.idle_timeout);
+        let per_ip = s.admin_max_connections_per_ip;
         drop(rt);
+        let peer = peer_ip(&stream);
         let slot = match self
             .lifecycle
-            .open(peer_ip(&stream), self.max_connections, None)
+            .open(peer, self.max_connections, Some(per_ip))
         {
             Ok(slot) => slot,
             Err(why) => {
-                tracing::debug!(?why, "admin connection refused: cap reached");
-                if let Some(_permit) = self.lifecycle.refusing() {
-                    refuse_h1(&mut stream).await;
-                }
+                self.probe_only(stream, peer, why).await;
                 return None;
             }
         };
@@ -246,6 +301,29 @@ where
     async fn cleanup(&self) {
         self.app.http_cleanup().await;
     }
+}
+
+/// Writes `response` on `session` with `connection: close` and ends it.
+async fn answer(mut session: ServerSession, response: http::Response<Vec<u8>>) {
+    let (parts, body) = response.into_parts();
+    let mut head: ResponseHeader = parts.into();
+    let _ = head.insert_header("connection", "close");
+    if session.write_response_header(Box::new(head)).await.is_err() {
+        return;
+    }
+    let _ = session.write_response_body(body.into(), true).await;
+    let _ = session.finish().await;
+}
+
+/// The 503 `too_many_connections` answer as an HTTP response.
+fn refused_response() -> http::Response<Vec<u8>> {
+    http::Response::builder()
+        .status(503)
+        .header("content-type", "application/json")
+        .header("content-length", REFUSED_BODY.len())
+        .header("retry-after", "1")
+        .body(REFUSED_BODY.as_bytes().to_vec())
+        .unwrap_or_else(|_| http::Response::new(Vec::new()))
 }
 
 /// The TLS handshake of a plain TCP stream, within `within`; None (the connection is

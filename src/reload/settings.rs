@@ -113,6 +113,8 @@ fn server_settings(out: &mut Out, a: &Server, b: &Server) {
         body_timeout,
         max_connections,
         max_connections_per_ip,
+        admin_max_connections_per_ip,
+        rls_max_connections_per_ip,
         underscores_in_headers,
         path_parameters,
         case_insensitive_paths,
@@ -141,6 +143,15 @@ fn server_settings(out: &mut Out, a: &Server, b: &Server) {
         *max_connections != b.max_connections,
     );
     out.applied("server.max_connections_per_ip", max_connections_per_ip);
+    // Read from the runtime at each accept, as the proxy's is.
+    out.applied(
+        "server.admin_max_connections_per_ip",
+        admin_max_connections_per_ip,
+    );
+    out.applied(
+        "server.rls_max_connections_per_ip",
+        rls_max_connections_per_ip,
+    );
     out.applied("server.underscores_in_headers", underscores_in_headers);
     out.applied("server.path_parameters", path_parameters);
     out.applied("server.case_insensitive_paths", case_insensitive_paths);

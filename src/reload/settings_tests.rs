@@ -23,12 +23,14 @@ idle_timeout_secs = 60
 body_timeout_secs = 60
 max_connections = 100
 max_connections_per_ip = 10
+admin_max_connections_per_ip = 8
+rls_max_connections_per_ip = 8
 underscores_in_headers = false
 path_parameters = "reject"
 case_insensitive_paths = false
 rate_limit_headers = "x-ratelimit"
 tls = {{ cert = "{d}/cert1.pem", key = "{d}/key1.pem" }}
-check_token = "check-a"
+check_token = "check-token-a-0123456789"
 admin_token_file = "{d}/admin1"
 access_log = "off"
 
@@ -196,6 +198,18 @@ const TABLE: &[(&str, &str, &str, bool)] = &[
         false,
     ),
     (
+        "server.admin_max_connections_per_ip",
+        "admin_max_connections_per_ip = 8",
+        "admin_max_connections_per_ip = 4",
+        false,
+    ),
+    (
+        "server.rls_max_connections_per_ip",
+        "rls_max_connections_per_ip = 8",
+        "rls_max_connections_per_ip = 4",
+        false,
+    ),
+    (
         "server.underscores_in_headers",
         "underscores_in_headers = false",
         "underscores_in_headers = true",
@@ -221,7 +235,12 @@ const TABLE: &[(&str, &str, &str, bool)] = &[
         "cert2.pem\", key = \"{d}/key2",
         false,
     ),
-    ("server.check_token", "check-a", "check-b", false),
+    (
+        "server.check_token",
+        "check-token-a-0123456789",
+        "check-token-b-0123456789",
+        false,
+    ),
     ("server.admin_token_file", "admin1", "admin2", true),
     (
         "server.access_log",
@@ -564,7 +583,11 @@ fn files() -> tempfile::TempDir {
         let c = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
         std::fs::write(p.join(format!("cert{n}.pem")), c.cert.pem()).unwrap();
         std::fs::write(p.join(format!("key{n}.pem")), c.signing_key.serialize_pem()).unwrap();
-        std::fs::write(p.join(format!("admin{n}")), format!("admin-token-{n}")).unwrap();
+        std::fs::write(
+            p.join(format!("admin{n}")),
+            format!("admin-token-{n}-0123456789abcdef"),
+        )
+        .unwrap();
     }
     let x = "11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo";
     for kid in ["1", "2"] {
@@ -673,7 +696,7 @@ fn a_pending_change_stays_listed_until_undone() {
     let started = parse(&text);
     let lease = text.replacen("lease_ms = 1000", "lease_ms = 200", 1);
     assert_eq!(needs_restart(&started, &parse(&lease)), ["store.lease_ms"]);
-    let more = lease.replacen("check-a", "check-b", 1);
+    let more = lease.replacen("check-token-a", "check-token-b", 1);
     assert_eq!(needs_restart(&started, &parse(&more)), ["store.lease_ms"]);
     let undone = more.replacen("lease_ms = 200", "lease_ms = 1000", 1);
     assert!(needs_restart(&started, &parse(&undone)).is_empty());

@@ -351,7 +351,8 @@ impl BackgroundService for RlsListener {
     }
 }
 
-/// The connections accepted on `listener`, each within the listener's cap (beyond it a
+/// The connections accepted on `listener`, each within the listener's caps (in total, and
+/// `rls_max_connections_per_ip` per client, an IPv4 address or IPv6 /64; beyond them a
 /// connection is closed at once) and guarded: the HTTP/2 preface and every header block
 /// must arrive within `header_timeout_secs`, and a connection that reads nothing for
 /// `idle_timeout_secs` is closed.
@@ -373,16 +374,21 @@ fn capped(
                         continue;
                     }
                 };
-                let Ok(slot) = connections.open(peer.ip(), RLS_MAX_CONNECTIONS, None) else {
-                    tracing::debug!("rate-limit connection refused: cap reached");
-                    continue; // dropped: closed
-                };
-                let _ = tcp.set_nodelay(true);
-                let (header, body, idle) = {
+                let (header, body, idle, per_ip) = {
                     let rt = core.runtime();
                     let s = &rt.config.server;
-                    (s.header_timeout, s.body_timeout, s.idle_timeout)
+                    let per_ip = s.rls_max_connections_per_ip;
+                    (s.header_timeout, s.body_timeout, s.idle_timeout, per_ip)
                 };
+                let slot = match connections.open(peer.ip(), RLS_MAX_CONNECTIONS, Some(per_ip)) {
+                    Ok(slot) => slot,
+                    Err(why) => {
+                        tracing::debug!(?why, "rate-limit connection refused: cap reached");
+                        core.metrics.connection_refused("rls", why.as_str());
+                        continue; // dropped: closed
+                    }
+                };
+                let _ = tcp.set_nodelay(true);
                 let stream: pingora::protocols::Stream =
                     Box::new(pingora::protocols::l4::stream::Stream::from(tcp));
                 let conn = RlsConn(Guarded::http2(stream, header, body, Some(idle), slot));

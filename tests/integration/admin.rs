@@ -158,7 +158,7 @@ async fn check_token_guards_the_check_api() {
     let up = Upstream::start("u").await;
     let body = CONFIG.replace("{upstream}", &up.addr.to_string());
     let server = "grace_period_secs = 0\ncheck_token = \"${THROTTLE_CHECK_TOKEN_T}\"";
-    let env = [("THROTTLE_CHECK_TOKEN_T", Some("check-s3cret"))];
+    let env = [("THROTTLE_CHECK_TOKEN_T", Some("check-s3cret-0123456"))];
     let gw = Gateway::start_env(&["run"], &body, server, &env).await;
     let c = client();
     let req = json!({"ip": "198.51.100.20"});
@@ -175,7 +175,7 @@ async fn check_token_guards_the_check_api() {
         None,
         Some("Bearer wrong"),
         Some("Bearer check-s3cre"),
-        Some("check-s3cret"),
+        Some("check-s3cret-0123456"),
         Some(admin.as_str()),
     ] {
         let r = post(auth).await.unwrap();
@@ -183,7 +183,7 @@ async fn check_token_guards_the_check_api() {
         let b: Value = r.json().await.unwrap();
         assert_eq!(b["error"], "unauthorized", "{auth:?}");
     }
-    let r = post(Some("Bearer check-s3cret")).await.unwrap();
+    let r = post(Some("Bearer check-s3cret-0123456")).await.unwrap();
     assert_eq!(r.status(), 200);
     let b: Value = r.json().await.unwrap();
     // Refused calls spent nothing: this is the first decision for the address.

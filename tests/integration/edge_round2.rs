@@ -453,7 +453,10 @@ path_prefix = "/"
 upstreams = ["{upstream}"]
 auth = "none"
 "#;
-    let gw = Gateway::start(body, Some(&up)).await;
+    // 16 concurrent checkers from one address: over the admin listener's per-client cap.
+    let body = body.replace("{upstream}", &up.addr.to_string());
+    let server = "grace_period_secs = 0\nadmin_max_connections_per_ip = 64";
+    let gw = Gateway::start_full(&["run"], &body, server).await;
     let c = client();
     let attacker = |c: &reqwest::Client| {
         c.get(gw.url("/x"))
@@ -511,12 +514,12 @@ async fn a_tokened_checker_is_not_locked_out_by_one_users_guesses() {
     let body = format!("[limits.auth]\nper_minute = 3\n{KEYED}")
         .replace("{upstream}", &up.addr.to_string());
     let server = "grace_period_secs = 0\ncheck_token = \"${THROTTLE_CHECK_TOKEN_E}\"";
-    let env = [("THROTTLE_CHECK_TOKEN_E", Some("svc-token"))];
+    let env = [("THROTTLE_CHECK_TOKEN_E", Some("svc-token-0123456789"))];
     let gw = Gateway::start_env(&["run"], &body, server, &env).await;
     let c = client();
     let check = |ip: &str, key: &str| {
         c.post(gw.admin_url("/v1/check"))
-            .header("authorization", "Bearer svc-token")
+            .header("authorization", "Bearer svc-token-0123456789")
             .json(&serde_json::json!({"ip": ip, "api_key": key}))
             .send()
     };
@@ -531,8 +534,8 @@ async fn a_tokened_checker_is_not_locked_out_by_one_users_guesses() {
     // Two Authorization headers, even both right, are not one credential.
     let r = c
         .post(gw.admin_url("/v1/check"))
-        .header("authorization", "Bearer svc-token")
-        .header("authorization", "Bearer svc-token")
+        .header("authorization", "Bearer svc-token-0123456789")
+        .header("authorization", "Bearer svc-token-0123456789")
         .json(&serde_json::json!({"ip": "9.9.9.9"}))
         .send()
         .await

@@ -516,7 +516,8 @@ async fn max_connections_refuses_with_503_and_keeps_admin_up() {
     let up = Upstream::start("u").await;
     let gw = gateway(
         &up,
-        "grace_period_secs = 0\nheader_timeout_secs = 30\nmax_connections = 20",
+        // One address holds them all: the per-client cap (default 16 here) set out of the way.
+        "grace_period_secs = 0\nheader_timeout_secs = 30\nmax_connections = 20\nmax_connections_per_ip = 20",
     )
     .await;
     // One complete exchange first (the readiness probe's connection is long gone after it).

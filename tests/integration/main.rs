@@ -32,6 +32,7 @@ mod hardening;
 mod health;
 mod jwt;
 mod lifetime;
+mod listeners;
 mod names;
 mod one_caller;
 mod proxy_e2e;

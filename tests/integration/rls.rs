@@ -347,7 +347,7 @@ tier = "free"
 {}"#,
         route()
     );
-    let env = [("THROTTLE_RLS_TOKEN_T", Some("rls-s3cret"))];
+    let env = [("THROTTLE_RLS_TOKEN_T", Some("rls-s3cret-0123456789"))];
     let server = "check_token = \"${THROTTLE_RLS_TOKEN_T}\"";
     let mut rls = Rls::start_env(&body, &up, server, &env).await;
     let victim = [("remote_address", "198.51.100.7"), ("key_id", "k1")];
@@ -362,7 +362,7 @@ tier = "free"
         }
         req
     };
-    for auth in [None, Some("Bearer wrong"), Some("rls-s3cret")] {
+    for auth in [None, Some("Bearer wrong"), Some("rls-s3cret-0123456789")] {
         let status = rls
             .client
             .should_rate_limit(call(auth, 1))
@@ -372,7 +372,7 @@ tier = "free"
     }
     // Authorized: the key's one request a minute is still there, then over the limit;
     // a huge cost (the attack) too, as often as the caller likes.
-    let ok = Some("Bearer rls-s3cret");
+    let ok = Some("Bearer rls-s3cret-0123456789");
     let r = rls
         .client
         .should_rate_limit(call(ok, 1))

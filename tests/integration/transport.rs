@@ -288,6 +288,15 @@ async fn admin_answers(gw: &Gateway) -> bool {
     r.is_ok_and(|r| r.status() == 200)
 }
 
+async fn admin_api_answers(gw: &Gateway) -> bool {
+    let r = client()
+        .get(gw.admin_url("/v1/openapi.json"))
+        .timeout(Duration::from_secs(3))
+        .send()
+        .await;
+    r.is_ok_and(|r| r.status() == 200)
+}
+
 /// `n` idle TCP connections to `addr`, once the listener has taken them.
 async fn hold(addr: SocketAddr, n: usize) -> Vec<TcpStream> {
     let mut held = Vec::new();
@@ -299,13 +308,16 @@ async fn hold(addr: SocketAddr, n: usize) -> Vec<TcpStream> {
 }
 
 /// Each listener's cap, exhausted, refuses further connections there while the other two
-/// listeners still answer (proxy 10, admin 64, RLS 256 connections).
+/// listeners still answer (proxy 10, admin 64, RLS 256 connections); the admin
+/// listener's probe reserve still answers `/healthz`.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_full_listener_leaves_the_others_answering() {
     let up = Upstream::start("transport").await;
     let body = ROUTE.replace("{upstream}", &up.addr.to_string());
     let rls: SocketAddr = ([127, 0, 0, 1], free_port()).into();
-    let server = format!("grace_period_secs = 0\nmax_connections = 10\nheader_timeout_secs = 30\nidle_timeout_secs = 30\nrls_listen = \"{rls}\"");
+    // One address fills each listener: the per-client caps set out of the way.
+    let per_ip = "max_connections_per_ip = 10\nadmin_max_connections_per_ip = 64\nrls_max_connections_per_ip = 256";
+    let server = format!("grace_period_secs = 0\nmax_connections = 10\nheader_timeout_secs = 30\nidle_timeout_secs = 30\nrls_listen = \"{rls}\"\n{per_ip}");
     let gw = Gateway::start_full(&["run"], &body, &server).await;
     assert!(rls_answers(rls).await, "{}", gw.log());
 
@@ -315,7 +327,9 @@ async fn a_full_listener_leaves_the_others_answering() {
     drop(held);
 
     let held = hold(gw.admin, 64).await;
-    assert!(!admin_answers(&gw).await, "the admin cap is full");
+    assert!(!admin_api_answers(&gw).await, "the admin cap is full");
+    // The probe reserve still answers /healthz (see listeners.rs).
+    assert!(admin_answers(&gw).await);
     assert!(proxy_answers(&gw).await && rls_answers(rls).await);
     drop(held);
 

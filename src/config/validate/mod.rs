@@ -29,6 +29,7 @@ mod scopes;
 mod server;
 mod store;
 mod tiers;
+mod tokens;
 
 use self::auth::*;
 use self::client_ip::*;
@@ -41,6 +42,7 @@ use self::scopes::*;
 use self::server::*;
 use self::store::*;
 use self::tiers::*;
+use self::tokens::*;
 
 /// Bounds that keep a typo (an extra zero, ms for s) from taking the gateway down.
 const MAX_THREADS: usize = 256;

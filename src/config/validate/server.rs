@@ -36,6 +36,16 @@ pub(super) fn server(cx: &Ctx<'_>, s: &ServerFile) -> Result<Server, ConfigError
             &s.max_connections_per_ip,
             u32::MAX,
         )?,
+        admin_max_connections_per_ip: per_ip(
+            cx,
+            "admin_max_connections_per_ip",
+            &s.admin_max_connections_per_ip,
+        )?,
+        rls_max_connections_per_ip: per_ip(
+            cx,
+            "rls_max_connections_per_ip",
+            &s.rls_max_connections_per_ip,
+        )?,
         underscores_in_headers: s.underscores_in_headers.unwrap_or(false),
         path_parameters: match s.path_parameters {
             None | Some(PathParametersFile::Reject) => PathParameters::Reject,
@@ -51,20 +61,23 @@ pub(super) fn server(cx: &Ctx<'_>, s: &ServerFile) -> Result<Server, ConfigError
             Some(t) => Some(tls(cx, t)?),
             None => None,
         },
-        check_token: match &s.check_token {
-            Some(t) => Some(check_token(cx, t)?),
-            None => None,
-        },
-        admin_token: match &s.admin_token_file {
-            Some(f) => Some(admin_token_file(cx, f)?),
-            None => None,
-        },
+        check_token: check_token(cx, s)?,
+        admin_token: admin_token(cx, s)?,
         access_log: match &s.access_log {
             Some(v) => access_log(cx, v)?,
             None => AccessLogTarget::Off,
         },
     })
 }
+
+/// The admin and rate-limit listeners' per-client caps: at least 1, default
+/// `DEFAULT_LISTENER_PER_IP` (a value at or above the listener's own cap caps nothing).
+fn per_ip(cx: &Ctx<'_>, key: &str, v: &Option<Spanned<u32>>) -> Result<u32, ConfigError> {
+    Ok(bounded(cx, key, v.as_ref(), 1..=u32::MAX)?.unwrap_or(DEFAULT_LISTENER_PER_IP))
+}
+
+/// Connections one client may hold on the admin or the rate-limit listener by default.
+pub(crate) const DEFAULT_LISTENER_PER_IP: u32 = 8;
 
 /// `[tracing]`: `otlp_endpoint` (`http://host:port`; `"${VAR}"` allowed; absent or
 /// `"off"`: tracing off), `service_name`, `sample_ratio` (0 to 1).
@@ -152,55 +165,6 @@ fn access_log(cx: &Ctx<'_>, v: &Spanned<String>) -> Result<AccessLogTarget, Conf
         return Err(cx.err(v.span(), msg));
     }
     Ok(AccessLogTarget::File(path))
-}
-
-/// `admin_token_file`: the file's content without surrounding whitespace (a trailing
-/// newline), checked as `check_token` is; relative paths are the config file's
-/// directory's. An unreadable or empty file is an error at the value.
-fn admin_token_file(cx: &Ctx<'_>, v: &Spanned<String>) -> Result<Secret, ConfigError> {
-    let dir = std::path::Path::new(cx.name)
-        .parent()
-        .unwrap_or(std::path::Path::new(""));
-    let path = dir.join(env_value(cx, "admin_token_file", v)?);
-    let fail = |msg: String| cx.err(v.span(), format!("admin_token_file: {msg}"));
-    let raw = std::fs::read_to_string(&path)
-        .map_err(|e| fail(format!("cannot read {}: {e}", path.display())))?;
-    let token = raw.trim();
-    if token.is_empty() {
-        return Err(fail(format!("{} is empty", path.display())));
-    }
-    if !token.bytes().all(|b| b.is_ascii_graphic()) || token.len() > MAX_TOKEN {
-        return Err(fail(format!(
-            "{} must hold one token of visible ASCII, at most {MAX_TOKEN} bytes",
-            path.display()
-        )));
-    }
-    Ok(Secret::new(token))
-}
-
-/// The longest `check_token` accepted.
-pub(super) const MAX_TOKEN: usize = 4096;
-
-/// `check_token`: resolved (`"${VAR}"`), then refused when empty or when it could not be
-/// sent as `Authorization: Bearer <token>` (only visible ASCII, no spaces).
-pub(super) fn check_token(cx: &Ctx<'_>, v: &Spanned<String>) -> Result<Secret, ConfigError> {
-    let token = env_value(cx, "check_token", v)?;
-    let problem = if token.is_empty() {
-        Some("check_token must not be empty".to_string())
-    } else if !token.bytes().all(|b| b.is_ascii_graphic()) {
-        Some("check_token must be visible ASCII without spaces: it is sent as `Authorization: Bearer <token>`".to_string())
-    } else if token.len() > MAX_TOKEN {
-        Some(format!("check_token is longer than {MAX_TOKEN} bytes"))
-    } else {
-        None
-    };
-    match problem {
-        Some(msg) if v.get_ref().starts_with("${") => {
-            Err(cx.err(v.span(), format!("{msg} ({})", shown(v, ""))))
-        }
-        Some(msg) => Err(cx.err(v.span(), msg)),
-        None => Ok(Secret::new(&token)),
-    }
 }
 
 /// How an error shows the value of `v` once resolved (`value`): quoted when it is written
