@@ -105,6 +105,14 @@ upstreams = ["{upstream}"]
 auth = "none"
 "#;
 
+/// A gateway on `body` whose admin listener takes the 16 connections of `check_bans`'s
+/// checkers from one address (the default per-client cap is 8).
+async fn checks_gateway(body: &str, up: &Upstream) -> Gateway {
+    let body = body.replace("{upstream}", &up.addr.to_string());
+    let server = "grace_period_secs = 0\nadmin_max_connections_per_ip = 64";
+    Gateway::start_full(&["run"], &body, server).await
+}
+
 /// `count` addresses from `first` on (10.x.y.z), each banned by one refused
 /// `POST /v1/check` naming it.
 async fn check_bans(gw: &Gateway, first: u32, count: u32) {
@@ -151,7 +159,7 @@ async fn abuser_is_banned(gw: &Gateway, ip: &str) {
 #[tokio::test(flavor = "multi_thread")]
 async fn decision_api_bans_leave_room_for_proxied_abuse() {
     let up = Upstream::start("u").await;
-    let gw = Gateway::start(&CHECK_BANS.replace("{store}", ""), Some(&up)).await;
+    let gw = checks_gateway(&CHECK_BANS.replace("{store}", ""), &up).await;
     check_bans(&gw, 0, 100_050).await;
     abuser_is_banned(&gw, "198.51.100.9").await;
     let dropped = metric(&gw, "throttle_bans_dropped_total{source=\"check\"}").await;
@@ -187,7 +195,7 @@ async fn decision_api_bans_leave_room_in_the_fleets_table() {
         redis.url()
     );
     let up = Upstream::start("u").await;
-    let gw = Gateway::start(&CHECK_BANS.replace("{store}", &store), Some(&up)).await;
+    let gw = checks_gateway(&CHECK_BANS.replace("{store}", &store), &up).await;
     check_bans(&gw, 0, 51_050).await;
     // At least the 1,050 past the half are refused (a publish that misses its deadline
     // under load is refused locally instead, and counted there).
