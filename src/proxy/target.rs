@@ -57,6 +57,9 @@ pub fn target(req: &RequestHeader, allow_params: bool) -> Result<Target<'_>, Rej
     if !method_allowed(&req.method) {
         return Err(Rejection::MethodNotAllowed);
     }
+    if !origin_or_absolute(req) {
+        return Err(Rejection::InvalidPath);
+    }
     let path = normalized(req.uri.path(), allow_params)?;
     // Pingora keeps an absolute-form authority out of `uri` (it is in `raw_path`) and has
     // already refused a `Host` that differs from it, several `Host`s and userinfo.
@@ -97,6 +100,24 @@ pub fn target(req: &RequestHeader, allow_params: bool) -> Result<Target<'_>, Rej
         uri,
         query: req.uri.query(),
     })
+}
+
+/// Whether the request target is what the routes are matched on: origin-form (`/` first)
+/// whose path is the parsed URI's path, byte for byte, or absolute-form
+/// (`http://host/path`). Anything else (`v1/x`, `%2fv1`, `?a=1`, `x:80/../v1`, a target
+/// starting with a space, `*`) is refused: Pingora parses such a target as `/` while it
+/// would forward the raw bytes, so the route matched would not be the path forwarded.
+fn origin_or_absolute(req: &RequestHeader) -> bool {
+    let raw = req.raw_path();
+    if raw.first() == Some(&b'/') {
+        let path = raw.split(|&b| b == b'?').next().unwrap_or(raw);
+        return path == req.uri.path().as_bytes();
+    }
+    matches!(
+        raw_target_authority(raw),
+        RawTargetAuthority::Absolute { path_and_query, .. }
+            if path_and_query.is_empty() || path_and_query.first() == Some(&b'/')
+    )
 }
 
 /// Whether the client's `Host` differs from the normalized host (case, trailing dot).
@@ -144,6 +165,34 @@ mod tests {
         Option<&'a str>,
         Option<&'a str>,
     );
+
+    /// Only origin-form and absolute-form targets are routed: anything Pingora would parse
+    /// as `/` while forwarding its raw bytes is 400.
+    #[test]
+    fn targets_that_are_not_paths_are_refused() {
+        for raw in [
+            "v1/secret.txt",
+            "x:80/../v1/secret.txt",
+            "public/../v1/x",
+            "%2fv1/a",
+            "?a=1",
+            "*",
+            "x:80%2f..%2fv1",
+        ] {
+            let r = RequestHeader::build("GET", raw.as_bytes(), None);
+            let Ok(mut r) = r else { continue };
+            r.append_header("host", "h").unwrap();
+            assert!(
+                matches!(target(&r, false), Err(Rejection::InvalidPath)),
+                "{raw:?} was routed"
+            );
+        }
+        for raw in ["/v1/x", "/v1/x?a=1", "http://h/v1/x", "http://h"] {
+            let mut r = RequestHeader::build("GET", raw.as_bytes(), None).unwrap();
+            r.append_header("host", "h").unwrap();
+            assert!(target(&r, false).is_ok(), "{raw:?}");
+        }
+    }
 
     #[test]
     fn authority_table() {

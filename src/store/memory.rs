@@ -477,12 +477,21 @@ impl Shard {
         if excess == 0 {
             return;
         }
-        // Stamps are unique within a shard: exactly `excess` slots are at or below the
-        // `excess`-th smallest.
-        let mut stamps: Vec<u64> = self.map.values().map(|s| s.used).collect();
+        // Stamps are unique within a shard: exactly `excess` evictable slots are at or
+        // below the `excess`-th smallest.
+        let mut stamps: Vec<u64> = self
+            .map
+            .iter()
+            .filter(|(k, _)| evictable(k))
+            .map(|(_, s)| s.used)
+            .collect();
+        let excess = excess.min(stamps.len());
+        if excess == 0 {
+            return;
+        }
         let (_, threshold, _) = stamps.select_nth_unstable(excess - 1);
         let threshold = *threshold;
-        self.map.retain(|_, s| s.used > threshold);
+        self.map.retain(|k, s| !evictable(k) || s.used > threshold);
         self.len_after_sweep = self.map.len();
         self.evicted += excess as u64;
         if let Some(c) = &self.counter {
@@ -494,6 +503,15 @@ impl Shard {
         self.map.retain(|_, slot| slot.idle_at > now_ms);
         self.len_after_sweep = self.map.len();
     }
+}
+
+/// Whether a slot may be evicted: not the built-in key, tenant and global scopes. Their
+/// identities are the keys and tenants the operator issued (and verified token subjects),
+/// which a client cannot mint, so they are bounded without eviction; evicting them would
+/// let anyone who floods fresh identities (addresses, a custom scope's header) restart a
+/// key's day or month quota.
+fn evictable(k: &StateKey) -> bool {
+    !matches!(k.scope, Scope::Key | Scope::Tenant | Scope::Global)
 }
 
 /// Empty shards sharing `max_states`: one per [`STATES_PER_SHARD`] states (a power of

@@ -20,7 +20,7 @@ use throttle::store::MemoryStore;
 use tower::{Layer, ServiceExt};
 
 use crate::support::jwt::{hs256, now_secs};
-use crate::support::{client, eventually, header, raw_status, Gateway, Upstream};
+use crate::support::{client, eventually, header, raw_exchange, raw_status, Gateway, Upstream};
 
 /// The HS256 secret the gateway reads from `THROTTLE_TEST_JWT_SECRET`.
 const SECRET: &str = "an-hs256-secret-of-at-least-32-bytes!";
@@ -473,5 +473,49 @@ async fn the_tower_layer_holds_the_same_request_edge() {
     assert_eq!(
         (&body["key_id"], &body["uri"]),
         (&json!("k2"), &json!("/v1/x?a=1"))
+    );
+}
+
+/// A request target that is not a path (`v1/x`, `?a=1`, `x:80/../v1/x`, a leading space)
+/// is 400 `invalid_path`: it is never matched as `/` by the catch-all route while its raw
+/// bytes go upstream, where a server resolving it would serve a route that needs a key.
+#[tokio::test(flavor = "multi_thread")]
+async fn targets_that_are_not_paths_are_refused() {
+    let up = Upstream::start("edge").await;
+    let gw = start(&up).await;
+    for target in [
+        "v1/report",
+        "x:80/../v1/report",
+        "public/../v1/report",
+        "public/%2e%2e/v1/report",
+        "%2fv1/report",
+        "?a=1",
+        " /v1/report",
+        "*",
+    ] {
+        let request = format!("GET {target} HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n");
+        let mut stream = std::net::TcpStream::connect(gw.addr).unwrap();
+        let answer = raw_exchange(&mut stream, request.as_bytes());
+        let (status, body) = answer.map_or((0, Vec::new()), |(s, _, b)| (s, b));
+        let body = String::from_utf8_lossy(&body);
+        // The gateway's own 400, not an upstream's answer to the raw target.
+        assert!(
+            status == 0 || (status == 400 && body.contains("invalid_path")),
+            "{target:?} answered {status} {body}"
+        );
+    }
+    assert_eq!(
+        raw_status(
+            gw.addr,
+            b"GET /v1/x HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n"
+        ),
+        Some(200)
+    );
+    assert_eq!(
+        raw_status(
+            gw.addr,
+            b"GET http://h/v1/x HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n"
+        ),
+        Some(200)
     );
 }

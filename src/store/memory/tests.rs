@@ -331,6 +331,38 @@ fn least_recently_used_states_are_evicted_at_the_bound() {
     assert_eq!(store.evictions(), before);
 }
 
+/// A key's state is never evicted: a flood of fresh addresses (or a custom scope's
+/// header values) cannot restart a key's day quota; the bound holds for the rest.
+#[test]
+fn a_flood_of_fresh_identities_never_evicts_a_key() {
+    const MAX: usize = 64;
+    let clock = ManualClock::at(T0);
+    let store = MemoryStore::with_clock(clock.clone()).with_max_states(MAX);
+    let day = limits(vec![WindowLimit::new(Window::Day, 3)]);
+    let key = Ident::Name("key_a".into());
+    let spend_key = || {
+        let mut c = Check::new(1);
+        c.push(Scope::Key, key.clone(), &day);
+        store.decide(&c)
+    };
+    for _ in 0..3 {
+        assert!(spend_key().allowed);
+    }
+    assert!(!spend_key().allowed);
+    for n in 0..10_000 {
+        clock.advance(Duration::from_millis(1));
+        let mut c = Check::new(1);
+        c.push(Scope::Ip, ip(n), &day);
+        store.decide(&c);
+        assert!(store.len() <= MAX + 1);
+    }
+    assert!(store.evictions() > 0);
+    assert!(
+        !spend_key().allowed,
+        "the key's day quota was not restarted"
+    );
+}
+
 /// The default bound holds a full store within `max_states`, and a state costs what the
 /// README says: at most 300 heap bytes (hash table included) for an address with two
 /// windows, as the `[limits.ip]` scope has.
