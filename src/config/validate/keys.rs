@@ -67,6 +67,8 @@ pub(super) fn blocks(cx: &Ctx<'_>, list: &[BlockFile]) -> Result<Vec<BlockEntry>
                 BlockScopeFile::Ip => {
                     let net = cidr(cx, &b.value)?;
                     if let Some(problem) = crate::config::block_values::net_problem(value, b.force.unwrap_or(false)) {
+                        // In TOML the escape hatch is `force = true`, not the API's JSON.
+                        let problem = problem.replace("send \"force\": true", "set force = true");
                         return Err(cx.err(b.value.span(), format!("block value {problem}")));
                     }
                     BlockTarget::Ip(net)
