@@ -6,6 +6,7 @@ mod error;
 mod file;
 mod limits;
 mod model;
+mod secret;
 mod validate;
 mod warnings;
 
