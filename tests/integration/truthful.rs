@@ -188,24 +188,36 @@ tier = "t"
         "grace_period_secs = 0\naccess_log = \"access.log\"",
     )
     .await;
-    let slow = tokio::spawn({
-        let url = gw.url("/slow?delay_ms=4000");
-        async move {
-            let r = client().get(url).header("x-api-key", "conc-secret");
-            r.send().await.unwrap().status().as_u16()
+    // A quick request may hold the one slot at the moment the slow one arrives (the slow
+    // one is then the 429): try again until the slow one holds it and a quick one is
+    // refused.
+    let mut refused = false;
+    for _ in 0..5 {
+        let slow = tokio::spawn({
+            let url = gw.url("/slow?delay_ms=4000");
+            async move {
+                let r = client().get(url).header("x-api-key", "conc-secret");
+                r.send().await.unwrap().status().as_u16()
+            }
+        });
+        while !slow.is_finished() {
+            let r = client()
+                .get(gw.url("/quick"))
+                .header("x-api-key", "conc-secret")
+                .send()
+                .await
+                .unwrap();
+            if r.status() == 429 {
+                refused = true;
+                break;
+            }
         }
-    });
-    eventually(Duration::from_secs(10), "a concurrency 429", || async {
-        let r = client()
-            .get(gw.url("/quick"))
-            .header("x-api-key", "conc-secret")
-            .send()
-            .await
-            .unwrap();
-        (r.status() == 429).then_some(())
-    })
-    .await;
-    assert_eq!(slow.await.unwrap(), 200);
+        if refused {
+            assert_eq!(slow.await.unwrap(), 200);
+            break;
+        }
+    }
+    assert!(refused, "no concurrency 429 in 5 tries");
     let path = gw.config_path().parent().unwrap().join("access.log");
     let line = eventually(Duration::from_secs(10), "the 429's log line", || {
         let path = path.clone();
