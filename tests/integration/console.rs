@@ -4,8 +4,9 @@
 //! under traffic (charts move, a limited caller tops the list, a ban is lifted, a key's
 //! usage is read) while sending nothing without the token.
 
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::Value;
@@ -228,10 +229,90 @@ async fn until(b: &Browser, secs: u64, what: &str, script: &str) -> Value {
     .await
 }
 
-/// The data URLs the page has requested so far (everything but its own three files).
-const DATA_REQUESTS: &str = "return performance.getEntriesByType('resource')\
-    .map(function (e) { return e.name; })\
-    .filter(function (n) { return !/\\/console\\.(js|css)$/.test(n); });";
+/// An operator's ingress in front of the admin listener: serves it under `/ops/` (the
+/// prefix stripped) and records every request it forwards as (path, carried the admin
+/// token); stopped on drop.
+struct Ingress {
+    addr: SocketAddr,
+    seen: Arc<Mutex<Vec<(String, bool)>>>,
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+impl Ingress {
+    async fn start(admin: SocketAddr) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let log = seen.clone();
+        let app = axum::Router::new().fallback(move |req: axum::extract::Request| {
+            let log = log.clone();
+            async move { forward(admin, &log, req).await }
+        });
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(async move {
+            let stop = async move {
+                let _ = rx.await;
+            };
+            let _ = axum::serve(listener, app)
+                .with_graceful_shutdown(stop)
+                .await;
+        });
+        Self {
+            addr,
+            seen,
+            _stop: tx,
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}/ops/", self.addr)
+    }
+
+    /// What was forwarded so far, but the console's own three files.
+    fn data_requests(&self) -> Vec<(String, bool)> {
+        let files = ["/", "/console.js", "/console.css"];
+        let seen = self.seen.lock().unwrap();
+        seen.iter()
+            .filter(|(p, _)| !files.contains(&p.as_str()))
+            .cloned()
+            .collect()
+    }
+}
+
+async fn forward(
+    admin: SocketAddr,
+    log: &Mutex<Vec<(String, bool)>>,
+    req: axum::extract::Request,
+) -> axum::response::Response {
+    let (parts, body) = req.into_parts();
+    let target = parts.uri.path_and_query().map_or("", |p| p.as_str());
+    let Some(rest) = target.strip_prefix("/ops") else {
+        return axum::response::Response::builder()
+            .status(404)
+            .body(axum::body::Body::empty())
+            .unwrap();
+    };
+    let auth = parts.headers.get("authorization").cloned();
+    let bearer = auth
+        .as_ref()
+        .is_some_and(|a| a.as_bytes() == format!("Bearer {ADMIN_TOKEN}").as_bytes());
+    let path = rest.split('?').next().unwrap_or("").to_string();
+    log.lock().unwrap().push((path, bearer));
+    let body = axum::body::to_bytes(body, 1 << 20).await.unwrap();
+    let mut out = client().request(parts.method, format!("http://{admin}{rest}"));
+    if let Some(a) = auth {
+        out = out.header("authorization", a);
+    }
+    let r = out.body(body).send().await.unwrap();
+    let mut back = axum::response::Response::builder().status(r.status());
+    for (name, value) in r.headers() {
+        if name != "content-length" && name != "transfer-encoding" && name != "connection" {
+            back = back.header(name, value);
+        }
+    }
+    back.body(axum::body::Body::from(r.bytes().await.unwrap()))
+        .unwrap()
+}
 
 /// The console in headless Chromium: nothing without the token, then charts that move,
 /// the limited key in the top list, a ban lifted (its caller admitted again) and a key's
@@ -244,10 +325,12 @@ async fn console_in_a_real_browser() {
     let up = Upstream::start("console").await;
     let gw = Gateway::start(&config(), Some(&up)).await;
     let _traffic = Traffic::start(&gw);
+    let ingress = Ingress::start(gw.admin).await;
 
     // Without the token: the login form only, and no request for data during two
-    // refresh periods (absence needs a window; the page's own period is 2.5 s).
-    b.goto(&gw.admin_url("/")).await;
+    // refresh periods (absence needs a window; the page's own period is 2.5 s). The
+    // page is reached through an ingress under `/ops/`: its URLs are relative.
+    b.goto(&ingress.url()).await;
     until(
         &b,
         10,
@@ -257,11 +340,7 @@ async fn console_in_a_real_browser() {
     .await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(6);
     while tokio::time::Instant::now() < deadline {
-        assert_eq!(
-            b.eval(DATA_REQUESTS).await,
-            Value::Array(vec![]),
-            "requests without a token"
-        );
+        assert_eq!(ingress.data_requests(), [], "requests without a token");
         let shown = b.eval("return !document.getElementById('app').hidden || document.querySelectorAll('#app tbody tr, #app figure').length;").await;
         assert!(
             shown == Value::Bool(false) || shown == 0,
@@ -372,4 +451,26 @@ async fn console_in_a_real_browser() {
         .await;
     assert_eq!(left, Value::from(0));
     b.close().await;
+
+    // Everything the page asked for went through the prefix, with the token.
+    let data = ingress.data_requests();
+    for path in [
+        "/metrics",
+        "/readyz",
+        "/v1/top",
+        "/v1/blocks",
+        "/v1/usage",
+        "/v1/routes",
+    ] {
+        assert!(
+            data.iter().any(|(p, _)| p == path),
+            "{path} never requested: {data:?}"
+        );
+    }
+    assert!(
+        data.iter().any(|(p, _)| p.starts_with("/v1/blocks/-")),
+        "no lift: {data:?}"
+    );
+    let bare: Vec<_> = data.iter().filter(|(_, token)| !token).collect();
+    assert!(bare.is_empty(), "requests without the token: {bare:?}");
 }
