@@ -3,15 +3,18 @@
 //! sidecar decision API over the admission pipeline), `blocks` (`/v1/blocks`, one store
 //! for the memory and PostgreSQL cases), `top` (`GET /v1/top`, the heaviest identities of
 //! the last minute), `usage` (`GET /v1/usage`, read without spending), the
-//! PostgreSQL-backed `keys`, `tenants` and `policies` (sharing `dbapi`), and `POST
-//! /v1/reload` and `GET /v1/openapi.json` here.
+//! PostgreSQL-backed `keys`, `tenants` and `policies` (sharing `dbapi`), `routes` (`GET
+//! /v1/routes`, the running config's routes and limits), `console` (the operator's page
+//! at `/`), and `POST /v1/reload` and `GET /v1/openapi.json` here.
 
 mod blocks;
 mod check;
+mod console;
 mod dbapi;
 mod health;
 mod keys;
 mod policies;
+mod routes;
 mod tenants;
 mod top;
 mod usage;
@@ -35,6 +38,10 @@ const OPENAPI: &str = include_str!("openapi.json");
 /// Every (method, path) `Admin::response` serves, `{id}` standing for a path segment:
 /// what `openapi.json` must describe, operation for operation (a unit test checks it).
 pub const ROUTES: &[(&str, &str)] = &[
+    ("GET", "/"),
+    ("GET", "/index.html"),
+    ("GET", "/console.js"),
+    ("GET", "/console.css"),
     ("GET", "/healthz"),
     ("GET", "/readyz"),
     ("GET", "/metrics"),
@@ -56,6 +63,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/v1/policies/{id}"),
     ("PUT", "/v1/policies/{id}"),
     ("GET", "/v1/usage"),
+    ("GET", "/v1/routes"),
     ("GET", "/v1/openapi.json"),
 ];
 
@@ -229,6 +237,9 @@ impl ServeHttp for Admin {
         const JSON: &str = "application/json";
         let method = session.req_header().method.clone();
         let path = session.req_header().uri.path().to_string();
+        if let Some(page) = console::serve(&method, &path) {
+            return page;
+        }
         let is_blocks = path == "/v1/blocks" || path.starts_with("/v1/blocks/");
         let records = ["/v1/keys", "/v1/tenants", "/v1/policies"]
             .into_iter()
@@ -258,7 +269,8 @@ impl ServeHttp for Admin {
             (&Method::GET, "/v1/usage") if self.authorized(session) => {
                 usage::usage(&self.core, session.req_header().uri.query()).await
             }
-            (&Method::GET, "/v1/usage") => unauthorized(),
+            (&Method::GET, "/v1/routes") if self.authorized(session) => routes::routes(&self.core),
+            (&Method::GET, "/v1/usage" | "/v1/routes") => unauthorized(),
             (_, _) if is_blocks && !self.authorized(session) => unauthorized(),
             (_, _) if is_blocks => {
                 self.blocks
@@ -278,7 +290,7 @@ impl ServeHttp for Admin {
             (
                 _,
                 "/healthz" | "/readyz" | "/metrics" | "/v1/check" | "/v1/top" | "/v1/usage"
-                | "/v1/openapi.json",
+                | "/v1/routes" | "/v1/openapi.json",
             ) => error_reply(405, "method_not_allowed"),
             _ => error_reply(404, "not_found"),
         };

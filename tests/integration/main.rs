@@ -22,6 +22,7 @@ mod bounds;
 mod cli;
 mod client_ip_e2e;
 mod concurrency;
+mod console;
 mod dashboards;
 mod db;
 mod edge;

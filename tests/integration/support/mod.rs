@@ -19,6 +19,7 @@ pub mod nginx;
 pub mod postgres;
 pub mod redis;
 pub mod tls;
+pub mod webdriver;
 
 /// The admin token every test gateway is started with.
 pub const ADMIN_TOKEN: &str = "test-admin-token";
