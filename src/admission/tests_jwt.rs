@@ -54,7 +54,7 @@ fn core(clock: Arc<ManualClock>) -> Core {
     });
     let store = Arc::new(MemoryStore::with_clock(clock.clone()));
     let metrics = Arc::new(Metrics::new().unwrap());
-    Core::with_clock(Runtime::from_config(c).unwrap(), store, metrics, clock)
+    Core::with_clock(Runtime::from_config(c).unwrap(), store, metrics, clock).unwrap()
 }
 
 fn token(claims: serde_json::Value) -> String {
