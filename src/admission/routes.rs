@@ -96,3 +96,63 @@ impl RouteRegistry {
         self.routes.store(Arc::new(next));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn routes(a_adaptive: bool, with_b: bool) -> Vec<Route> {
+        let adaptive = if a_adaptive {
+            "adaptive = { target_p99_ms = 100 }\n"
+        } else {
+            ""
+        };
+        let mut toml = format!(
+            "[[routes]]\nname = \"a\"\npath_prefix = \"/a\"\nupstreams = [\"127.0.0.1:1\"]\n{adaptive}"
+        );
+        if with_b {
+            toml.push_str(
+                "[[routes]]\nname = \"b\"\npath_prefix = \"/\"\nupstreams = [\"127.0.0.1:1\"]\n",
+            );
+        }
+        crate::config::parse("t.toml", &toml).unwrap().routes
+    }
+
+    /// A route keeps its counters and, while it stays adaptive, its adaptive state over
+    /// the configs that follow, by name; a route no longer adaptive loses the state (and
+    /// starts afresh when it is adaptive again), a removed route all of it.
+    #[test]
+    fn state_follows_route_names_across_configs() {
+        let metrics = Metrics::new().unwrap();
+        let first = routes(true, true);
+        let registry = RouteRegistry::new(&first);
+        let a = registry.get(&first[0]);
+        let state = a.adaptive().expect("adaptive").clone();
+        a.counters(&metrics, "a");
+        assert!(registry.get(&first[1]).adaptive().is_none());
+
+        let same = routes(true, true);
+        registry.follow(&same);
+        let kept = registry.get(&same[0]);
+        assert!(Arc::ptr_eq(kept.adaptive().unwrap(), &state));
+        assert!(kept.counters.get().is_some(), "counters kept");
+
+        let plain = routes(false, true);
+        registry.follow(&plain);
+        let a = registry.get(&plain[0]);
+        assert!(a.adaptive().is_none() && a.factor().is_one());
+        assert!(a.counters.get().is_some(), "counters kept without adaptive");
+        registry.follow(&same);
+        let back = registry.get(&same[0]);
+        assert!(!Arc::ptr_eq(back.adaptive().unwrap(), &state), "afresh");
+
+        let b = registry.get(&same[1]);
+        b.counters(&metrics, "b");
+        registry.follow(&routes(true, false));
+        let b_again = registry.get(&same[1]);
+        assert!(
+            !Arc::ptr_eq(&b, &b_again) && b_again.counters.get().is_none(),
+            "dropped"
+        );
+    }
+}

@@ -1119,3 +1119,59 @@ async fn a_check_cost_no_window_holds_is_refused() {
     assert_eq!(run(Origin::Check, 1).await, "429 ip");
     assert_eq!(run(Origin::Proxy, 6).await, "429 ip");
 }
+
+/// The violation log is whatever `EventSink` the core is given: each rejection is pushed
+/// to it (the limit's identity, limit and count), and so is the ban the rejections
+/// lead to.
+#[tokio::test]
+async fn rejections_and_bans_go_to_the_event_sink() {
+    #[derive(Default)]
+    struct Sink(Mutex<Vec<crate::violations::Event>>);
+    impl crate::violations::EventSink for Sink {
+        fn push(&self, event: crate::violations::Event) {
+            self.0.lock().unwrap().push(event);
+        }
+    }
+    const BANNING: &str = r#"
+[limits.ip]
+per_minute = 1
+ban = { after = 2, within_secs = 10, for_secs = 60 }
+
+[[routes]]
+name = "open"
+path_prefix = "/"
+upstreams = ["127.0.0.1:1"]
+auth = "none"
+"#;
+    let c = crate::config::parse("t.toml", BANNING).unwrap();
+    let sink = Arc::new(Sink::default());
+    let clock = Arc::new(ManualClock::at(NOW));
+    let core = Core::builder(
+        Runtime::from_config(c).unwrap(),
+        Arc::new(MemoryStore::with_clock(clock.clone())),
+        Arc::new(Metrics::new().unwrap()),
+    )
+    .clock(clock)
+    .events(Some(sink.clone()))
+    .build()
+    .unwrap();
+    let r = req("198.51.100.7", "/x", None);
+    assert!(admit(&core, &r).await.is_ok());
+    for _ in 0..2 {
+        assert!(admit(&core, &r).await.is_err());
+    }
+    let events = sink.0.lock().unwrap().clone();
+    let shown: Vec<_> = events
+        .iter()
+        .map(|e| (e.scope, e.limit_key.as_str(), e.limit_value, e.count))
+        .collect();
+    assert_eq!(
+        shown,
+        [
+            ("ip", "ip:198.51.100.7", 1, 2),
+            ("ip", "ip:198.51.100.7", 1, 2),
+            ("ip", "ban:ip:198.51.100.7", 2, 2),
+        ]
+    );
+    assert!(events.iter().all(|e| e.ip == ip("198.51.100.7")));
+}
