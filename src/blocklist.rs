@@ -11,6 +11,22 @@ use ipnet::IpNet;
 
 use crate::config::{BlockEntry, BlockTarget};
 
+/// A stored block (a `rate_limit_blocks` row, or one posted to the admin API without a
+/// database), as `GET /v1/blocks` shows it; `admission::block_entry` makes it an entry.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct BlockRow {
+    /// Row id (what `DELETE /v1/blocks/{id}` takes).
+    pub id: i64,
+    /// `ip`, `key` or `tenant`.
+    pub scope: String,
+    /// Address / CIDR, key id or tenant id.
+    pub value: String,
+    /// Why.
+    pub reason: Option<String>,
+    /// Expiry, Unix ms.
+    pub expires_at_ms: Option<i64>,
+}
+
 /// The active block list.
 #[derive(Debug, Default, Clone)]
 pub struct BlockList {

@@ -26,6 +26,7 @@ const LAYERS: &[&[&str]] = &[
         "top",
         "access_log",
         "otlp",
+        "violations",
     ],
     &["store", "db", "routing"],
     &["admission"],

@@ -12,14 +12,18 @@
 //!    (automatic temporary bans), `identity` (API key or JWT -> key id, tenant, tier),
 //!    `lifecycle` (connections and shutdown work), `demo` (the echo upstream), `top` (the
 //!    heavy-hitter sketch behind `GET /v1/top`), `access_log` (the JSON access log's
-//!    writer) and `otlp` (`[tracing]`: W3C trace context, spans exported over OTLP).
+//!    writer), `otlp` (`[tracing]`: W3C trace context, spans exported over OTLP) and
+//!    `violations` (the violation log's event and the sink admission pushes it to).
 //! 3. `store` (where limiter state lives: memory, Redis, failure policy), `db`
 //!    (PostgreSQL records: keys, tenants, policies, blocks, the violation log) and
 //!    `routing` (host + path prefix + method -> route and upstreams).
 //! 4. `admission`: the one transport-neutral pipeline every entry point runs, with the
-//!    request lifetime and the database snapshot.
+//!    request lifetime and the snapshot it reads. It imports neither `db` nor
+//!    `store::redis`: the violation log is a `violations::EventSink`, the fleet's bans a
+//!    `store::BanStore`, and the database snapshot arrives built (`reload::snapshot`).
 //! 5. `reply` (the gateway's own HTTP answers: `Refusal::reply`, `Admission::rate_headers`),
-//!    `reload` (config hot reload) and `upstream_health` (active health checks).
+//!    `reload` (config hot reload, and `reload::snapshot`: the database snapshot read and
+//!    published) and `upstream_health` (active health checks).
 //! 6. `edge`: transport-neutral HTTP (path normalization, the target and its one `Host`
 //!    rule, forwarding headers, the reported cost, `admit_http`, the socket peer's
 //!    address, the connection guard).
@@ -82,6 +86,7 @@ pub mod store;
 pub mod sync;
 pub mod top;
 pub mod upstream_health;
+pub mod violations;
 
 #[cfg(test)]
 mod layering;

@@ -14,7 +14,6 @@ use pingora::lb::health_check::HttpHealthCheck;
 use pingora::lb::selection::RoundRobin;
 use pingora::lb::LoadBalancer;
 
-use crate::adaptive::{Factor, RouteState};
 use crate::config::Route;
 
 /// The routes of one config, most specific first.
@@ -24,7 +23,8 @@ pub struct Router {
     case_insensitive: bool,
 }
 
-/// A route and its upstream set.
+/// A route and its upstream set (its counters and adaptive state, which outlive a
+/// reload, are `Core`'s: `admission::Core::route_state`).
 pub struct RouteEntry {
     /// The route.
     pub route: Route,
@@ -32,10 +32,6 @@ pub struct RouteEntry {
     pub upstreams: LoadBalancer<RoundRobin>,
     /// The only upstream, when there is one: no balancer call per request.
     pub single: Option<std::net::SocketAddr>,
-    /// The route's metrics, resolved on first use.
-    pub counters: std::sync::OnceLock<crate::metrics::RouteCounters>,
-    /// The live state of an `adaptive` route (None otherwise); carried over reloads.
-    pub adaptive: Option<Arc<RouteState>>,
     /// The prefix requests are matched on (`fold_path`ed with `case_insensitive_paths`).
     match_prefix: String,
 }
@@ -45,16 +41,6 @@ impl std::fmt::Debug for RouteEntry {
         f.debug_struct("RouteEntry")
             .field("route", &self.route.name)
             .finish_non_exhaustive()
-    }
-}
-
-// === impl RouteEntry ===
-
-impl RouteEntry {
-    /// The factor every limit of a request on this route is multiplied by (1 unless the
-    /// route is adaptive).
-    pub fn factor(&self) -> Factor {
-        self.adaptive.as_ref().map_or(Factor::ONE, |s| s.factor())
     }
 }
 
@@ -80,8 +66,6 @@ impl Router {
                 },
                 route: r.clone(),
                 upstreams,
-                counters: std::sync::OnceLock::new(),
-                adaptive: r.adaptive.map(|_| Arc::new(RouteState::default())),
                 match_prefix: if case_insensitive {
                     fold_path(&r.path_prefix)
                 } else {
@@ -109,26 +93,6 @@ impl Router {
     /// Every route, most specific first.
     pub fn entries(&self) -> &[Arc<RouteEntry>] {
         &self.routes
-    }
-
-    /// Takes over the adaptive state (window and factor) of every route of `old` that
-    /// is still adaptive under the same name, so a reload does not reset a factor that
-    /// is protecting a struggling upstream. Call before the router is shared.
-    pub fn keep_adaptive_state(&mut self, old: &Router) {
-        for entry in &mut self.routes {
-            let Some(e) = Arc::get_mut(entry) else {
-                continue;
-            };
-            if e.adaptive.is_none() {
-                continue;
-            }
-            if let Some(prev) = old
-                .find_by_name(&e.route.name)
-                .and_then(|o| o.adaptive.clone())
-            {
-                e.adaptive = Some(prev);
-            }
-        }
     }
 
     /// The route named `name`.

@@ -18,11 +18,11 @@ use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 use sqlx::postgres::{PgListener, PgPool};
 
-use crate::admission::snapshot::{self, Database};
 use crate::admission::Core;
 use crate::db::events::EventQueue;
 use crate::db::{self, DbError};
 use crate::lifecycle::Lifecycle;
+use crate::reload::snapshot::{self, Database};
 
 /// A full reload at least this often, even without notifications.
 const FULL_REFRESH: Duration = Duration::from_secs(30);

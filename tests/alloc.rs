@@ -94,7 +94,8 @@ fn admit_path_allocates_nothing_for_a_known_key_and_ip() {
         Runtime::from_config(config).unwrap(),
         Arc::new(MemoryStore::new()),
         Arc::new(Metrics::new().unwrap()),
-    );
+    )
+    .unwrap();
     let req = AdmitRequest {
         client_ip: "198.51.100.7".parse().unwrap(),
         target: Target::Match {

@@ -9,10 +9,10 @@ use pingora::protocols::http::ServerSession;
 use serde::Deserialize;
 
 use super::{invalid, json_reply, read_body};
-use crate::admission::snapshot::{self, Database};
 use crate::admission::{parse_net, Core, Dynamic};
 use crate::db::blocks::BlockRow;
 use crate::identity::KeyTable;
+use crate::reload::snapshot::{self, Database};
 use crate::reply::{error_reply, Reply};
 
 /// Longest block `value` (an address, CIDR or id).

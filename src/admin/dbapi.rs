@@ -11,9 +11,9 @@ use std::time::Duration;
 use sqlx::PgPool;
 
 use super::json_reply;
-use crate::admission::snapshot::{self, Database};
 use crate::admission::Core;
 use crate::db::DbError;
+use crate::reload::snapshot::{self, Database};
 use crate::reply::{error_reply, Reply};
 
 /// Longest id, name or tier accepted.

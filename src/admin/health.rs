@@ -1,8 +1,8 @@
 //! `/healthz`, `/readyz` and `/metrics`.
 
 use super::json_reply;
-use crate::admission::snapshot::Database;
 use crate::admission::Core;
+use crate::reload::snapshot::Database;
 use crate::reply::Reply;
 
 /// `200 {"status":"ok"}` while the process answers.
@@ -42,12 +42,7 @@ fn waiting_for(core: &Core) -> Vec<&'static str> {
     if core.dynamic().awaiting {
         waiting.push("database");
     }
-    if core
-        .runtime()
-        .jwt
-        .as_ref()
-        .is_some_and(|j| j.awaiting_keys())
-    {
+    if core.jwt().is_some_and(|j| j.awaiting_keys()) {
         waiting.push("jwks");
     }
     waiting

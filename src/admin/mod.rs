@@ -28,8 +28,8 @@ use pingora::protocols::http::ServerSession;
 use serde::Serialize;
 
 use self::blocks::BlockStore;
-use crate::admission::snapshot::Database;
 use crate::admission::Core;
+use crate::reload::snapshot::Database;
 use crate::reply::{error_reply, Reply};
 
 /// The OpenAPI 3.1 document of this API (`GET /v1/openapi.json`).

@@ -11,10 +11,10 @@ use pingora::protocols::http::ServerSession;
 
 use super::dbapi::{self, Failure};
 use super::{json_reply, read_body};
-use crate::admission::snapshot::{self, Database};
 use crate::admission::Core;
 use crate::config::{burst_multiplier, parse_algorithm, MAX_LIMIT};
 use crate::db::policies::{self, PolicyRow};
+use crate::reload::snapshot::{self, Database};
 use crate::reply::{error_reply, Reply};
 
 /// The limit columns, in `PolicyRow::limits` order.

@@ -8,9 +8,9 @@ use pingora::protocols::http::ServerSession;
 
 use super::dbapi::{self, Failure};
 use super::{json_reply, read_body};
-use crate::admission::snapshot::Database;
 use crate::admission::Core;
 use crate::db::tenants::{self, TenantRow, Written};
+use crate::reload::snapshot::Database;
 use crate::reply::{error_reply, Reply};
 
 /// Routes a `/v1/tenants` request (the caller checked the admin token).

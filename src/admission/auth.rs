@@ -61,9 +61,9 @@ pub(super) async fn identify(
         }
     }
     // Without `[auth.jwt]` no credential is a `Token` (`identity::api_key_from`).
-    let found = match (presented, &rt.jwt) {
+    let found = match (presented, core.jwt()) {
         (Presented::Token(token), Some(verifier)) => {
-            token_caller(rt, dynamic, verifier, token, now_ms).map(Some)
+            token_caller(rt, dynamic, &verifier, token, now_ms).map(Some)
         }
         _ => lookup_key(rt, dynamic, presented, auth),
     };

@@ -12,11 +12,11 @@ use std::sync::Arc;
 use super::core::Core;
 use super::Rejection;
 use crate::bans::{Ban, BanSource, Bans, Tally};
-use crate::db::events::{Event, EventQueue};
 use crate::identity::KeyInfo;
 use crate::limiter::{BanRule, Ident, Scope, Window};
-use crate::store::redis::bans::Published;
-use crate::store::RedisStore;
+use crate::store::bans::Published;
+use crate::store::BanStore;
+use crate::violations::{Event, EventSink};
 
 /// 403 when `ident` is banned in `scope`.
 pub(super) fn check(
@@ -119,7 +119,7 @@ pub(super) fn strike(
                 drop(call);
                 // Exactly one call sees the count cross `after`: one ban per span,
                 // however many gateways go on refusing before the ban reaches them (the
-                // count stays quiet until the ban ends, see `RedisStore::quiet_strikes`).
+                // count stays quiet until the ban ends, see `BanStore::quiet_strikes`).
                 let after = i64::from(rule.after);
                 if count.saturating_sub(i64::from(n)) < after && after <= count {
                     publish(redis, ban, None).await;
@@ -133,7 +133,7 @@ pub(super) fn strike(
 /// already in force on the identity (another gateway was first) is taken as it is, not
 /// imposed twice. `here`: the id of the ban this gateway already put in force while it
 /// published, lifted again if the fleet refuses it (its table is full).
-async fn publish(redis: Arc<RedisStore>, ban: Pending, here: Option<i64>) {
+async fn publish(redis: Arc<dyn BanStore>, ban: Pending, here: Option<i64>) {
     let published = ban.ban();
     match redis.publish_ban(&published, ban.now_ms, ban.source).await {
         Ok(Published::Set) => {
@@ -195,7 +195,7 @@ struct Pending {
     client_ip: IpAddr,
     tenant: Option<Arc<str>>,
     key_id: Option<Arc<str>>,
-    events: Option<Arc<EventQueue>>,
+    events: Option<Arc<dyn EventSink>>,
     counted: prometheus::IntCounter,
     dropped: prometheus::IntCounter,
     bans: Arc<Bans>,

@@ -1,34 +1,37 @@
 //! What the admission pipeline reads.
 //!
 //! `Runtime` is everything derived from one `gateway.toml` (routes, resolver, keys,
-//! blocks, limits); it is immutable and swapped whole (`ArcSwap`), and every admitted
-//! request keeps the `Arc` it started with, so one request never mixes two configs.
-//! `Dynamic` is what changes without a deploy (database keys and blocks, or blocks posted
-//! to the admin API), swapped whole too. `Core` is what outlives both: the store, the
-//! metrics, the clock, the failed-lookup memory, the violation log queue, the automatic
-//! bans and the heavy-hitter sketch. It is built once, complete (`Core::builder`).
+//! blocks, limits); it is immutable, built from the config alone, and swapped whole
+//! (`ArcSwap`), and every admitted request keeps the `Arc` it started with, so one
+//! request never mixes two configs. `Dynamic` is what changes without a deploy (database
+//! keys and blocks, or blocks posted to the admin API), swapped whole too. `Core` is what
+//! outlives both: the store, the metrics, the clock, the failed-lookup memory, the
+//! violation log's sink, the automatic bans (and the fleet's `BanStore`), the
+//! heavy-hitter sketch, each route's counters and adaptive state (by name, see
+//! `routes`) and the `[auth.jwt]` verifier, which a reload hands its new settings. It is
+//! built once, complete (`Core::builder`).
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use arc_swap::ArcSwap;
+use arc_swap::{ArcSwap, ArcSwapOption};
 
 use crate::auth::{JwtConfigError, JwtVerifier};
 use crate::bans::Bans;
-use crate::blocklist::BlockList;
+use crate::blocklist::{BlockList, BlockRow};
 use crate::client_ip::ClientIpResolver;
 use crate::clock::{Clock, SystemClock};
 use crate::config::{BlockEntry, BlockTarget, Config, Tier};
-use crate::db::blocks::BlockRow;
-use crate::db::events::EventQueue;
 use crate::identity::KeyTable;
 use crate::metrics::Metrics;
-use crate::routing::Router;
-use crate::store::redis::RedisStore;
-use crate::store::LimitStore;
+use crate::routing::{RouteEntry, Router};
+use crate::store::{BanStore, LimitStore};
 use crate::top::TopTable;
+use crate::violations::EventSink;
+
+use super::routes::{RouteLive, RouteRegistry};
 
 /// One config's worth of request-path state.
 pub struct Runtime {
@@ -42,13 +45,9 @@ pub struct Runtime {
     pub keys: KeyTable,
     /// The blocks of `[[blocks]]`.
     pub blocks: BlockList,
-    /// The verifier of `[auth.jwt]`: one per process while the section stays, taking each
-    /// reload's settings (`Runtime::succeeding`), so the keys fetched from `jwks_url` and
-    /// its refresher outlive a reload.
-    pub jwt: Option<Arc<JwtVerifier>>,
 }
 
-/// Why a `Runtime` cannot be built from a validated config.
+/// Why a `Runtime` cannot be built from a validated config, or swapped in.
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
     /// An upstream set cannot be built.
@@ -87,12 +86,18 @@ pub struct Core {
     runtime: ArcSwap<Runtime>,
     dynamic: ArcSwap<Dynamic>,
     suspects: Suspects,
-    /// The violation log queue, when a database is configured.
-    pub events: Option<Arc<EventQueue>>,
+    /// Where violation events go (the database's log), when a database is configured.
+    pub events: Option<Arc<dyn EventSink>>,
     /// Automatic bans in force, and the local rejection counts.
     pub bans: Arc<Bans>,
-    /// Redis, when bans are shared by a fleet (the Redis store).
-    pub shared_bans: Option<Arc<RedisStore>>,
+    /// The store bans are shared through, when a fleet shares them (the Redis store).
+    pub shared_bans: Option<Arc<dyn BanStore>>,
+    /// Each route's counters and adaptive state, by name (see `routes`).
+    routes: RouteRegistry,
+    /// The verifier of `[auth.jwt]` (None without the section): one per process while the
+    /// section stays, taking each reload's settings (`swap_runtime`), so the keys fetched
+    /// from `jwks_url` and its refresher outlive a reload.
+    jwt: ArcSwapOption<JwtVerifier>,
     /// Every route's upstream, whatever the config file says (`throttle demo`'s
     /// in-process upstream, kept across reloads).
     pub upstream_override: Option<SocketAddr>,
@@ -106,7 +111,7 @@ pub struct Core {
     pub clock: Arc<dyn Clock>,
     /// The heaviest identities of the last 60 s per scope (`GET /v1/top`).
     pub top: TopTable,
-    /// Woken when a swap replaces the runtime's JWT verifier.
+    /// Woken when a swap replaces the JWT verifier.
     jwt_replaced: tokio::sync::Notify,
     /// Whether requests are observed (`[server] access_log` or `[tracing]` on, fixed at
     /// start): only then does admission keep what a refused request showed and the store
@@ -124,9 +129,9 @@ pub struct CoreBuilder {
     store: Arc<dyn LimitStore>,
     metrics: Arc<Metrics>,
     clock: Arc<dyn Clock>,
-    events: Option<Arc<EventQueue>>,
+    events: Option<Arc<dyn EventSink>>,
     bans: Arc<Bans>,
-    shared_bans: Option<Arc<RedisStore>>,
+    shared_bans: Option<Arc<dyn BanStore>>,
     upstream_override: Option<SocketAddr>,
     awaiting_database: bool,
 }
@@ -148,45 +153,29 @@ const MAX_SUSPECTS: usize = 100_000;
 // === impl Runtime ===
 
 impl Runtime {
-    /// Builds the request-path state of `config`.
+    /// Builds the request-path state of `config` (from it alone: what outlives a reload
+    /// is `Core`'s).
     ///
     /// # Errors
     /// When an upstream set cannot be built.
     pub fn from_config(config: Config) -> std::io::Result<Self> {
-        Self::succeeding(config, None).map_err(|e| match e {
-            RuntimeError::Upstreams(e) => e,
-            e @ RuntimeError::Jwt(_) => std::io::Error::other(e.to_string()),
-        })
-    }
-
-    /// The request-path state of `config`, taking over `previous`'s JWT verifier when
-    /// both have `[auth.jwt]` (it takes the new settings and re-reads `jwks_file`; the
-    /// keys fetched from an unchanged `jwks_url` stay). That is the last step, so a
-    /// failure before it leaves the running verifier as it was, and a failure in it keeps
-    /// its settings (`JwtVerifier::reload`).
-    ///
-    /// # Errors
-    /// When an upstream set cannot be built, or the verifier refuses the settings.
-    pub fn succeeding(config: Config, previous: Option<&Runtime>) -> Result<Self, RuntimeError> {
-        let mut rt = Self {
+        Ok(Self {
             resolver: ClientIpResolver::new(config.trusted_proxies.clone())
                 .with_header(config.client_ip_header),
             router: Router::new(&config.routes, config.server.case_insensitive_paths)?,
             keys: KeyTable::from_config(&config),
             blocks: BlockList::new(config.blocks.iter().cloned()),
-            jwt: None,
             config,
-        };
-        let running = previous.and_then(|p| p.jwt.as_ref());
-        rt.jwt = match (&rt.config.jwt, running) {
-            (None, _) => None,
-            (Some(j), Some(verifier)) => {
-                verifier.reload(j.settings.clone())?;
-                Some(verifier.clone())
-            }
-            (Some(j), None) => Some(Arc::new(JwtVerifier::new(j.settings.clone())?)),
-        };
-        Ok(rt)
+        })
+    }
+}
+
+impl From<RuntimeError> for std::io::Error {
+    fn from(e: RuntimeError) -> Self {
+        match e {
+            RuntimeError::Upstreams(e) => e,
+            e @ RuntimeError::Jwt(_) => std::io::Error::other(e.to_string()),
+        }
     }
 }
 
@@ -243,17 +232,27 @@ pub fn tenant_tier(
 
 impl Core {
     /// State over `runtime` and `store`, on the system clock.
-    pub fn new(runtime: Runtime, store: Arc<dyn LimitStore>, metrics: Arc<Metrics>) -> Self {
+    ///
+    /// # Errors
+    /// When the `[auth.jwt]` verifier refuses the settings or its `jwks_file`.
+    pub fn new(
+        runtime: Runtime,
+        store: Arc<dyn LimitStore>,
+        metrics: Arc<Metrics>,
+    ) -> Result<Self, RuntimeError> {
         Self::builder(runtime, store, metrics).build()
     }
 
     /// State with an explicit clock.
+    ///
+    /// # Errors
+    /// When the `[auth.jwt]` verifier refuses the settings or its `jwks_file`.
     pub fn with_clock(
         runtime: Runtime,
         store: Arc<dyn LimitStore>,
         metrics: Arc<Metrics>,
         clock: Arc<dyn Clock>,
-    ) -> Self {
+    ) -> Result<Self, RuntimeError> {
         Self::builder(runtime, store, metrics).clock(clock).build()
     }
 
@@ -284,24 +283,53 @@ impl Core {
     }
 
     /// Replaces the runtime; requests in flight keep the one they started with. A route
-    /// that stays adaptive under the same name keeps its window and factor (a reload does
-    /// not reset adaptivity; new `adaptive` settings apply from the next controller tick).
-    pub fn swap_runtime(&self, mut runtime: Runtime) {
-        let old = self.runtime();
-        runtime.router.keep_adaptive_state(&old.router);
-        let same_jwt = match (&old.jwt, &runtime.jwt) {
-            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
-            (a, b) => a.is_none() && b.is_none(),
+    /// that keeps its name keeps its counters, and its window and factor while it stays
+    /// adaptive (a reload does not reset adaptivity; new `adaptive` settings apply from
+    /// the next controller tick). The `[auth.jwt]` verifier takes the new settings and
+    /// re-reads `jwks_file` (the keys fetched from an unchanged `jwks_url` stay); that is
+    /// the first step, so when the verifier refuses them nothing is swapped and it keeps
+    /// its settings (`JwtVerifier::reload`).
+    ///
+    /// # Errors
+    /// When the verifier refuses the new settings or its `jwks_file`.
+    pub fn swap_runtime(&self, runtime: Runtime) -> Result<(), RuntimeError> {
+        let running = self.jwt.load_full();
+        let next = verifier_for(&runtime.config, running.as_ref())?;
+        let replaced = match (&running, &next) {
+            (Some(a), Some(b)) => !Arc::ptr_eq(a, b),
+            (a, b) => a.is_some() || b.is_some(),
         };
+        self.routes.follow(&runtime.config.routes);
+        // A request reads the runtime, then the verifier: an added verifier is in place
+        // before the runtime whose config names it, a removed one goes after.
+        let adds = next.is_some();
+        if adds {
+            self.jwt.store(next);
+        }
         self.runtime.store(Arc::new(runtime));
-        if !same_jwt {
+        if !adds {
+            self.jwt.store(None);
+        }
+        if replaced {
             self.jwt_replaced.notify_waiters();
         }
+        Ok(())
+    }
+
+    /// The `[auth.jwt]` verifier (None without the section).
+    pub fn jwt(&self) -> Option<Arc<JwtVerifier>> {
+        self.jwt.load_full()
+    }
+
+    /// The counters and adaptive state of `route` (see `routes`): one map lookup, so an
+    /// adapter asks once per request.
+    pub fn route_state(&self, route: &RouteEntry) -> Arc<RouteLive> {
+        self.routes.get(&route.route)
     }
 
     /// Completes when a runtime swap replaces the JWT verifier (`[auth.jwt]` added or
     /// removed): the JWKS refresher then follows the new one. Take it before reading the
-    /// runtime, so no swap in between is missed.
+    /// verifier (`jwt`), so no swap in between is missed.
     pub fn jwt_replaced(&self) -> tokio::sync::futures::Notified<'_> {
         self.jwt_replaced.notified()
     }
@@ -350,8 +378,8 @@ impl CoreBuilder {
         self
     }
 
-    /// The violation log queue (default: none).
-    pub fn events(mut self, events: Option<Arc<EventQueue>>) -> Self {
+    /// Where violation events go (default: nowhere).
+    pub fn events(mut self, events: Option<Arc<dyn EventSink>>) -> Self {
         self.events = events;
         self
     }
@@ -362,9 +390,9 @@ impl CoreBuilder {
         self
     }
 
-    /// Redis, when bans are shared by a fleet (default: none).
-    pub fn shared_bans(mut self, redis: Option<Arc<RedisStore>>) -> Self {
-        self.shared_bans = redis;
+    /// The store bans are shared through, when a fleet shares them (default: none).
+    pub fn shared_bans(mut self, store: Option<Arc<dyn BanStore>>) -> Self {
+        self.shared_bans = store;
         self
     }
 
@@ -382,13 +410,19 @@ impl CoreBuilder {
     }
 
     /// The state.
-    pub fn build(self) -> Core {
+    ///
+    /// # Errors
+    /// When the `[auth.jwt]` verifier refuses the settings or its `jwks_file`.
+    pub fn build(self) -> Result<Core, RuntimeError> {
         let config = &self.runtime.config;
         let observed = config.tracing.is_some()
             || config.server.access_log != crate::config::AccessLogTarget::Off;
-        Core {
+        let jwt = verifier_for(config, None)?;
+        Ok(Core {
             observed,
             started: Arc::new(config.clone()),
+            routes: RouteRegistry::new(&config.routes),
+            jwt: ArcSwapOption::new(jwt),
             runtime: ArcSwap::from_pointee(self.runtime),
             dynamic: ArcSwap::from_pointee(Dynamic {
                 awaiting: self.awaiting_database,
@@ -408,8 +442,24 @@ impl CoreBuilder {
             clock: self.clock,
             top: TopTable::new(),
             jwt_replaced: tokio::sync::Notify::new(),
-        }
+        })
     }
+}
+
+/// The verifier of `config`'s `[auth.jwt]`: `running` with the new settings when there
+/// is one (its fetched keys and refresher stay), else a new one; None without the section.
+fn verifier_for(
+    config: &Config,
+    running: Option<&Arc<JwtVerifier>>,
+) -> Result<Option<Arc<JwtVerifier>>, JwtConfigError> {
+    Ok(match (&config.jwt, running) {
+        (None, _) => None,
+        (Some(j), Some(verifier)) => {
+            verifier.reload(j.settings.clone())?;
+            Some(verifier.clone())
+        }
+        (Some(j), None) => Some(Arc::new(JwtVerifier::new(j.settings.clone())?)),
+    })
 }
 
 /// A stored block as the block list's entry.

@@ -24,11 +24,11 @@ use super::applied::{Applied, Part, Tables};
 use super::core::{Core, Runtime};
 use super::Rejection;
 use crate::config::{Counts, Mode, Route};
-use crate::db::events::Event;
 use crate::identity::KeyInfo;
 use crate::limiter::{Check, Ident, Quota, Scope, Verdict, WindowDecision};
 use crate::metrics::Outcome;
 use crate::store::StoreError;
+use crate::violations::Event;
 
 /// The outcome of the limits for one caller.
 #[derive(Debug, Clone)]

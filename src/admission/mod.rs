@@ -43,17 +43,18 @@ pub mod core;
 pub mod custom;
 mod limits;
 mod pipeline;
-pub mod snapshot;
+pub mod routes;
 
 use std::net::IpAddr;
 use std::sync::Arc;
 
 pub use self::applied::{Applied, Skip, Table, Tables};
 pub use self::auth::lookup_key;
-pub use self::core::{block_entry, parse_net, Core, Dynamic, Runtime, RuntimeError};
+pub use self::core::{block_entry, parse_net, tenant_tier, Core, Dynamic, Runtime, RuntimeError};
 pub use self::custom::Attrs;
 pub use self::limits::{decide, Who};
 pub use self::pipeline::{admit_at, blocked_ip, ip_blocked, ip_blocked_at};
+pub use self::routes::RouteLive;
 use crate::identity::{KeyInfo, Presented};
 use crate::limiter::{Quota, Scope, WindowDecision};
 use crate::metrics::Metrics;

@@ -309,7 +309,12 @@ impl Step<'_> {
         let cost = self.req.cost.or(r.map(|r| r.cost)).unwrap_or(1).max(1);
         let mode = r.map_or(Mode::Enforce, |r| r.mode);
         // An adaptive route's limits follow its upstream's health (see `adaptive`).
-        let factor = route.as_ref().map_or(Factor::ONE, |r| r.factor());
+        let factor = match &route {
+            // Only an adaptive route's state is looked up here (its adapter looks it up
+            // for its counters when the request ends).
+            Some(r) if r.route.adaptive.is_some() => core.route_state(r).factor(),
+            _ => Factor::ONE,
+        };
         let who = self.who(key.as_deref(), r, &customs);
         let applied = Applied::of(rt, who, self.req.skip, factor);
         let charge = self.charge_of(&applied, who, cost, mode);

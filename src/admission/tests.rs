@@ -128,7 +128,7 @@ impl LimitStore for Flaky {
 fn core_with(config: &str, store: Arc<dyn LimitStore>, metrics: Arc<Metrics>) -> Core {
     let c = crate::config::parse("t.toml", config).unwrap();
     let clock = Arc::new(ManualClock::at(NOW));
-    Core::with_clock(Runtime::from_config(c).unwrap(), store, metrics, clock)
+    Core::with_clock(Runtime::from_config(c).unwrap(), store, metrics, clock).unwrap()
 }
 
 fn memory_core() -> (Core, Arc<Counting>) {
@@ -326,7 +326,7 @@ async fn admission_keeps_its_config() {
         .unwrap();
     let reloaded = CONFIG.replace("name = \"public\"", "name = \"public2\"");
     let c = crate::config::parse("t.toml", &reloaded).unwrap();
-    core.swap_runtime(Runtime::from_config(c).unwrap());
+    core.swap_runtime(Runtime::from_config(c).unwrap()).unwrap();
     assert_eq!(a.route_name().map(|n| &**n), Some("public"));
     assert!(a.runtime.router.find_by_name("public").is_some());
     assert!(core.runtime().router.find_by_name("public").is_none());
@@ -626,7 +626,8 @@ auth = "required"
         Arc::new(MemoryStore::with_clock(clock.clone())),
         metrics,
         clock.clone(),
-    );
+    )
+    .unwrap();
     let run = |client: &'static str, path: &'static str, key: Option<&'static str>| {
         let core = &core;
         async move {
@@ -771,8 +772,10 @@ auth = "none"
     let core = core_with(ADAPTIVE, store, Arc::new(Metrics::new().unwrap()));
     let rt = core.runtime();
     let slow = rt.router.find_by_name("slow").unwrap();
-    let (state, settings) = (slow.adaptive.clone().unwrap(), slow.route.adaptive.unwrap());
-    assert!(rt.router.find_by_name("other").unwrap().adaptive.is_none());
+    let state = core.route_state(slow).adaptive().unwrap().clone();
+    let settings = slow.route.adaptive.unwrap();
+    let other = rt.router.find_by_name("other").unwrap();
+    assert!(core.route_state(other).adaptive().is_none());
     state.record(NOW, Duration::from_millis(300), false);
     assert_eq!(state.tick(&settings, NOW + 1_000), Factor::from_f64(0.8));
 
@@ -816,11 +819,12 @@ auth = "none"
 
     // A reload keeps the state of a route that stays adaptive under its name.
     let c = crate::config::parse("t.toml", ADAPTIVE).unwrap();
-    core.swap_runtime(Runtime::from_config(c).unwrap());
+    core.swap_runtime(Runtime::from_config(c).unwrap()).unwrap();
     let again = core.runtime();
     let entry = again.router.find_by_name("slow").unwrap();
-    assert_eq!(entry.factor(), Factor::from_f64(0.8));
-    assert!(Arc::ptr_eq(entry.adaptive.as_ref().unwrap(), &state));
+    let live = core.route_state(entry);
+    assert_eq!(live.factor(), Factor::from_f64(0.8));
+    assert!(Arc::ptr_eq(live.adaptive().unwrap(), &state));
 }
 
 /// A refund finds the request's own sliding-log entry even when the store's clock reads
@@ -853,7 +857,8 @@ cost = 10
         store,
         metrics.clone(),
         Arc::new(ManualClock::at(NOW)),
-    );
+    )
+    .unwrap();
     let mut a = admit(&core, &req("198.51.100.1", "/v1/x", Some("good-key")))
         .await
         .unwrap();
@@ -896,7 +901,8 @@ auth = "none"
             Arc::new(MemoryStore::with_clock(clock.clone())),
             Arc::new(Metrics::new().unwrap()),
             clock,
-        );
+        )
+        .unwrap();
         core.bans = Arc::new(crate::bans::Bans::with_caps(2, 100));
         core
     };
@@ -975,7 +981,8 @@ limits = { key = { per_hour = 50, algorithm = "sliding_log" }, user = { per_hour
         store,
         metrics.clone(),
         Arc::new(ManualClock::at(NOW)),
-    );
+    )
+    .unwrap();
     let mut headers = http::HeaderMap::new();
     headers.insert("x-user", http::HeaderValue::from_static("alice"));
     let request = || AdmitRequest {
@@ -1111,4 +1118,60 @@ async fn a_check_cost_no_window_holds_is_refused() {
     assert_eq!(run(Origin::Check, 5).await, "ok", "nothing was charged");
     assert_eq!(run(Origin::Check, 1).await, "429 ip");
     assert_eq!(run(Origin::Proxy, 6).await, "429 ip");
+}
+
+/// The violation log is whatever `EventSink` the core is given: each rejection is pushed
+/// to it (the limit's identity, limit and count), and so is the ban the rejections
+/// lead to.
+#[tokio::test]
+async fn rejections_and_bans_go_to_the_event_sink() {
+    #[derive(Default)]
+    struct Sink(Mutex<Vec<crate::violations::Event>>);
+    impl crate::violations::EventSink for Sink {
+        fn push(&self, event: crate::violations::Event) {
+            self.0.lock().unwrap().push(event);
+        }
+    }
+    const BANNING: &str = r#"
+[limits.ip]
+per_minute = 1
+ban = { after = 2, within_secs = 10, for_secs = 60 }
+
+[[routes]]
+name = "open"
+path_prefix = "/"
+upstreams = ["127.0.0.1:1"]
+auth = "none"
+"#;
+    let c = crate::config::parse("t.toml", BANNING).unwrap();
+    let sink = Arc::new(Sink::default());
+    let clock = Arc::new(ManualClock::at(NOW));
+    let core = Core::builder(
+        Runtime::from_config(c).unwrap(),
+        Arc::new(MemoryStore::with_clock(clock.clone())),
+        Arc::new(Metrics::new().unwrap()),
+    )
+    .clock(clock)
+    .events(Some(sink.clone()))
+    .build()
+    .unwrap();
+    let r = req("198.51.100.7", "/x", None);
+    assert!(admit(&core, &r).await.is_ok());
+    for _ in 0..2 {
+        assert!(admit(&core, &r).await.is_err());
+    }
+    let events = sink.0.lock().unwrap().clone();
+    let shown: Vec<_> = events
+        .iter()
+        .map(|e| (e.scope, e.limit_key.as_str(), e.limit_value, e.count))
+        .collect();
+    assert_eq!(
+        shown,
+        [
+            ("ip", "ip:198.51.100.7", 1, 2),
+            ("ip", "ip:198.51.100.7", 1, 2),
+            ("ip", "ban:ip:198.51.100.7", 2, 2),
+        ]
+    );
+    assert!(events.iter().all(|e| e.ip == ip("198.51.100.7")));
 }

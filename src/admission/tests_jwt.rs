@@ -54,7 +54,7 @@ fn core(clock: Arc<ManualClock>) -> Core {
     });
     let store = Arc::new(MemoryStore::with_clock(clock.clone()));
     let metrics = Arc::new(Metrics::new().unwrap());
-    Core::with_clock(Runtime::from_config(c).unwrap(), store, metrics, clock)
+    Core::with_clock(Runtime::from_config(c).unwrap(), store, metrics, clock).unwrap()
 }
 
 fn token(claims: serde_json::Value) -> String {
@@ -148,4 +148,43 @@ async fn refused_tokens_count_in_limits_auth() {
         admit_token(&core, "192.0.2.10", &valid).await.is_ok(),
         "another address"
     );
+}
+
+/// The verifier is the core's, not the runtime's: a swap hands it the new settings and
+/// keeps it (same `Arc`); settings it refuses leave the runtime and the verifier as they
+/// were; a config without `[auth.jwt]` drops it, and one adding the section makes a new
+/// one.
+#[tokio::test]
+async fn a_swap_hands_the_verifier_new_settings_or_changes_nothing() {
+    let core = core(Arc::new(ManualClock::at(NOW_MS)));
+    let valid = token(json!({"sub": "u", "exp": NOW_MS / 1000 + 60}));
+    let first = core.jwt().expect("a verifier");
+    let config = |jwt: Option<Jwt>| {
+        let mut c = core.runtime().config.clone();
+        c.jwt = jwt;
+        Runtime::from_config(c).unwrap()
+    };
+    let settings = core.runtime().config.jwt.clone().unwrap();
+
+    core.swap_runtime(config(Some(settings.clone()))).unwrap();
+    assert!(
+        Arc::ptr_eq(&core.jwt().unwrap(), &first),
+        "kept over a reload"
+    );
+
+    let before = core.runtime();
+    let mut no_secret = settings.clone();
+    no_secret.settings.hs256_secret = None;
+    let e = core.swap_runtime(config(Some(no_secret))).unwrap_err();
+    assert!(matches!(e, RuntimeError::Jwt(_)), "{e}");
+    assert!(Arc::ptr_eq(&core.runtime(), &before), "nothing swapped");
+    assert!(Arc::ptr_eq(&core.jwt().unwrap(), &first));
+    assert!(admit_token(&core, "192.0.2.1", &valid).await.is_ok());
+
+    core.swap_runtime(config(None)).unwrap();
+    assert!(core.jwt().is_none());
+    core.swap_runtime(config(Some(settings))).unwrap();
+    let again = core.jwt().expect("a verifier again");
+    assert!(!Arc::ptr_eq(&again, &first), "a new verifier");
+    assert!(admit_token(&core, "192.0.2.1", &valid).await.is_ok());
 }

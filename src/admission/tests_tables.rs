@@ -109,6 +109,7 @@ fn core(config: crate::config::Config) -> Core {
         Arc::new(Metrics::new().unwrap()),
         clock,
     )
+    .unwrap()
 }
 
 /// Admits requests, holding every admission, until one is refused (at most 5); answers

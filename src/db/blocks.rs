@@ -4,21 +4,7 @@ use sqlx::postgres::PgPool;
 use sqlx::Row;
 
 use super::DbError;
-
-/// A stored block.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct BlockRow {
-    /// Row id (what `DELETE /v1/blocks/{id}` takes).
-    pub id: i64,
-    /// `ip`, `key` or `tenant`.
-    pub scope: String,
-    /// Address / CIDR, key id or tenant id.
-    pub value: String,
-    /// Why.
-    pub reason: Option<String>,
-    /// Expiry, Unix ms.
-    pub expires_at_ms: Option<i64>,
-}
+pub use crate::blocklist::BlockRow;
 
 macro_rules! columns {
     () => {

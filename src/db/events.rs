@@ -18,7 +18,6 @@
 //! When the queue is full the oldest event is dropped and counted as `reason="queue_full"`.
 
 use std::collections::{HashSet, VecDeque};
-use std::net::IpAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -28,37 +27,14 @@ use sqlx::QueryBuilder;
 use tokio::sync::Notify;
 
 use crate::limiter::Window;
+pub use crate::violations::Event;
+use crate::violations::EventSink;
 
 /// Most rows per INSERT.
 const BATCH: usize = 500;
 
 /// Most months remembered as having a partition (then the cache starts over).
 const KNOWN_MONTHS: usize = 1024;
-
-/// One rejection.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Event {
-    /// Tenant of the caller, if known.
-    pub tenant_id: Option<Arc<str>>,
-    /// Key id of the caller, if known.
-    pub api_key_id: Option<Arc<str>>,
-    /// Client address.
-    pub ip: IpAddr,
-    /// Scope that rejected (`ip`, `key`, `tenant`, `global`, `auth`).
-    pub scope: &'static str,
-    /// The limited identity, `<scope>:<id>` (e.g. `key:key_demo`).
-    pub limit_key: String,
-    /// The limit.
-    pub limit_value: u64,
-    /// The count the request would have reached.
-    pub count: u64,
-    /// The window.
-    pub window: Window,
-    /// A span in seconds that replaces `window` (an automatic ban's `within_secs`).
-    pub span_secs: Option<u64>,
-    /// When (Unix ms).
-    pub at_ms: u64,
-}
 
 /// What a failed write means for the rows it carried.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -132,6 +108,12 @@ pub struct EventQueue {
     overflowed: IntCounter,
     /// `reason="rejected"`.
     rejected: IntCounter,
+}
+
+impl EventSink for EventQueue {
+    fn push(&self, event: Event) {
+        EventQueue::push(self, event);
+    }
 }
 
 // === impl EventQueue ===

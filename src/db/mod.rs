@@ -2,9 +2,10 @@
 //! violation log.
 //!
 //! Nothing on the request path waits on this module: keys, overrides, policies and blocks
-//! are read as plain `Records` into an in-memory snapshot (`admission::snapshot`)
+//! are read as plain `Records` into an in-memory snapshot (`reload::snapshot`)
 //! refreshed in the background (`sync`), and violation events go through a bounded queue
-//! to a batched writer (`events`). This module knows nothing above `config` and `limiter`.
+//! to a batched writer (`events`). This module knows nothing above `config`, `limiter`
+//! and the plain values it stores: `blocklist::BlockRow` and `violations::Event`.
 
 pub mod blocks;
 pub mod events;

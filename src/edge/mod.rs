@@ -96,7 +96,7 @@ pub async fn admit_http<T: Destination>(
         None => Ok(None),
     };
     let key = from_query.as_ref().map_err(|e| *e).and_then(|q| {
-        let header = api_key_from(headers, &rt.config.auth.key_header, rt.jwt.is_some())?;
+        let header = api_key_from(headers, &rt.config.auth.key_header, rt.config.jwt.is_some())?;
         credentials(header, q.as_deref())
     });
     let ask = key

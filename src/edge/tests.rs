@@ -48,7 +48,7 @@ fn core(clock: Arc<CountingClock>) -> Core {
     clock.at.set(NOW);
     let store = Arc::new(MemoryStore::with_clock(ManualClock::at(NOW)));
     let metrics = Arc::new(Metrics::new().unwrap());
-    Core::with_clock(runtime(CONFIG), store, metrics, clock)
+    Core::with_clock(runtime(CONFIG), store, metrics, clock).unwrap()
 }
 
 fn parts() -> http::request::Parts {

@@ -198,7 +198,8 @@ impl ThrottleLayer {
     /// When metrics or routes cannot be set up.
     pub fn with_store(config: Config, store: Arc<dyn LimitStore>) -> Result<Self, LayerError> {
         let metrics = Arc::new(Metrics::new()?);
-        let core = Core::new(Runtime::from_config(config)?, store, metrics);
+        let core = Core::new(Runtime::from_config(config)?, store, metrics)
+            .map_err(std::io::Error::from)?;
         Ok(Self::from_core(Arc::new(core)))
     }
 

@@ -12,7 +12,7 @@ use http::{Request, Response};
 
 use super::request;
 use super::{Caller, Shared};
-use crate::admission::{Admission, Refusal};
+use crate::admission::{Admission, Refusal, RouteLive};
 use crate::edge;
 use crate::metrics::RouteCounters;
 use crate::reply::error_reply;
@@ -102,7 +102,8 @@ where
                 None => error_reply(500, "client_address_unavailable"),
             };
             let route = refusal.as_ref().and_then(|r| r.route.as_ref());
-            route_counters(&shared, route).request(reply.status);
+            let live = route.map(|r| shared.core.route_state(r));
+            route_counters(&shared, route, live.as_deref()).request(reply.status);
             return Ok(request::respond(reply));
         }
     };
@@ -113,7 +114,8 @@ where
     let started = tokio::time::Instant::now();
     let result = inner.call(Request::from_parts(parts, body)).await;
     let status = result.as_ref().map_or(0, |r| r.status().as_u16());
-    let counters = route_counters(&shared, admission.route.as_ref());
+    let live = admission.route.as_ref().map(|r| shared.core.route_state(r));
+    let counters = route_counters(&shared, admission.route.as_ref(), live.as_deref());
     counters.request(status);
     counters
         .upstream_seconds
@@ -163,12 +165,14 @@ fn caller(a: &Admission) -> Caller {
     }
 }
 
-/// `throttle_requests_total` of `route` (`none` without one).
-fn route_counters<'a>(shared: &'a Shared, route: Option<&'a Arc<RouteEntry>>) -> &'a RouteCounters {
-    match route {
-        Some(r) => r
-            .counters
-            .get_or_init(|| shared.core.metrics.route(&r.route.name)),
-        None => &shared.unrouted,
+/// `throttle_requests_total` of `route` (`none` without one), `live` its state.
+fn route_counters<'a>(
+    shared: &'a Shared,
+    route: Option<&Arc<RouteEntry>>,
+    live: Option<&'a RouteLive>,
+) -> &'a RouteCounters {
+    match (route, live) {
+        (Some(r), Some(live)) => live.counters(&shared.core.metrics, &r.route.name),
+        _ => &shared.unrouted,
     }
 }

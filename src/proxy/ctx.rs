@@ -11,7 +11,7 @@ use pingora::{Error, ErrorSource};
 use tokio::time::Instant;
 
 use super::upstream::is_connect_failure;
-use crate::admission::{Admission, Core, RefusalSeen};
+use crate::admission::{Admission, Core, RefusalSeen, RouteLive};
 use crate::metrics::RouteCounters;
 use crate::otlp::Trace;
 use crate::routing::RouteEntry;
@@ -90,23 +90,32 @@ impl RequestCtx {
             }
             a.finish(ending(e, status));
         }
-        let counters = match &self.route {
-            Some(r) => r.counters.get_or_init(|| core.metrics.route(&r.route.name)),
-            None => unrouted,
+        let live = self.route.as_ref().map(|r| core.route_state(r));
+        let counters = match (&self.route, &live) {
+            (Some(r), Some(live)) => live.counters(&core.metrics, &r.route.name),
+            _ => unrouted,
         };
         counters.request(status);
         if let Some(started) = self.upstream_started {
             counters
                 .upstream_seconds
                 .observe(started.elapsed().as_secs_f64());
-            self.learn(core, started, e, client.unwrap_or(0));
+            self.learn(core, live.as_deref(), started, e, client.unwrap_or(0));
         }
     }
 
-    /// Feeds an adaptive route's window with what the upstream showed (`upstream_sample`).
-    fn learn(&self, core: &Core, started: Instant, e: Option<&Error>, client: u128) {
+    /// Feeds an adaptive route's window (`live`: the route's state) with what the
+    /// upstream showed (`upstream_sample`).
+    fn learn(
+        &self,
+        core: &Core,
+        live: Option<&RouteLive>,
+        started: Instant,
+        e: Option<&Error>,
+        client: u128,
+    ) {
         let route = self.route.as_ref();
-        let adaptive = route.and_then(|r| Some((r.adaptive.as_ref()?, r.route.adaptive?)));
+        let adaptive = route.and_then(|r| Some((live?.adaptive()?, r.route.adaptive?)));
         let sample = self.upstream_sample(started, e);
         if let (Some((state, settings)), Some((latency, error))) = (adaptive, sample) {
             let now_ms = core.clock.now_ms();

@@ -19,12 +19,13 @@
 use std::collections::HashSet;
 use std::path::PathBuf;
 
-use crate::admission::snapshot::{self, Database};
-use crate::admission::{Core, Runtime};
+use self::snapshot::Database;
+use crate::admission::{Core, Runtime, RuntimeError};
 use crate::config::{self, Config, ConfigError};
 use crate::limiter::{Named, Scope};
 
 pub mod settings;
+pub mod snapshot;
 
 /// What a successful reload changed.
 #[derive(Debug, Clone)]
@@ -53,9 +54,10 @@ pub async fn reload(core: &Core, db: &Database) -> Result<Reloaded, ConfigError>
         point_routes_at(&mut loaded, addr); // `throttle demo` keeps its in-process upstream
     }
     let needs_restart = settings::needs_restart(&core.started, &loaded);
-    let runtime = Runtime::succeeding(loaded, Some(&old))
+    Runtime::from_config(loaded)
+        .map_err(RuntimeError::from)
+        .and_then(|rt| core.swap_runtime(rt))
         .map_err(|e| ConfigError::file(&source, e.to_string()))?;
-    core.swap_runtime(runtime);
     forget_removed(core);
     if let Some(pool) = db.pool() {
         // A tier new in the file gets its rate_limit_policies row (existing rows stay the

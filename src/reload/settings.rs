@@ -208,7 +208,7 @@ fn auth_settings(out: &mut Out, a: &KeySources) {
     out.applied("auth.key_query", key_query);
 }
 
-/// `[auth.jwt]`: the verifier takes each reload's settings (`Runtime::succeeding`), and
+/// `[auth.jwt]`: the verifier takes each reload's settings (`Core::swap_runtime`), and
 /// the JWKS refresher follows the current verifier.
 fn jwt_settings(out: &mut Out, a: Option<&Jwt>) {
     let Some(Jwt {

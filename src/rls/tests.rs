@@ -52,7 +52,8 @@ fn rls() -> Rls {
         Arc::new(MemoryStore::with_clock(ManualClock::at(1_764_000_000_000))),
         Arc::new(Metrics::new().unwrap()),
         Arc::new(ManualClock::at(1_764_000_000_000)),
-    );
+    )
+    .unwrap();
     Rls::new(Arc::new(core))
 }
 
@@ -266,7 +267,8 @@ async fn configured_decisions_are_counted_by_config_names() {
         Arc::new(MemoryStore::with_clock(ManualClock::at(1_764_000_000_000))),
         metrics.clone(),
         Arc::new(ManualClock::at(1_764_000_000_000)),
-    );
+    )
+    .unwrap();
     let rls = Rls::new(Arc::new(core));
     let ask = |domain: &str, entries: &[(&str, &str)]| RateLimitRequest {
         domain: domain.into(),

@@ -1,5 +1,5 @@
-//! The JWKS refresher as a background service: it runs the current runtime's JWT
-//! verifier's `run_refresher` (fetch at start, every `jwks_refresh_secs`, early on an
+//! The JWKS refresher as a background service: it runs the current JWT verifier's
+//! (`Core::jwt`) `run_refresher` (fetch at start, every `jwks_refresh_secs`, early on an
 //! unknown `kid`) until shutdown. A reload that keeps `[auth.jwt]` keeps the verifier, whose
 //! own refresher follows a changed `jwks_url`; a reload that adds or removes the section
 //! replaces it (`Core::jwt_replaced`), and the service moves to the new one.
@@ -23,9 +23,9 @@ impl BackgroundService for JwksRefresher {
     async fn start(&self, mut shutdown: ShutdownWatch) {
         let stopping = AtomicBool::new(false);
         while !stopping.load(Ordering::Relaxed) {
-            // Taken before the runtime is read: a swap in between still wakes it.
+            // Taken before the verifier is read: a swap in between still wakes it.
             let replaced = self.core.jwt_replaced();
-            let verifier = self.core.runtime().jwt.clone();
+            let verifier = self.core.jwt();
             let until = async {
                 tokio::select! {
                     _ = shutdown.changed() => stopping.store(true, Ordering::Relaxed),
@@ -107,7 +107,7 @@ impl prometheus::core::Collector for JwtMetrics {
         let Some(core) = self.core.upgrade() else {
             return Vec::new();
         };
-        let Some(s) = core.runtime().jwt.as_ref().map(|v| v.stats()) else {
+        let Some(s) = core.jwt().map(|v| v.stats()) else {
             return Vec::new();
         };
         let counts = [s.fetches, s.fetch_failures, s.kid_misses, s.kid_refetches];

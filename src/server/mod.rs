@@ -18,8 +18,7 @@ use pingora::server::{ExecutionPhase, RunArgs};
 
 use crate::access_log::AccessLog;
 use crate::admin::Admin;
-use crate::admission::snapshot::Database;
-use crate::admission::{Core, Runtime};
+use crate::admission::{Core, Runtime, RuntimeError};
 use crate::config::{Backend, Config};
 use crate::db::events::EventQueue;
 use crate::demo::DemoUpstream;
@@ -27,9 +26,11 @@ use crate::lifecycle::{self, Lifecycle};
 use crate::metrics::Metrics;
 use crate::proxy::listener::{Capped, Edge};
 use crate::proxy::Gateway;
+use crate::reload::snapshot::Database;
 use crate::rls::RlsListener;
-use crate::store::{LimitStore, MemoryStore, RedisStore, TieredStore};
+use crate::store::{BanStore, LimitStore, MemoryStore, RedisStore, TieredStore};
 use crate::sync::{EventRetention, EventWriter, Refresher};
+use crate::violations::EventSink;
 
 mod jwks;
 mod services;
@@ -131,12 +132,13 @@ pub fn build(mut config: Config, extras: Extras) -> Result<Built, StartError> {
         let dropped = metrics.events_dropped_total.clone();
         Arc::new(EventQueue::new(EVENT_QUEUE, dropped))
     });
-    let core = Core::builder(Runtime::succeeding(config, None)?, stores.store, metrics)
+    let runtime = Runtime::from_config(config).map_err(RuntimeError::from)?;
+    let core = Core::builder(runtime, stores.store, metrics)
         .upstream_override(demo_addr)
-        .shared_bans(stores.redis.clone())
-        .events(events)
+        .shared_bans(stores.redis.clone().map(|r| r as Arc<dyn BanStore>))
+        .events(events.clone().map(|q| q as Arc<dyn EventSink>))
         .awaiting_database(db.configured())
-        .build();
+        .build()?;
     let core = Arc::new(core);
     core.metrics
         .register(Box::new(jwks::JwtMetrics::new(&core)?))?;
@@ -144,6 +146,7 @@ pub fn build(mut config: Config, extras: Extras) -> Result<Built, StartError> {
     let parts = Parts {
         core: core.clone(),
         db: db.clone(),
+        events,
         lifecycle: lifecycle.clone(),
     };
     add_listeners(&mut server, &parts, &listeners, max_connections)?;
@@ -167,6 +170,8 @@ pub fn build(mut config: Config, extras: Extras) -> Result<Built, StartError> {
 struct Parts {
     core: Arc<Core>,
     db: Arc<Database>,
+    /// The violation log's queue (the core's event sink), when a database is configured.
+    events: Option<Arc<EventQueue>>,
     lifecycle: Arc<Lifecycle>,
 }
 
@@ -261,6 +266,7 @@ fn add_listeners(
     let Parts {
         core,
         db,
+        events: _,
         lifecycle,
     } = parts;
     let listen = listeners.listen;
@@ -342,6 +348,7 @@ fn add_background(
     let Parts {
         core,
         db,
+        events,
         lifecycle,
     } = parts;
     let add = |server: &mut Server, name: &str, service: Every| {
@@ -381,7 +388,7 @@ fn add_background(
             "database snapshot",
             Refresher::new(core.clone(), db.clone()),
         ));
-        if let Some(queue) = core.events.clone() {
+        if let Some(queue) = events.clone() {
             server.add_service(background_service(
                 "violation log writer",
                 EventWriter::new(queue, url.to_string(), lifecycle.clone()),

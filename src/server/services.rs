@@ -9,7 +9,7 @@ use std::time::Duration;
 use crate::admission::Core;
 use crate::clock::{Clock, SystemClock};
 use crate::lifecycle::{every, Every, Lifecycle};
-use crate::store::redis::bans::{BanCursor, BanRead};
+use crate::store::bans::{BanCursor, BanRead};
 use crate::store::{MemoryStore, RedisStore};
 
 /// Evicts idle memory-store state every second (see `MemoryStore`).
@@ -131,7 +131,11 @@ fn adaptive_tick(core: &Core, shown: &[Arc<str>]) -> Vec<Arc<str>> {
     let gauge = &core.metrics.adaptive_factor;
     let mut now_shown = Vec::new();
     for entry in rt.router.entries() {
-        let (Some(state), Some(settings)) = (&entry.adaptive, &entry.route.adaptive) else {
+        let Some(settings) = &entry.route.adaptive else {
+            continue;
+        };
+        let live = core.route_state(entry);
+        let Some(state) = live.adaptive() else {
             continue;
         };
         let factor = state.tick(settings, now_ms);

@@ -164,7 +164,8 @@ impl Replay {
             MemoryStore::with_clock(clock.clone()).with_max_states(config.store.max_states),
         );
         let metrics = Arc::new(Metrics::new().map_err(|e| setup(&e))?);
-        let core = Core::with_clock(runtime, store.clone(), metrics, Arc::new(clock.clone()));
+        let core = Core::with_clock(runtime, store.clone(), metrics, Arc::new(clock.clone()))
+            .map_err(|e| setup(&e))?;
         core.swap_dynamic(Dynamic {
             keys: by_id,
             ..Dynamic::default()

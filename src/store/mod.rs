@@ -1,10 +1,12 @@
 //! Where limiter state lives.
 //!
 //! One trait, `LimitStore`: the embedded `MemoryStore`, `RedisStore`, and `TieredStore`
-//! (Redis with its failure policy). A store owns atomicity: the layered check of one request is
+//! (Redis with its failure policy); and `BanStore`, what sharing automatic bans across a
+//! fleet takes (`RedisStore`). A store owns atomicity: the layered check of one request is
 //! all-or-nothing even when many threads (or gateways) check the same identities at once.
 //! "Over limit" is a `Verdict`, never an error: `StoreError` means the store failed.
 
+pub mod bans;
 pub mod breaker;
 pub mod memory;
 pub mod redis;
@@ -16,6 +18,7 @@ use async_trait::async_trait;
 use self::slots::{Acquired, SlotLease, SlotRequest};
 use crate::limiter::{Check, DecidedAt, Verdict};
 
+pub use self::bans::BanStore;
 pub use self::redis::RedisStore;
 pub use memory::MemoryStore;
 pub use tiered::TieredStore;

@@ -390,7 +390,8 @@ fn layer() -> ThrottleLayer {
         Arc::new(MemoryStore::with_clock(clock.clone())),
         Arc::new(Metrics::new().unwrap()),
         Arc::new(clock),
-    );
+    )
+    .unwrap();
     ThrottleLayer::from_core(Arc::new(core))
 }
 

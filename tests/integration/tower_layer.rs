@@ -194,7 +194,8 @@ fn layer(limits: &str) -> ThrottleLayer {
         Arc::new(MemoryStore::with_clock(clock.clone())),
         Arc::new(Metrics::new().unwrap()),
         Arc::new(clock),
-    );
+    )
+    .unwrap();
     ThrottleLayer::from_core(Arc::new(core))
 }
 
@@ -418,7 +419,8 @@ cost_header = "x-usage-tokens"
         Arc::new(MemoryStore::with_clock(clock.clone())),
         Arc::new(Metrics::new().unwrap()),
         Arc::new(clock),
-    );
+    )
+    .unwrap();
     let inner = tower::service_fn(|_req: Request<Body>| async {
         let mut r = Response::new(Body::from("ok"));
         r.headers_mut()

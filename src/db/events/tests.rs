@@ -1,6 +1,7 @@
 //! Tests of the event writer.
 
 use std::borrow::Cow;
+use std::net::IpAddr;
 
 use super::*;
 

@@ -75,7 +75,8 @@ fn service(yaml: &str, store: Arc<dyn LimitStore>) -> (Core, Rls, Arc<RlsDescrip
         store,
         Arc::new(Metrics::new().unwrap()),
         Arc::new(ManualClock::at(1_764_000_000_000)),
-    );
+    )
+    .unwrap();
     (core, rls, d)
 }
 

@@ -25,12 +25,14 @@
 
 use std::sync::LazyLock;
 
+use async_trait::async_trait;
 use redis::{FromRedisValue, Script, ScriptInvocation};
 
 use super::{unavailable, wire, Conn, RedisStore};
 use crate::bans::{parse_ident, Ban, BanSource, MAX_BANS, MAX_CHECK_BANS};
 use crate::limiter::{Ident, Scope};
-use crate::store::StoreError;
+pub use crate::store::bans::{BanCursor, BanRead, Published};
+use crate::store::{BanStore, StoreError};
 
 /// Most changes the log holds: a gateway further behind than this reads the whole hash.
 pub const MAX_CHANGES: usize = 10_000;
@@ -172,42 +174,6 @@ return {{epoch, seq, 0, out}}"
 /// gateway's INCRBY reaches `after` meanwhile; when the key expires with the ban, the next
 /// rejection starts a new span.
 const QUIET: i64 = -(1 << 62);
-
-/// How far a gateway's copy of the fleet's bans is: the log's epoch and the last change
-/// applied. The default (never synced) reads the whole hash.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct BanCursor {
-    epoch: String,
-    seq: i64,
-}
-
-/// What a ban sync read.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum BanRead {
-    /// Every ban in force (first sync, the log made anew, or fallen behind it).
-    Full(Vec<(Ident, Ban)>),
-    /// What changed since the cursor: bans set (new or renewed) and identities lifted.
-    Changes {
-        /// Bans set.
-        set: Vec<(Ident, Ban)>,
-        /// Bans lifted.
-        lifted: Vec<(Scope, Ident)>,
-    },
-}
-
-/// What publishing a ban did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Published {
-    /// It is the fleet's ban.
-    Set,
-    /// Refused: the fleet's table holds `MAX_BANS` bans in force, none on this identity.
-    Full,
-    /// Refused: a decision API's ban, and the fleet's table holds `MAX_CHECK_BANS` of
-    /// theirs in force, none on this identity.
-    ChecksFull,
-    /// The identity is banned already (that ban is kept).
-    InForce(Ban),
-}
 
 impl RedisStore {
     fn bans_key(&self) -> String {
@@ -395,6 +361,46 @@ impl RedisStore {
         };
         *cursor = BanCursor { epoch, seq };
         Ok(read)
+    }
+}
+
+#[async_trait]
+impl BanStore for RedisStore {
+    async fn strike(
+        &self,
+        scope: Scope,
+        ident: &Ident,
+        n: u32,
+        within_ms: u64,
+    ) -> Result<i64, StoreError> {
+        RedisStore::strike(self, scope, ident, n, within_ms).await
+    }
+
+    async fn quiet_strikes(
+        &self,
+        scope: Scope,
+        ident: &Ident,
+        until_ms: u64,
+        now_ms: u64,
+    ) -> Result<(), StoreError> {
+        RedisStore::quiet_strikes(self, scope, ident, until_ms, now_ms).await
+    }
+
+    async fn publish_ban(
+        &self,
+        ban: &Ban,
+        now_ms: u64,
+        source: BanSource,
+    ) -> Result<Published, StoreError> {
+        RedisStore::publish_ban(self, ban, now_ms, source).await
+    }
+
+    async fn lift_ban(&self, ban: &Ban) -> Result<(), StoreError> {
+        RedisStore::lift_ban(self, ban).await
+    }
+
+    async fn sync_bans(&self, cursor: &mut BanCursor, now_ms: u64) -> Result<BanRead, StoreError> {
+        RedisStore::sync_bans(self, cursor, now_ms).await
     }
 }
 

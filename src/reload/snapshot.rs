@@ -1,6 +1,8 @@
-//! The database side of admission: the connection state, and the one function that
-//! reloads the snapshot of keys, tenants, policies, overrides and blocks and swaps it in
-//! (`refresh`), used by the background refresher, the admin API and config reloads.
+//! The database snapshot: the connection state, and the one function that reloads the
+//! snapshot of keys, tenants, policies, overrides and blocks and swaps it into the
+//! pipeline's `Core` (`refresh`), used by the background refresher (`sync`), the admin
+//! API and config reloads. The pipeline itself never reads the database: it sees the
+//! published `admission::Dynamic` alone.
 //!
 //! The database returns plain records (`db::Records`); turning them into the key table
 //! happens here: the effective tiers (the config's, with `rate_limit_policies` rows
@@ -17,7 +19,7 @@ use std::sync::Arc;
 use arc_swap::ArcSwapOption;
 use sqlx::postgres::PgPool;
 
-use super::core::{Core, Dynamic};
+use crate::admission::{tenant_tier, Core, Dynamic};
 use crate::config::{
     burst_multiplier, check_cost, parse_algorithm, Config, LimitError, Tier, WindowSettings,
 };
@@ -119,7 +121,7 @@ pub fn build(
     let max_cost = config.max_cost();
     let tiers = effective_tiers(config, &records.policies, &mut refusals);
     let tenants: HashMap<String, String> = records.tenants.into_iter().collect();
-    let tenant_tier = |t: &str| super::core::tenant_tier(config, &tenants, &tiers, t);
+    let tenant_tier = |t: &str| tenant_tier(config, &tenants, &tiers, t);
     let mut keys = KeyTable::default();
     for k in &records.keys {
         if !crate::identity::key_id_allowed(&k.id) {
