@@ -85,3 +85,5 @@ pub mod upstream_health;
 
 #[cfg(test)]
 mod layering;
+#[cfg(test)]
+mod sizes;
