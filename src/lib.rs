@@ -1,13 +1,15 @@
 //! Throttle: an edge gateway for public HTTP APIs on Pingora.
 //!
 //! The modules form layers; each imports only from the layers below it (checked by
-//! `layering::imports_only_run_down`):
+//! `layering::imports_only_run_down`, with `layering::forbidden_imports` for the paths a
+//! module must not name even below it, and `sizes` for the size bar):
 //!
 //! 1. `clock` and `sharded` (one table as mutex-guarded shards picked by hash), then
 //!    `limiter` (policies, the five algorithms as pure functions, the layered verdict)
 //!    and `adaptive` (the adaptive-limit window and controller), then `auth` (JWT
-//!    verification: keys, JWKS refresh, the verified-token cache; it imports nothing of
-//!    the gateway), then `config` (`gateway.toml`, validated once).
+//!    verification: keys, JWKS refresh, the verified-token cache) and `descriptors`
+//!    (envoyproxy/ratelimit's YAML descriptors, loaded and matched), neither importing
+//!    anything of the gateway, then `config` (`gateway.toml`, validated once).
 //! 2. `metrics`, `client_ip` (trusted-proxy address resolution), `blocklist`, `bans`
 //!    (automatic temporary bans), `identity` (API key or JWT -> key id, tenant, tier),
 //!    `lifecycle` (connections and shutdown work), `demo` (the echo upstream), `top` (the
@@ -90,3 +92,5 @@ pub mod violations;
 
 #[cfg(test)]
 mod layering;
+#[cfg(test)]
+mod sizes;

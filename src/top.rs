@@ -1,7 +1,7 @@
 //! Who is near or over the limit: the approximate heaviest identities of the last 60 s per
 //! scope (`GET /v1/top`), in memory fixed at start whatever the traffic.
 //!
-//! Each scope (ip, key, tenant) has a `TopSketch`:
+//! Each scope (ip, key, tenant, and each custom scope) has a `TopSketch`:
 //! - six 10 s slots, each two count-min sketches (`CountMin`, 4 rows x 4096 counters):
 //!   one counts requests, one counts rejected requests. A slot is reset
 //!   by the first request that lands in it after 60 s; reads sum the slots of the six
@@ -28,7 +28,7 @@
 //! is filling), and never across an await. Nothing is allocated but a candidate's
 //! `Ident` clone (an address, or a shared name) when it enters the set.
 //! Memory: 6 slots x 2 sketches x 4 x 4096 x 8 bytes = 1.5 MiB per scope, allocated (and
-//! written) at start.
+//! written) at start for ip, key and tenant, and on its first request for a custom scope.
 
 use std::hash::BuildHasher;
 use std::ops::Deref;
@@ -53,7 +53,7 @@ const WIDTH: usize = 1 << ROW_BITS;
 const ROW_BITS: u32 = 12;
 const _: () = assert!(HASHES as u32 * ROW_BITS <= 64);
 
-/// The sketches of the ip, key and tenant scopes.
+/// The sketches of the ip, key and tenant scopes and of the custom scopes.
 pub struct TopTable {
     ip: TopSketch,
     key: TopSketch,

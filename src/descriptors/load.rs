@@ -340,86 +340,110 @@ impl Loader<'_> {
         let mut level = Level::default();
         let mut seen = HashSet::new();
         for item in items {
-            self.count(item.at)?;
-            let [key, value, rate_limit, children, shadow, quota, detailed, share, metric, meta] =
-                self.item(item, DESCRIPTOR_FIELDS, "a descriptor")?;
-            if depth > MAX_DEPTH {
-                let m = format!("descriptors nested deeper than {MAX_DEPTH} levels");
-                return Err(self.err(item.at, m));
-            }
-            let Some(key) = self.text(key)? else {
-                let at = key.map_or(item.at, value_at);
-                return Err(self.err(at, "descriptor has empty key"));
-            };
-            let value = self.text(value)?;
-            let composite = match value {
-                Some(v) => format!("{key}_{v}"),
-                None => key.to_string(),
-            };
-            let path = if parent.is_empty() {
-                composite.clone()
-            } else {
-                format!("{parent}.{composite}")
-            };
-            if !seen.insert(composite.clone()) {
-                let m = format!("duplicate descriptor composite key '{path}'");
-                return Err(self.err(item.at, m));
-            }
-            let share_threshold = self.boolean(share)?;
-            let wildcard = composite.contains('*');
-            if let (true, false, Some(f)) = (share_threshold, wildcard, share) {
-                let m = format!(
-                    "share_threshold can only be used with wildcard values (containing '*'), \
-                     but found key '{composite}'"
-                );
-                return Err(self.err(f.at, m));
-            }
-            self.boolean(metric)?;
-            if let Some(m) = meta {
-                if !matches!(*m.value.value, YValue::Map(_) | YValue::Null) {
-                    let found = kind(m.value);
-                    return Err(
-                        self.err(m.value.at, format!("metadata must be a map, found {found}"))
-                    );
-                }
-            }
-            let flags = Flags {
-                shadow_mode: self.boolean(shadow)?,
-                quota_mode: self.boolean(quota)?,
-                detailed_metric: self.boolean(detailed)?,
-            };
-            let limit = match rate_limit {
-                Some(f) if !matches!(*f.value.value, YValue::Null) => Some(self.limit(f, flags)?),
-                _ => None,
-            };
-            let children = self.level(self.list(children)?, &path, depth + 1)?;
-            let pattern = wildcard.then(|| {
-                let parts: Vec<String> = composite.split('*').map(str::to_string).collect();
-                let fixed = parts.iter().map(String::len).sum();
-                Pattern { parts, fixed }
-            });
+            let node = self.descriptor(item, parent, depth, &mut seen)?;
             let index = level.nodes.len();
-            let slots = level.by_key.entry_ref(key).or_default();
-            match value {
+            let slots = level.by_key.entry_ref(node.key.as_str()).or_default();
+            match &node.value {
                 Some(v) => {
-                    slots.values.insert(v.to_string(), index);
+                    slots.values.insert(v.clone(), index);
                 }
                 None => slots.bare = Some(index),
             }
-            if wildcard {
+            if node.pattern.is_some() {
                 level.wildcards.push(index);
             }
-            level.nodes.push(Node {
-                key: key.to_string(),
-                value: value.map(str::to_string),
-                path,
-                limit,
-                pattern,
-                share_threshold,
-                children,
-            });
+            level.nodes.push(node);
         }
         Ok(level)
+    }
+
+    /// One descriptor of a level (its children loaded), its composite key (`key_value`)
+    /// not yet in `seen`.
+    fn descriptor(
+        &mut self,
+        item: &YNode,
+        parent: &str,
+        depth: usize,
+        seen: &mut HashSet<String>,
+    ) -> Result<Node, RlsConfigError> {
+        self.count(item.at)?;
+        let [key, value, rate_limit, children, shadow, quota, detailed, share, metric, meta] =
+            self.item(item, DESCRIPTOR_FIELDS, "a descriptor")?;
+        if depth > MAX_DEPTH {
+            let m = format!("descriptors nested deeper than {MAX_DEPTH} levels");
+            return Err(self.err(item.at, m));
+        }
+        let Some(key) = self.text(key)? else {
+            let at = key.map_or(item.at, value_at);
+            return Err(self.err(at, "descriptor has empty key"));
+        };
+        let value = self.text(value)?;
+        let composite = match value {
+            Some(v) => format!("{key}_{v}"),
+            None => key.to_string(),
+        };
+        let path = if parent.is_empty() {
+            composite.clone()
+        } else {
+            format!("{parent}.{composite}")
+        };
+        if !seen.insert(composite.clone()) {
+            let m = format!("duplicate descriptor composite key '{path}'");
+            return Err(self.err(item.at, m));
+        }
+        let share_threshold = self.extras(&composite, share, metric, meta)?;
+        let flags = Flags {
+            shadow_mode: self.boolean(shadow)?,
+            quota_mode: self.boolean(quota)?,
+            detailed_metric: self.boolean(detailed)?,
+        };
+        let limit = match rate_limit {
+            Some(f) if !matches!(*f.value.value, YValue::Null) => Some(self.limit(f, flags)?),
+            _ => None,
+        };
+        let children = self.level(self.list(children)?, &path, depth + 1)?;
+        let pattern = composite.contains('*').then(|| {
+            let parts: Vec<String> = composite.split('*').map(str::to_string).collect();
+            let fixed = parts.iter().map(String::len).sum();
+            Pattern { parts, fixed }
+        });
+        Ok(Node {
+            key: key.to_string(),
+            value: value.map(str::to_string),
+            path,
+            limit,
+            pattern,
+            share_threshold,
+            children,
+        })
+    }
+
+    /// A descriptor's `share_threshold` (only on a wildcard `composite`), with its
+    /// `value_to_metric` and `metadata` checked and dropped.
+    fn extras(
+        &self,
+        composite: &str,
+        share: Option<Field<'_>>,
+        metric: Option<Field<'_>>,
+        meta: Option<Field<'_>>,
+    ) -> Result<bool, RlsConfigError> {
+        let share_threshold = self.boolean(share)?;
+        let wildcard = composite.contains('*');
+        if let (true, false, Some(f)) = (share_threshold, wildcard, share) {
+            let m = format!(
+                "share_threshold can only be used with wildcard values (containing '*'), \
+                 but found key '{composite}'"
+            );
+            return Err(self.err(f.at, m));
+        }
+        self.boolean(metric)?;
+        if let Some(m) = meta {
+            if !matches!(*m.value.value, YValue::Map(_) | YValue::Null) {
+                let found = kind(m.value);
+                return Err(self.err(m.value.at, format!("metadata must be a map, found {found}")));
+            }
+        }
+        Ok(share_threshold)
     }
 
     /// A descriptor's `rate_limit` map.

@@ -114,35 +114,12 @@ pub(super) fn read_tree(file: &str, text: &str) -> Result<Option<YNode>, RlsConf
                 let Some(frame) = stack.pop() else {
                     return Err(err(at, "invalid YAML: unbalanced collection".to_string()));
                 };
-                let value = if frame.map {
-                    let mut pairs = Vec::with_capacity(frame.items.len() / 2);
-                    let mut items = frame.items.into_iter();
-                    while let (Some(k), Some(v)) = (items.next(), items.next()) {
-                        pairs.push((k, v));
-                    }
-                    YValue::Map(pairs)
-                } else {
-                    YValue::Seq(frame.items)
-                };
-                let node = YNode {
-                    at: frame.at,
-                    value: Rc::new(value),
-                };
-                (node, frame.anchor)
+                let anchor = frame.anchor;
+                (frame.close(), anchor)
             }
             Event::Scalar(text, style, anchor, tag) => {
                 let tagged = tag.as_ref().map(|t| t.suffix.as_str());
-                let plain = style == ScalarStyle::Plain && tagged != Some("str");
-                let value = if tagged == Some("null") || (plain && is_null(&text)) {
-                    YValue::Null
-                } else {
-                    YValue::Str {
-                        text: text.into_owned(),
-                        plain,
-                    }
-                };
-                let value = Rc::new(value);
-                (YNode { at, value }, anchor)
+                (scalar(at, text.into_owned(), style, tagged), anchor)
             }
             Event::Alias(id) => {
                 let Some(target) = anchors.get(&id) else {
@@ -162,6 +139,40 @@ pub(super) fn read_tree(file: &str, text: &str) -> Result<Option<YNode>, RlsConf
         }
     }
     Ok(root)
+}
+
+impl Frame {
+    /// The collection read, as a node.
+    fn close(self) -> YNode {
+        let value = if self.map {
+            let mut pairs = Vec::with_capacity(self.items.len() / 2);
+            let mut items = self.items.into_iter();
+            while let (Some(k), Some(v)) = (items.next(), items.next()) {
+                pairs.push((k, v));
+            }
+            YValue::Map(pairs)
+        } else {
+            YValue::Seq(self.items)
+        };
+        YNode {
+            at: self.at,
+            value: Rc::new(value),
+        }
+    }
+}
+
+/// A scalar's node: null when tagged `!!null` or a plain null, else its text.
+fn scalar(at: Pos, text: String, style: ScalarStyle, tagged: Option<&str>) -> YNode {
+    let plain = style == ScalarStyle::Plain && tagged != Some("str");
+    let value = if tagged == Some("null") || (plain && is_null(&text)) {
+        YValue::Null
+    } else {
+        YValue::Str { text, plain }
+    };
+    YNode {
+        at,
+        value: Rc::new(value),
+    }
 }
 
 /// YAML's null as a plain scalar.

@@ -1,6 +1,6 @@
 //! The outcome of a limit check: a value, never an error.
 //!
-//! Durations are relative milliseconds (`reset_after`, `retry_after`) so that a decision
+//! Durations are relative milliseconds (`reset_after_ms`, `retry_after_ms`) so that a decision
 //! made on Redis time never mixes clocks with the gateway's header rendering.
 
 use super::check::{Check, MAX_SCOPES};

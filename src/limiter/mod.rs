@@ -1,7 +1,8 @@
 //! Limits, algorithms and the layered decision.
 //!
-//! A request is checked against up to four scopes in order ip -> key -> tenant -> global,
-//! each with one or more windows. The decision is all-or-nothing: every window of every
+//! A request is checked against its scopes (the built-in ip, key, tenant and global, and
+//! the named ones: a route's tables, custom scopes; at most `MAX_SCOPES`), each with one or
+//! more windows. The decision is all-or-nothing: every window of every
 //! scope is evaluated first (a dry run), and only when all of them allow the request is
 //! any of them charged. When a later scope rejects, the earlier scopes keep their
 //! remaining count untouched: nothing is charged (unlike Envoy ratelimit #185).

@@ -17,25 +17,24 @@
 //!   (`throttle_trace_spans_total{outcome="dropped"}`); the request never waits.
 //! - With `[tracing]` off there is no `Tracer`: nothing is recorded or sent, and the
 //!   client's `traceparent` passes through untouched.
+//!
+//! `traceparent` parses and formats the W3C header, `spans` turns a `Finished` into its
+//! OTLP spans, `export` is the exporter thread.
 
+mod export;
+mod spans;
 pub mod traceparent;
 
 use std::net::{IpAddr, SocketAddr};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::sync::mpsc::{self, SyncSender, TrySendError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::{HeaderMap, HeaderValue, Method};
-use opentelemetry_proto::tonic::collector::trace::v1::trace_service_client::TraceServiceClient;
-use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
-use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, InstrumentationScope, KeyValue};
-use opentelemetry_proto::tonic::resource::v1::Resource;
-use opentelemetry_proto::tonic::trace::v1::{
-    span, status, ResourceSpans, ScopeSpans, Span, Status,
-};
 use prometheus::IntCounter;
 use tokio::time::Instant;
 
 use crate::config::Tracing;
+use export::Exporter;
 
 /// Requests the export queue holds before new ones are dropped.
 pub const CAPACITY: usize = 4096;
@@ -147,8 +146,8 @@ pub struct Finished {
     pub rejected: Option<(&'static str, &'static str)>,
     /// The store call: its start and length, and the store's name.
     pub store: Option<(Instant, Duration, &'static str)>,
-    /// The upstream call: its start, the address of the last attempt, and the response
-    /// head's arrival and status.
+    /// The upstream call: its start, the address of the last attempt and the response
+    /// head's status.
     pub upstream: Option<Upstream>,
     /// What ended the request, when an error did.
     pub error: Option<String>,
@@ -354,146 +353,6 @@ impl Trace {
     }
 }
 
-// === impl Finished ===
-
-impl Finished {
-    fn span_count(&self) -> u64 {
-        1 + u64::from(self.store.is_some()) + u64::from(self.upstream.is_some())
-    }
-
-    /// The request's spans: the server span, then the store's and the upstream's.
-    pub fn spans(&self) -> Vec<Span> {
-        let t = &self.trace;
-        let start = t.started_unix_ns;
-        let end = t.unix_ns(self.ended);
-        let trace_id = t.trace_id.to_vec();
-        let server_id = t.span_id.to_vec();
-        let mut attrs = vec![
-            kv("http.request.method", self.method),
-            kv("url.path", cap(&self.path, MAX_PATH)),
-            kv_int("http.response.status_code", i64::from(self.status)),
-        ];
-        if let Some(m) = &self.method_original {
-            attrs.push(kv("http.request.method_original", m));
-        }
-        if let Some(ip) = self.client_ip {
-            attrs.push(kv("client.address", &ip.to_string()));
-        }
-        if let Some(route) = &self.route {
-            attrs.push(kv("throttle.route", route));
-        }
-        if let Some(id) = self.request_id.as_ref().and_then(|v| v.to_str().ok()) {
-            attrs.push(kv("throttle.request_id", id));
-        }
-        if let Some((scope, window)) = self.rejected {
-            attrs.push(kv("throttle.rejected.scope", scope));
-            attrs.push(kv("throttle.rejected.window", window));
-        }
-        let failed = self.status >= 500 || self.status == 0 && self.error.is_some();
-        let name = match (&self.route, self.method) {
-            (Some(r), "_OTHER") => format!("HTTP {r}"),
-            (Some(r), m) => format!("{m} {r}"),
-            (None, "_OTHER") => "HTTP".to_string(),
-            (None, m) => m.to_string(),
-        };
-        let mut spans = vec![Span {
-            trace_id: trace_id.clone(),
-            span_id: server_id.clone(),
-            parent_span_id: t.parent.map(|p| p.to_vec()).unwrap_or_default(),
-            trace_state: t
-                .tracestate
-                .as_ref()
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("")
-                .to_string(),
-            flags: 1,
-            name,
-            kind: span::SpanKind::Server as i32,
-            start_time_unix_nano: start,
-            end_time_unix_nano: end,
-            attributes: attrs,
-            status: Some(outcome(failed, self.error.as_deref())),
-            ..Span::default()
-        }];
-        if let Some((at, took, store)) = self.store {
-            let from = t.unix_ns(at);
-            let took = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
-            spans.push(Span {
-                trace_id: trace_id.clone(),
-                span_id: nonzero_span().to_vec(),
-                parent_span_id: server_id.clone(),
-                flags: 1,
-                name: "throttle.store".to_string(),
-                kind: span::SpanKind::Internal as i32,
-                start_time_unix_nano: from,
-                end_time_unix_nano: from.saturating_add(took),
-                attributes: vec![kv("throttle.store", store)],
-                ..Span::default()
-            });
-        }
-        if let Some(up) = &self.upstream {
-            let mut attrs = Vec::new();
-            if let Some(addr) = up.addr {
-                attrs.push(kv("server.address", &addr.ip().to_string()));
-                attrs.push(kv_int("server.port", i64::from(addr.port())));
-            }
-            if let Some(s) = up.status {
-                attrs.push(kv_int("http.response.status_code", i64::from(s)));
-            }
-            let failed = up.status.is_none_or(|s| s >= 500);
-            spans.push(Span {
-                trace_id,
-                span_id: t.upstream_span_id.to_vec(),
-                parent_span_id: server_id,
-                flags: 1,
-                name: if self.method == "_OTHER" {
-                    "HTTP".to_string()
-                } else {
-                    self.method.to_string()
-                },
-                kind: span::SpanKind::Client as i32,
-                start_time_unix_nano: t.unix_ns(up.started),
-                end_time_unix_nano: end,
-                attributes: attrs,
-                status: Some(outcome(failed, self.error.as_deref())),
-                ..Span::default()
-            });
-        }
-        spans
-    }
-}
-
-fn outcome(failed: bool, error: Option<&str>) -> Status {
-    if failed {
-        Status {
-            code: status::StatusCode::Error as i32,
-            message: error.unwrap_or("").to_string(),
-        }
-    } else {
-        Status::default()
-    }
-}
-
-fn kv(key: &str, value: &str) -> KeyValue {
-    KeyValue {
-        key: key.to_string(),
-        value: Some(AnyValue {
-            value: Some(any_value::Value::StringValue(value.to_string())),
-        }),
-        ..KeyValue::default()
-    }
-}
-
-fn kv_int(key: &str, value: i64) -> KeyValue {
-    KeyValue {
-        key: key.to_string(),
-        value: Some(AnyValue {
-            value: Some(any_value::Value::IntValue(value)),
-        }),
-        ..KeyValue::default()
-    }
-}
-
 /// `s` cut to at most `max` bytes at a character boundary.
 pub fn cap(s: &str, max: usize) -> &str {
     if s.len() <= max {
@@ -504,112 +363,6 @@ pub fn cap(s: &str, max: usize) -> &str {
         end -= 1;
     }
     &s[..end]
-}
-
-/// The exporter thread's state: its runtime, the collector's client, the resource.
-struct Exporter {
-    runtime: tokio::runtime::Runtime,
-    client: TraceServiceClient<tonic::transport::Channel>,
-    resource: Resource,
-    counts: SpanCounts,
-}
-
-impl Exporter {
-    fn new(config: &Tracing, counts: SpanCounts) -> std::io::Result<Self> {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
-        let endpoint = tonic::transport::Endpoint::from_shared(config.endpoint.clone())
-            .map_err(std::io::Error::other)?
-            .connect_timeout(EXPORT_TIMEOUT)
-            .timeout(EXPORT_TIMEOUT);
-        // The channel connects on first use (and again after a failure), on this runtime.
-        let channel = {
-            let _entered = runtime.enter();
-            endpoint.connect_lazy()
-        };
-        Ok(Self {
-            runtime,
-            client: TraceServiceClient::new(channel),
-            resource: Resource {
-                attributes: vec![kv("service.name", &config.service_name)],
-                ..Resource::default()
-            },
-            counts,
-        })
-    }
-
-    /// Batches and exports until the gateway goes away. A thread of its own, outside
-    /// any runtime: its waits are the std channel's, on std's clock.
-    #[allow(clippy::disallowed_methods)]
-    fn run(mut self, rx: &Receiver<Finished>) {
-        let mut batch = Vec::with_capacity(BATCH);
-        while let Ok(first) = rx.recv() {
-            batch.push(first);
-            let until = std::time::Instant::now() + EXPORT_EVERY;
-            let mut gone = false;
-            while batch.len() < BATCH {
-                let left = until.saturating_duration_since(std::time::Instant::now());
-                match rx.recv_timeout(left) {
-                    Ok(f) => batch.push(f),
-                    Err(RecvTimeoutError::Timeout) => break,
-                    Err(RecvTimeoutError::Disconnected) => {
-                        gone = true;
-                        break;
-                    }
-                }
-            }
-            self.export(&mut batch);
-            if gone {
-                return;
-            }
-        }
-    }
-
-    /// One export call for `batch` (emptied), within `EXPORT_TIMEOUT`.
-    fn export(&mut self, batch: &mut Vec<Finished>) {
-        let spans: Vec<Span> = batch.drain(..).flat_map(|f| f.spans()).collect();
-        let n = spans.len() as u64;
-        let request = ExportTraceServiceRequest {
-            resource_spans: vec![ResourceSpans {
-                resource: Some(self.resource.clone()),
-                scope_spans: vec![ScopeSpans {
-                    scope: Some(InstrumentationScope {
-                        name: "throttle".to_string(),
-                        version: env!("CARGO_PKG_VERSION").to_string(),
-                        ..InstrumentationScope::default()
-                    }),
-                    spans,
-                    ..ScopeSpans::default()
-                }],
-                ..ResourceSpans::default()
-            }],
-        };
-        let client = &mut self.client;
-        // The timer is made inside the runtime (it needs one to exist).
-        let sent = self
-            .runtime
-            .block_on(async { tokio::time::timeout(EXPORT_TIMEOUT, client.export(request)).await });
-        match sent {
-            Ok(Ok(reply)) => {
-                let refused = reply
-                    .into_inner()
-                    .partial_success
-                    .map_or(0, |p| u64::try_from(p.rejected_spans).unwrap_or(0))
-                    .min(n);
-                self.counts.exported.inc_by(n - refused);
-                self.counts.failed.inc_by(refused);
-            }
-            Ok(Err(e)) => {
-                tracing::debug!(error = %e, "trace export failed");
-                self.counts.failed.inc_by(n);
-            }
-            Err(_) => {
-                tracing::debug!("trace export timed out");
-                self.counts.failed.inc_by(n);
-            }
-        }
-    }
 }
 
 #[cfg(test)]

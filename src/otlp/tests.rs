@@ -1,6 +1,8 @@
 use std::time::Duration;
 
 use http::{HeaderMap, HeaderValue, Method};
+use opentelemetry_proto::tonic::common::v1::any_value;
+use opentelemetry_proto::tonic::trace::v1::{span, status, Span};
 use prometheus::IntCounter;
 
 use super::*;

@@ -1,6 +1,8 @@
-//! From the serde mirror (`file`) to the validated model: one file per section (`server`,
-//! `client_ip`, `store`, `tiers` for `[limits]` and `[tiers]`, `routes`, `keys` for keys and
-//! blocks); `validate` calls them in the order their errors are reported.
+//! From the serde mirror (`file`) to the validated model: one file per section (`server`
+//! with `tokens` for its tokens, `store`, `tiers` for `[limits]` and `[tiers]`, `keys` for
+//! keys and blocks, `scopes` for custom scopes and route limits, `routes`, `auth` and
+//! `jwt` for `[auth]`, `client_ip`, `rls`); `validate` calls them in the order their
+//! errors are reported.
 
 use std::collections::{HashMap, HashSet};
 use std::fmt::Display;

@@ -2,7 +2,7 @@
 
 use super::calendar::DAY_MS;
 use super::*;
-use crate::limiter::policy::Window;
+use crate::limiter::policy::{Algorithm, Window};
 
 /// Month windows follow the calendar, including leap years and year ends.
 #[test]

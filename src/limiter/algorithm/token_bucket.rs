@@ -17,7 +17,7 @@
 //! level `-x` at `now` is kept as an empty bucket at `last = now + ceil(x / rate)` in
 //! the future (rounded up: at most a millisecond's refill more is charged), at most one
 //! period ahead. There is no refill before `last`, so no request is admitted until then,
-//! `retry_after` and `reset_after` count the wait from `now` to `last`, and `current`
+//! `retry_after_ms` and `reset_after_ms` count the wait from `now` to `last`, and `current`
 //! counts the debt: a bucket owing `D` tokens answers `capacity + D + cost`
 //! (`used_tokens`). A refund raises the level by what `refund_units` allows (the replay
 //! may have been full and wasted refill since the request), at most to the capacity
