@@ -1,5 +1,5 @@
 //! The admission pipeline: one transport-neutral step that every entry point (the proxy,
-//! `POST /v1/check`, later the Envoy gRPC service) runs to decide a request.
+//! `POST /v1/check`, the Envoy rate-limit service, the tower layer) runs to decide a request.
 //!
 //! `admit(&core, &AdmitRequest)` takes plain data (client address, host and path or a
 //! route name, the presented key, a cost) and answers with an `Admission` or a `Refusal`.
@@ -13,9 +13,10 @@
 //!    against the client address in `[limits.auth]`, and past that limit no key or token
 //!    is looked at (429 `auth`);
 //! 4. key and tenant blocks (403);
-//! 5. concurrency slots (`concurrent = N` on ip, key, tenant), all-or-nothing (429
-//!    `concurrent`); a request refused here charges no rate window;
-//! 6. the layered limits ip -> key -> tenant -> global, all-or-nothing (429 or 503); a
+//! 5. concurrency slots (`concurrent = N` on ip, key, tenant and the named scopes: a
+//!    route's tables, custom scopes), all-or-nothing (429 `concurrent`); a request refused here charges no rate window;
+//! 6. the layered limits ip -> key -> tenant -> global, then the named scopes (a route's
+//!    tables, custom scopes), all-or-nothing (429 or 503); a
 //!    refusal here gives the slots of step 5 back at once.
 //!
 //! Every decided request is counted for `GET /v1/top` (`crate::top`): its address, and

@@ -6,7 +6,7 @@
 //! With `[rls] config`, the descriptors follow envoyproxy/ratelimit's YAML and semantics
 //! (`configured`). Without it, the built-in mapping (`request`, `answer`): each
 //! descriptor is its own admission request, decided all-or-nothing across its scopes (the
-//! layered ip -> key -> tenant -> global check), and the call is all-or-nothing across
+//! built-in scopes, then a route's tables and custom scopes), and the call is all-or-nothing across
 //! descriptors (one refused: the others are refunded). One call spends each shared scope
 //! at most once, whatever its number of descriptors: `global` with its first descriptor,
 //! `ip` with the first descriptor naming each `remote_address` (`shared_once`):
