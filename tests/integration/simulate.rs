@@ -47,7 +47,7 @@ fn has_row(table: &str, cells: &[&str]) -> bool {
         .any(|l| l.split_whitespace().eq(cells.iter().copied()))
 }
 
-/// The table for people, for the README's example: the config in production and the
+/// The table for people, for the book's example (docs/src/features/simulate.md): the config in production and the
 /// candidate that cuts the free tier from 10 to 5 per minute.
 #[test]
 fn prints_the_table_for_the_fixture_trace() {
