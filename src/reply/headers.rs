@@ -24,6 +24,14 @@ pub const REMAINING: &str = "x-ratelimit-remaining";
 pub const RESET: &str = "x-ratelimit-reset";
 /// `Retry-After`.
 pub const RETRY_AFTER: &str = "retry-after";
+/// `Retry-After`'s value on an answer that a moment may change (not ready, no database
+/// yet, a store away, too many connections, a concurrency slot taken): one second.
+pub const RETRY_SOON: &str = "1";
+
+/// `Retry-After: 1` (`RETRY_SOON`) as a reply header.
+pub fn retry_soon() -> (&'static str, HeaderValue) {
+    (RETRY_AFTER, HeaderValue::from_static(RETRY_SOON))
+}
 
 /// `RateLimit-Policy` (draft-ietf-httpapi-ratelimit-headers-11).
 pub const IETF_POLICY: &str = "ratelimit-policy";
@@ -187,6 +195,17 @@ pub fn retry_after_secs(retry_after_ms: u64) -> u64 {
 mod tests {
     use super::*;
     use crate::limiter::{Decision, Scope, Window};
+
+    /// Every "try again in a moment" answer says `Retry-After: 1`, as a header pair.
+    #[test]
+    fn retry_soon_is_one_second() {
+        let (name, value) = retry_soon();
+        assert_eq!((name, value.to_str().unwrap()), ("retry-after", "1"));
+        assert_eq!(
+            http::HeaderName::from_static(RETRY_AFTER),
+            http::header::RETRY_AFTER
+        );
+    }
 
     fn wd(remaining: u32, reset: u64, retry: u64) -> WindowDecision {
         WindowDecision {
