@@ -7,6 +7,7 @@ mod file;
 mod limits;
 mod model;
 mod secret;
+mod text;
 mod validate;
 mod warnings;
 
@@ -24,6 +25,7 @@ pub use model::{
     Mode, PathParameters, RateLimitHeaders, Rls, RlsDescriptors, Route, RouteLimit, Secret, Server,
     Store, Tier, Tls, Tracing, DEFAULT_MAX_STATES,
 };
+pub use text::{cap, cap_in_place};
 pub use validate::{format_rfc3339, rfc3339_ms};
 
 /// The config shipped with Throttle (the repository's `gateway.toml`), used by

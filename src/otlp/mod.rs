@@ -35,7 +35,7 @@ use opentelemetry_proto::tonic::trace::v1::{
 use prometheus::IntCounter;
 use tokio::time::Instant;
 
-use crate::config::Tracing;
+use crate::config::{cap, Tracing};
 
 /// Requests the export queue holds before new ones are dropped.
 pub const CAPACITY: usize = 4096;
@@ -492,18 +492,6 @@ fn kv_int(key: &str, value: i64) -> KeyValue {
         }),
         ..KeyValue::default()
     }
-}
-
-/// `s` cut to at most `max` bytes at a character boundary.
-pub fn cap(s: &str, max: usize) -> &str {
-    if s.len() <= max {
-        return s;
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
 }
 
 /// The exporter thread's state: its runtime, the collector's client, the resource.
