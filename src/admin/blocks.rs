@@ -10,7 +10,8 @@ use serde::Deserialize;
 
 use super::{invalid, json_reply, read_body};
 use crate::admission::snapshot::{self, Database};
-use crate::admission::{parse_net, Core, Dynamic};
+use crate::admission::{Core, Dynamic};
+use crate::config::parse_net;
 use crate::db::blocks::BlockRow;
 use crate::identity::KeyTable;
 use crate::reply::{error_reply, Reply};

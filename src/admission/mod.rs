@@ -50,7 +50,7 @@ use std::sync::Arc;
 
 pub use self::applied::{Applied, Skip, Table, Tables};
 pub use self::auth::lookup_key;
-pub use self::core::{block_entry, parse_net, Core, Dynamic, Runtime, RuntimeError};
+pub use self::core::{block_entry, Core, Dynamic, Runtime, RuntimeError};
 pub use self::custom::Attrs;
 pub use self::limits::{decide, Who};
 pub use self::pipeline::{admit_at, blocked_ip, ip_blocked, ip_blocked_at};

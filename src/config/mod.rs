@@ -6,6 +6,7 @@ mod error;
 mod file;
 mod limits;
 mod model;
+mod net;
 mod secret;
 mod text;
 mod validate;
@@ -25,6 +26,7 @@ pub use model::{
     Mode, PathParameters, RateLimitHeaders, Rls, RlsDescriptors, Route, RouteLimit, Secret, Server,
     Store, Tier, Tls, Tracing, DEFAULT_MAX_STATES,
 };
+pub use net::{parse_net, parse_net_as_written};
 pub use text::{cap, cap_in_place};
 pub use validate::{format_rfc3339, rfc3339_ms};
 
