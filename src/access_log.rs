@@ -15,6 +15,8 @@ use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError, TrySendError};
 use prometheus::IntCounter;
 use serde::Serialize;
 
+use crate::config::{cap, cap_in_place};
+
 /// Lines the queue holds before new ones are dropped.
 pub const CAPACITY: usize = 8192;
 /// The longest field written (bytes; a longer one is cut at a character boundary).
@@ -141,8 +143,7 @@ pub fn line(mut entry: Entry<'_>) -> Option<String> {
     }
     for field in [&mut entry.client_ip, &mut entry.upstream] {
         if let Some(f) = field.as_mut() {
-            let keep = cap(f, MAX_FIELD).len();
-            f.truncate(keep);
+            cap_in_place(f, MAX_FIELD);
         }
     }
     let out = serde_json::to_string(&entry).ok()?;
@@ -161,18 +162,6 @@ fn escape_separators(json: String) -> String {
     }
     json.replace('\u{2028}', "\\u2028")
         .replace('\u{2029}', "\\u2029")
-}
-
-/// `s` cut to at most `max` bytes at a character boundary.
-fn cap(s: &str, max: usize) -> &str {
-    if s.len() <= max {
-        return s;
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
 }
 
 /// The writer thread: lines from `rx` to `sink`, flushed when the queue runs dry.

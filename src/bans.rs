@@ -11,6 +11,8 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError, RwLock};
 
+use ipnet::IpNet;
+
 use crate::limiter::{BanRule, Base, Ident, Scope};
 
 /// Most bans held. At the cap a new ban is refused (and counted), never put in place of
@@ -547,9 +549,12 @@ fn shed(strikes: &mut HashMap<(Scope, Ident), Strike>, now_ms: u64, max: usize) 
 /// The identity a ban's scope and value name (the inverse of `Ident`'s `Display`).
 pub fn parse_ident(scope: Scope, value: &str) -> Option<Ident> {
     match scope {
-        Scope::Ip | Scope::Auth => match value.parse::<ipnet::Ipv6Net>() {
-            Ok(net) => Some(Ident::Net(net)),
-            Err(_) => value.parse().ok().map(Ident::Ip),
+        // `config::parse_net`: an address (a /32 or /128) is `Ip`, an IPv6 network `Net`;
+        // an IPv4 network is no client's identity.
+        Scope::Ip | Scope::Auth => match crate::config::parse_net(value)? {
+            IpNet::V6(net) if net.prefix_len() < 128 => Some(Ident::Net(net)),
+            IpNet::V4(net) if net.prefix_len() < 32 => None,
+            net => Some(Ident::Ip(net.addr())),
         },
         Scope::Key | Scope::Tenant if !value.is_empty() => Some(Ident::Name(value.into())),
         Scope::Key | Scope::Tenant | Scope::Global => None,

@@ -16,7 +16,7 @@ const LAYERS: &[&[&str]] = &[
     &["clock", "sharded"],
     &["limiter"],
     &["adaptive"],
-    // JWT verification: self-contained, it imports nothing of the gateway; the config
+    // JWT verification: self-contained, it imports only `sharded` of the gateway; the config
     // builds its settings and identity reads its token shape.
     // envoyproxy/ratelimit's YAML descriptors, loaded and matched: pure, it imports
     // nothing of the gateway; the config loads it and the rate-limit service matches it.

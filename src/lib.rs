@@ -7,9 +7,10 @@
 //! 1. `clock` and `sharded` (one table as mutex-guarded shards picked by hash), then
 //!    `limiter` (policies, the five algorithms as pure functions, the layered verdict)
 //!    and `adaptive` (the adaptive-limit window and controller), then `auth` (JWT
-//!    verification: keys, JWKS refresh, the verified-token cache) and `descriptors`
-//!    (envoyproxy/ratelimit's YAML descriptors, loaded and matched), neither importing
-//!    anything of the gateway, then `config` (`gateway.toml`, validated once).
+//!    verification: keys, JWKS refresh, the verified-token cache; of the gateway it
+//!    imports only `sharded`) and `descriptors` (envoyproxy/ratelimit's YAML descriptors,
+//!    loaded and matched; it imports nothing of the gateway), then `config`
+//!    (`gateway.toml`, validated once).
 //! 2. `metrics`, `client_ip` (trusted-proxy address resolution), `blocklist`, `bans`
 //!    (automatic temporary bans), `identity` (API key or JWT -> key id, tenant, tier),
 //!    `lifecycle` (connections and shutdown work), `demo` (the echo upstream), `top` (the

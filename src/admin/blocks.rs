@@ -9,7 +9,8 @@ use pingora::protocols::http::ServerSession;
 use serde::Deserialize;
 
 use super::{invalid, json_reply, read_body};
-use crate::admission::{parse_net, Core, Dynamic};
+use crate::admission::{Core, Dynamic};
+use crate::config::parse_net;
 use crate::db::blocks::BlockRow;
 use crate::identity::KeyTable;
 use crate::reload::snapshot::{self, Database};

@@ -98,7 +98,7 @@ pub(super) async fn check(core: &Core, session: &mut ServerSession) -> Reply {
                     window: Some("concurrent"),
                 };
                 let mut reply = json_reply(429, &body);
-                reply.headers = vec![("retry-after", http::HeaderValue::from_static("1"))];
+                reply.headers = vec![crate::reply::headers::retry_soon()];
                 reply
             }
             _ => refusal.reply(),

@@ -69,7 +69,7 @@ pub(super) fn unavailable(detail: Option<String>) -> Reply {
         503,
         &serde_json::json!({"error": "database_unavailable", "detail": detail}),
     );
-    reply.headers = vec![("retry-after", http::HeaderValue::from_static("1"))];
+    reply.headers = vec![crate::reply::headers::retry_soon()];
     reply
 }
 

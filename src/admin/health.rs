@@ -20,7 +20,7 @@ pub(super) fn readyz(core: &Core, db: &Database) -> Reply {
     if !waiting.is_empty() {
         let body = serde_json::json!({"ready": false, "waiting": waiting});
         let mut reply = json_reply(503, &body);
-        reply.headers = vec![("retry-after", http::HeaderValue::from_static("1"))];
+        reply.headers = vec![crate::reply::headers::retry_soon()];
         return reply;
     }
     let store_ok = core.store.healthy();

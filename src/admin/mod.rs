@@ -29,6 +29,7 @@ use serde::Serialize;
 
 use self::blocks::BlockStore;
 use crate::admission::Core;
+use crate::config::Secret;
 use crate::reload::snapshot::Database;
 use crate::reply::{error_reply, Reply};
 
@@ -75,7 +76,7 @@ pub struct Admin {
     core: Arc<Core>,
     db: Arc<Database>,
     blocks: BlockStore,
-    token: Option<String>,
+    token: Option<Secret>,
 }
 
 // === impl Admin ===
@@ -83,51 +84,28 @@ pub struct Admin {
 impl Admin {
     /// The admin app over `core` and `db`; the block, top and reload endpoints need
     /// `Authorization: Bearer <token>` (`$THROTTLE_ADMIN_TOKEN`) and answer 401 without it.
-    pub fn new(core: Arc<Core>, db: Arc<Database>, token: Option<String>) -> Self {
+    pub fn new(core: Arc<Core>, db: Arc<Database>, token: Option<Secret>) -> Self {
         Self {
             blocks: BlockStore::new(&db),
             core,
             db,
-            token: token.filter(|t| !t.is_empty()),
+            token: token.filter(|t| !t.expose().is_empty()),
         }
     }
 
     fn authorized(&self, session: &ServerSession) -> bool {
-        let Some(token) = &self.token else {
-            return false;
-        };
-        // Exactly one `Authorization`: with two, which one a proxy in front checked is
-        // anyone's guess.
-        let mut all = session
-            .req_header()
-            .headers
-            .get_all(http::header::AUTHORIZATION)
-            .iter();
-        let presented = match (all.next(), all.next()) {
-            (Some(one), None) => one.as_bytes(),
-            _ => return false,
-        };
-        let expected = format!("Bearer {token}");
-        constant_time_eq(presented, expected.as_bytes())
+        self.token
+            .as_ref()
+            .is_some_and(|token| token.authorizes(authorization(session)))
     }
 
     /// Whether `POST /v1/check` may be answered: always without `[server] check_token`,
     /// else only with `Authorization: Bearer <check_token>` (the admin token is not it).
     fn may_check(&self, session: &ServerSession) -> bool {
         let runtime = self.core.runtime();
-        let Some(token) = &runtime.config.server.check_token else {
-            return true;
-        };
-        // Exactly one `Authorization`: with two, which one a proxy in front believed is
-        // anyone's guess.
-        let mut all = session
-            .req_header()
-            .headers
-            .get_all(http::header::AUTHORIZATION)
-            .iter();
-        match (all.next(), all.next()) {
-            (Some(one), None) => token.bearer_matches(Some(one.as_bytes())),
-            _ => false,
+        match &runtime.config.server.check_token {
+            None => true,
+            Some(token) => token.authorizes(authorization(session)),
         }
     }
 
@@ -204,8 +182,15 @@ fn invalid(detail: &str) -> Reply {
     )
 }
 
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+/// Every `Authorization` value of the request, as received (`Secret::authorizes` wants
+/// exactly one).
+fn authorization(session: &ServerSession) -> impl Iterator<Item = &[u8]> {
+    session
+        .req_header()
+        .headers
+        .get_all(http::header::AUTHORIZATION)
+        .iter()
+        .map(|v| v.as_bytes())
 }
 
 fn json_reply<T: Serialize>(status: u16, body: &T) -> Reply {

@@ -27,6 +27,7 @@ use crate::adaptive::Factor;
 use crate::admission::{decide, Applied, Core, Dynamic, Runtime, Skip, Table, Tables, Who};
 use crate::identity::{KeyInfo, JWT_PREFIX};
 use crate::limiter::{Check, ScopeLimits};
+use crate::reply::headers::unspent;
 use crate::reply::{error_reply, Reply};
 
 /// The identity a usage query names: an address, or a caller (a key, a JWT subject, a
@@ -141,12 +142,8 @@ async fn read(core: &Core, row: &Row<'_>) -> Result<Vec<serde_json::Value>, Stri
         let verdict = decide(core, &check).await.map_err(|e| e.to_string())?;
         let Some(g) = verdict.governing else { continue };
         let d = g.decision;
-        // A peek of one unit reports what is left after it: add it back on a pass.
-        let remaining = if verdict.allowed {
-            d.remaining.saturating_add(1).min(d.limit)
-        } else {
-            d.remaining
-        };
+        // A peek of one unit reports what is left after it: added back on a pass.
+        let remaining = unspent(verdict.allowed, d.remaining, 1, d.limit);
         let reset_ms = core.clock.now_ms().saturating_add(d.reset_after_ms);
         let mut window = serde_json::json!({
             "scope": row.entry.scope.short_name(),

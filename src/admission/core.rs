@@ -12,7 +12,7 @@
 //! built once, complete (`Core::builder`).
 
 use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -465,7 +465,7 @@ fn verifier_for(
 /// A stored block as the block list's entry.
 pub fn block_entry(r: &BlockRow) -> Option<BlockEntry> {
     let target = match r.scope.as_str() {
-        "ip" => BlockTarget::Ip(parse_net(&r.value)?),
+        "ip" => BlockTarget::Ip(crate::config::parse_net(&r.value)?),
         "key" => BlockTarget::Key(r.value.clone()),
         "tenant" => BlockTarget::Tenant(r.value.clone()),
         _ => return None,
@@ -475,13 +475,4 @@ pub fn block_entry(r: &BlockRow) -> Option<BlockEntry> {
         reason: r.reason.clone(),
         expires_at_ms: r.expires_at_ms.and_then(|t| u64::try_from(t).ok()),
     })
-}
-
-/// An address or CIDR.
-pub fn parse_net(s: &str) -> Option<ipnet::IpNet> {
-    let s = s.trim();
-    s.parse::<ipnet::IpNet>()
-        .map(|n| n.trunc())
-        .ok()
-        .or_else(|| s.parse::<IpAddr>().ok().map(ipnet::IpNet::from))
 }

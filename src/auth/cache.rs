@@ -1,5 +1,5 @@
 //! Tokens verified before: a repeat token skips the signature check (RSA-2048 costs tens
-//! of microseconds a verification; a hit costs a hash and a shard read).
+//! of microseconds a verification; a hit costs a hash and a shard lookup).
 //!
 //! Keyed by SipHash-1-3/128 of the whole token under a secret drawn per cache, as
 //! `identity`'s key cache is: a match stands for the token itself (a collision needs ~2^64
@@ -8,17 +8,17 @@
 //! the cache lives inside one key-set snapshot, so a rotation or a reload starts empty.
 //! Only successes get in: a failure costs the attacker a signature check of their own.
 //!
-//! Bound: `CACHE_CAPACITY` entries in 16 shards. A full shard first drops its expired
-//! entries; if it is still over three quarters full it is emptied, so a full cache costs
-//! one scan per quarter-shard of inserts, never one per insert.
+//! Bound: `CACHE_CAPACITY` entries in 16 shards (`crate::sharded`). A full shard first
+//! drops its expired entries; if it is still over three quarters full it is emptied, so a
+//! full cache costs one scan per quarter-shard of inserts, never one per insert.
 
 use std::collections::HashMap;
 use std::hash::Hasher;
-use std::sync::{PoisonError, RwLock};
 
 use siphasher::sip128::{Hasher128, SipHasher13};
 
 use super::Caller;
+use crate::sharded::Sharded;
 
 /// Most tokens remembered per key set.
 pub const CACHE_CAPACITY: usize = 65_536;
@@ -26,10 +26,10 @@ pub const CACHE_CAPACITY: usize = 65_536;
 const SHARDS: usize = 16;
 const PER_SHARD: usize = CACHE_CAPACITY / SHARDS;
 
-/// Verified tokens by keyed hash.
+/// Verified tokens by keyed hash; a tag, already a keyed hash, picks its shard as it is.
 pub(super) struct TokenCache {
     secret: (u64, u64),
-    shards: [RwLock<HashMap<u128, Caller>>; SHARDS],
+    shards: Sharded<HashMap<u128, Caller>>,
 }
 
 // === impl TokenCache ===
@@ -38,7 +38,7 @@ impl Default for TokenCache {
     fn default() -> Self {
         Self {
             secret: (rand::random(), rand::random()),
-            shards: Default::default(),
+            shards: Sharded::new(SHARDS),
         }
     }
 }
@@ -51,16 +51,9 @@ impl TokenCache {
         h.finish128().as_u128()
     }
 
-    fn shard(&self, tag: u128) -> &RwLock<HashMap<u128, Caller>> {
-        &self.shards[(tag as usize) % SHARDS]
-    }
-
     /// The caller of the token with `tag`, while `now_secs` is before its `exp`.
     pub(super) fn get(&self, tag: u128, now_secs: u64) -> Option<Caller> {
-        let shard = self
-            .shard(tag)
-            .read()
-            .unwrap_or_else(PoisonError::into_inner);
+        let shard = self.shards.lock(tag as usize);
         let caller = shard.get(&tag)?;
         (now_secs < caller.expires_at).then(|| caller.clone())
     }
@@ -70,10 +63,7 @@ impl TokenCache {
         if now_secs >= caller.expires_at {
             return;
         }
-        let mut shard = self
-            .shard(tag)
-            .write()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut shard = self.shards.lock(tag as usize);
         if shard.len() >= PER_SHARD && !shard.contains_key(&tag) {
             shard.retain(|_, c| now_secs < c.expires_at);
             if shard.len() > PER_SHARD / 4 * 3 {
@@ -85,10 +75,6 @@ impl TokenCache {
 
     /// Entries held (expired ones included until they are dropped).
     pub(super) fn len(&self) -> usize {
-        let lens = self.shards.iter().map(|s| {
-            let s = s.read().unwrap_or_else(PoisonError::into_inner);
-            s.len()
-        });
-        lens.sum()
+        self.shards.iter_locked().map(|s| s.len()).sum()
     }
 }

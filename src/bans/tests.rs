@@ -70,6 +70,18 @@ fn idents_round_trip() {
     }
     assert_eq!(parse_ident(Scope::Key, ""), None);
     assert_eq!(parse_ident(Scope::Ip, "nonsense"), None);
+    // Read by `config::parse_net`: an IPv4 network is no identity, an IPv6 one is its
+    // network (host bits cleared), a /128 or /32 is the address.
+    let net = |s: &str| Some(Ident::Net(s.parse().unwrap()));
+    for (value, want) in [
+        ("10.0.0.0/8", None),
+        ("2001:db8:1::/48", net("2001:db8:1::/48")),
+        ("2001:db8:1::9/48", net("2001:db8:1::/48")),
+        ("2001:db8::1/128", Some(ip("2001:db8::1"))),
+        ("203.0.113.7/32", Some(ip("203.0.113.7"))),
+    ] {
+        assert_eq!(parse_ident(Scope::Ip, value), want, "{value}");
+    }
 }
 
 /// A spray of identities does not grow the strike map past its bound.

@@ -36,7 +36,7 @@ fn is_bidi_control(c: char) -> bool {
 /// `64:ff9b::/96`) by the IPv4 network it carries. `force` accepts both (the network is
 /// then the prefix's).
 pub fn net_problem(value: &str, force: bool) -> Option<String> {
-    let net = value.trim().parse::<IpNet>().ok()?;
+    let net = super::net::parse_net_as_written(value)?;
     if force {
         return None;
     }

@@ -6,7 +6,9 @@ mod error;
 mod file;
 mod limits;
 mod model;
+mod net;
 mod secret;
+mod text;
 mod validate;
 mod warnings;
 
@@ -24,6 +26,8 @@ pub use model::{
     Mode, PathParameters, RateLimitHeaders, Rls, RlsDescriptors, Route, RouteLimit, Secret, Server,
     Store, Tier, Tls, Tracing, DEFAULT_MAX_STATES,
 };
+pub use net::{parse_net, parse_net_as_written};
+pub use text::{cap, cap_in_place};
 pub use validate::{format_rfc3339, rfc3339_ms};
 
 /// The config shipped with Throttle (the repository's `gateway.toml`), used by

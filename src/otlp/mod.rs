@@ -33,7 +33,7 @@ use http::{HeaderMap, HeaderValue, Method};
 use prometheus::IntCounter;
 use tokio::time::Instant;
 
-use crate::config::Tracing;
+use crate::config::{cap, Tracing};
 use export::Exporter;
 
 /// Requests the export queue holds before new ones are dropped.
@@ -351,18 +351,6 @@ impl Trace {
         self.started_unix_ns
             .saturating_add(u64::try_from(since.as_nanos()).unwrap_or(u64::MAX))
     }
-}
-
-/// `s` cut to at most `max` bytes at a character boundary.
-pub fn cap(s: &str, max: usize) -> &str {
-    if s.len() <= max {
-        return s;
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
 }
 
 #[cfg(test)]

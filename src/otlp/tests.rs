@@ -254,5 +254,4 @@ fn client_input_is_bounded() {
     let long = "k=".to_string() + &"v".repeat(MAX_TRACESTATE);
     let huge = headers(&[(TRACEPARENT, PARENT), (TRACESTATE, &long)]);
     assert!(t.trace(Began::now(), &huge, true).tracestate().is_none());
-    assert_eq!(cap("aé", 2), "a");
 }

@@ -321,7 +321,10 @@ fn refused_response() -> http::Response<Vec<u8>> {
         .status(503)
         .header("content-type", "application/json")
         .header("content-length", REFUSED_BODY.len())
-        .header("retry-after", "1")
+        .header(
+            crate::reply::headers::RETRY_AFTER,
+            crate::reply::headers::RETRY_SOON,
+        )
         .body(REFUSED_BODY.as_bytes().to_vec())
         .unwrap_or_else(|_| http::Response::new(Vec::new()))
 }
@@ -389,7 +392,10 @@ async fn refuse_h2(stream: Stream) {
         if let Ok(mut head) = ResponseHeader::build(503, Some(3)) {
             let _ = head.insert_header("content-type", "application/json");
             let _ = head.insert_header("content-length", REFUSED_BODY.len());
-            let _ = head.insert_header("retry-after", "1");
+            let _ = head.insert_header(
+                crate::reply::headers::RETRY_AFTER,
+                crate::reply::headers::RETRY_SOON,
+            );
             if s.write_response_header(Box::new(head), false).is_ok() {
                 let _ = s
                     .write_body(bytes::Bytes::from_static(REFUSED_BODY.as_bytes()), true)

@@ -76,7 +76,7 @@ pub(super) fn trace(
     let a = ctx.admission.as_ref();
     let req = s.req_header();
     // Cut before it is queued: a path may be most of a megabyte-long request head.
-    let path = crate::otlp::cap(req.uri.path(), crate::otlp::MAX_PATH);
+    let path = crate::config::cap(req.uri.path(), crate::otlp::MAX_PATH);
     let (method, method_original) = crate::otlp::method_label(&req.method);
     let store = trace
         .store_span

@@ -24,6 +24,26 @@ pub const REMAINING: &str = "x-ratelimit-remaining";
 pub const RESET: &str = "x-ratelimit-reset";
 /// `Retry-After`.
 pub const RETRY_AFTER: &str = "retry-after";
+/// `Retry-After`'s value on an answer that a moment may change (not ready, no database
+/// yet, a store away, too many connections, a concurrency slot taken): one second.
+pub const RETRY_SOON: &str = "1";
+
+/// What a window has left before this call spends: a decision of `cost` (a look,
+/// `Check::peek`, or a charge) reports what is left after it; `/v1/usage` and the RLS's
+/// uncharged statuses add `cost` back (never above `limit`). A refusal leaves nothing to
+/// spend: 0, as `Decision::remaining` and `X-RateLimit-Remaining` say on a rejection.
+pub fn unspent(allowed: bool, remaining: u32, cost: u32, limit: u32) -> u32 {
+    if allowed {
+        remaining.saturating_add(cost).min(limit)
+    } else {
+        0
+    }
+}
+
+/// `Retry-After: 1` (`RETRY_SOON`) as a reply header.
+pub fn retry_soon() -> (&'static str, HeaderValue) {
+    (RETRY_AFTER, HeaderValue::from_static(RETRY_SOON))
+}
 
 /// `RateLimit-Policy` (draft-ietf-httpapi-ratelimit-headers-11).
 pub const IETF_POLICY: &str = "ratelimit-policy";
@@ -187,6 +207,41 @@ pub fn retry_after_secs(retry_after_ms: u64) -> u64 {
 mod tests {
     use super::*;
     use crate::limiter::{Decision, Scope, Window};
+
+    /// (allowed, remaining after, cost, limit, unspent).
+    #[test]
+    fn unspent_adds_the_cost_back_on_a_pass() {
+        let cases = [
+            (true, 4, 1, 10, 5),
+            (true, 0, 1, 10, 1),
+            (true, 9, 1, 10, 10),
+            (true, 7, 3, 10, 10),
+            (true, 8, 5, 10, 10),
+            (true, 5, 0, 10, 5),
+            (true, u32::MAX - 1, 5, u32::MAX, u32::MAX),
+            (false, 0, 1, 10, 0),
+            (false, 3, 5, 10, 0),
+            (false, 0, 0, 0, 0),
+        ];
+        for (allowed, remaining, cost, limit, want) in cases {
+            assert_eq!(
+                unspent(allowed, remaining, cost, limit),
+                want,
+                "{allowed} {remaining} {cost} {limit}"
+            );
+        }
+    }
+
+    /// Every "try again in a moment" answer says `Retry-After: 1`, as a header pair.
+    #[test]
+    fn retry_soon_is_one_second() {
+        let (name, value) = retry_soon();
+        assert_eq!((name, value.to_str().unwrap()), ("retry-after", "1"));
+        assert_eq!(
+            http::HeaderName::from_static(RETRY_AFTER),
+            http::header::RETRY_AFTER
+        );
+    }
 
     fn wd(remaining: u32, reset: u64, retry: u64) -> WindowDecision {
         WindowDecision {

@@ -62,11 +62,7 @@ fn concurrent(code: &str, full: &Full, template: Option<&str>) -> Reply {
     if let (Some(route), Some(map)) = (full.scope.route(), body.as_object_mut()) {
         map.insert("route".into(), route.into());
     }
-    json(
-        429,
-        body.to_string(),
-        vec![("retry-after", HeaderValue::from_static("1"))],
-    )
+    json(429, body.to_string(), vec![headers::retry_soon()])
 }
 
 /// The 403 of an automatic ban: its scope, reason and the seconds until it lifts, also as
@@ -180,7 +176,7 @@ pub fn render(rejection: &Rejection, now_ms: u64, style: RateLimitHeaders) -> Re
         ),
         Rejection::Unavailable | Rejection::NotReady => {
             let mut reply = error_reply(503, code);
-            reply.headers = vec![("retry-after", HeaderValue::from_static("1"))];
+            reply.headers = vec![headers::retry_soon()];
             reply
         }
         Rejection::MissingKey | Rejection::InvalidKey => error_reply(401, code),

@@ -243,11 +243,7 @@ async fn outcome(core: &Core, c: &Check<'_>) -> Outcome {
             Outcome {
                 fits: v.allowed,
                 left_after: remaining,
-                left_now: if v.allowed {
-                    remaining.saturating_add(c.cost).min(limit)
-                } else {
-                    0
-                },
+                left_now: crate::reply::headers::unspent(v.allowed, remaining, c.cost, limit),
                 reset_ms,
                 charged: (v.allowed && !c.peek).then_some(v),
             }

@@ -189,12 +189,8 @@ impl Rls {
         let Some(token) = &runtime.config.server.check_token else {
             return Ok(());
         };
-        let mut all = metadata.get_all("authorization").iter();
-        let presented = match (all.next(), all.next()) {
-            (Some(one), None) => Some(one.as_bytes()),
-            _ => None,
-        };
-        if token.bearer_matches(presented) {
+        let presented = metadata.get_all("authorization").into_iter();
+        if token.authorizes(presented.map(|v| v.as_bytes())) {
             return Ok(());
         }
         Err(Status::unauthenticated(

@@ -315,13 +315,7 @@ fn add_listeners(
     proxy.add_tcp(&listen.to_string());
     // `$THROTTLE_ADMIN_TOKEN` or `[server] admin_token_file`'s content (the config
     // checked it: never both, never weak).
-    let token = core
-        .runtime()
-        .config
-        .server
-        .admin_token
-        .as_ref()
-        .map(|s| s.expose().to_string());
+    let token = core.runtime().config.server.admin_token.clone();
     // The admin listener counts its connections apart from the proxy's (its own cap).
     let mut admin = Service::new(
         "throttle admin".to_string(),

@@ -147,7 +147,7 @@ fn tokens_come_from_files() {
         "t0ken-from-file-0123"
     );
     let check = c.server.check_token.unwrap();
-    assert!(check.bearer_matches(Some(b"Bearer t0ken-from-file-0123")));
+    assert!(check.authorizes([&b"Bearer t0ken-from-file-0123"[..]]));
     for key in ["admin_token_file", "check_token_file"] {
         let err = load(&format!("{key} = \"empty\"")).unwrap_err().to_string();
         assert!(

@@ -20,16 +20,16 @@ pub(super) fn trusted(cx: &Ctx<'_>, list: &[Spanned<String>]) -> Result<Vec<IpNe
     list.iter().map(|c| cidr(cx, c)).collect()
 }
 
-/// An address or CIDR; a bare address is a /32 or /128.
+/// An address or CIDR (`config::parse_net`: a bare address is a /32 or /128, host bits
+/// are cleared).
 pub(super) fn cidr(cx: &Ctx<'_>, v: &Spanned<String>) -> Result<IpNet, ConfigError> {
-    let s = v.get_ref().trim();
-    if let Ok(net) = s.parse::<IpNet>() {
-        return Ok(net.trunc());
-    }
-    s.parse::<IpAddr>().map(IpNet::from).map_err(|_| {
+    crate::config::parse_net(v.get_ref()).ok_or_else(|| {
         cx.err(
             v.span(),
-            format!("invalid CIDR {s:?}: expected an address or ADDRESS/PREFIX"),
+            format!(
+                "invalid CIDR {:?}: expected an address or ADDRESS/PREFIX",
+                v.get_ref().trim()
+            ),
         )
     })
 }
