@@ -90,10 +90,7 @@ impl RequestCtx {
             }
             a.finish(ending(e, status));
         }
-        let counters = match &self.route {
-            Some(r) => r.counters.get_or_init(|| core.metrics.route(&r.route.name)),
-            None => unrouted,
-        };
+        let counters = crate::edge::route_counters(core, self.route.as_deref(), unrouted);
         counters.request(status);
         if let Some(started) = self.upstream_started {
             counters

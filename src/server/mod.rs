@@ -25,7 +25,7 @@ use crate::db::events::EventQueue;
 use crate::demo::DemoUpstream;
 use crate::lifecycle::{self, Lifecycle};
 use crate::metrics::Metrics;
-use crate::proxy::listener::{Capped, Edge};
+use crate::proxy::listener::{Capped, ProxyListener};
 use crate::proxy::Gateway;
 use crate::rls::RlsListener;
 use crate::store::{LimitStore, MemoryStore, RedisStore, TieredStore};
@@ -298,7 +298,7 @@ fn add_listeners(
     };
     let mut proxy = Service::new(
         "throttle proxy".to_string(),
-        Edge::new(
+        ProxyListener::new(
             gateway,
             core.clone(),
             lifecycle.clone(),
