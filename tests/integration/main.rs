@@ -35,6 +35,7 @@ mod lifetime;
 mod listeners;
 mod names;
 mod one_caller;
+mod one_edge;
 mod proxy_e2e;
 mod ratelimit_headers;
 mod ready;
