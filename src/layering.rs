@@ -40,6 +40,8 @@ const LAYERS: &[&[&str]] = &[
     &["reply", "reload", "upstream_health"],
     // The transport-neutral HTTP edge every HTTP adapter calls.
     &["edge"],
+    // What the Pingora listeners share: the connection guard and the peer's address.
+    &["listener"],
     // The adapters: none imports another.
     &["proxy", "admin", "sync", "rls", "layer"],
     &["server", "simulate"],

@@ -27,9 +27,10 @@
 //! 5. `reply` (the gateway's own HTTP answers: `Refusal::reply`, `Admission::rate_headers`),
 //!    `reload` (config hot reload, and `reload::snapshot`: the database snapshot read and
 //!    published) and `upstream_health` (active health checks).
-//! 6. `edge`: transport-neutral HTTP (path normalization, the target and its one `Host`
-//!    rule, forwarding headers, the reported cost, `admit_http`, the socket peer's
-//!    address, the connection guard).
+//! 6. `edge`: transport-neutral HTTP, no Pingora (path normalization, the one target
+//!    parser and its `Host` rule, forwarding headers, the reported cost, `admit_http` and
+//!    `answered`, the socket peer's canonical address), then `listener`: what the Pingora
+//!    listeners share (the connection guard, the Pingora peer read through `edge`).
 //! 7. The adapters, none importing another: `proxy` (Pingora), `admin` (the admin
 //!    listener and `/v1/check`), `rls` (Envoy's rate-limit gRPC service), `sync` (the
 //!    background link to PostgreSQL) and `layer` (the `tower::Layer` for embedding).
@@ -75,6 +76,7 @@ pub mod identity;
 pub mod layer;
 pub mod lifecycle;
 pub mod limiter;
+pub mod listener;
 pub mod metrics;
 pub mod otlp;
 pub mod proxy;

@@ -55,7 +55,7 @@ pub(super) async fn check(core: &Core, session: &mut ServerSession) -> Reply {
     // API cannot be used to guess keys by rotating `ip`. A service holding the token is
     // not charged for its users' guesses: one user's bad keys must not lock out all.
     let token_set = core.runtime().config.server.check_token.is_some();
-    let caller = crate::edge::peer_addr(session.client_addr()).filter(|_| !token_set);
+    let caller = crate::listener::peer_addr(session.client_addr()).filter(|_| !token_set);
     let request = AdmitRequest {
         skip: Default::default(),
         client_ip: crate::client_ip::canonical(req.ip),

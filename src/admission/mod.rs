@@ -185,7 +185,7 @@ pub enum Rejection {
     InvalidIdentity(Scope),
     /// 400: a custom scope with `missing = "reject"` found no attribute.
     MissingIdentity(Scope),
-    /// 405: a method the gateway does not forward (see `proxy::target::method_allowed`).
+    /// 405: a method the gateway does not forward (see `edge::target::method_allowed`).
     MethodNotAllowed,
     /// 400: the cost a `/v1/check` (or rate-limit service) call names is above the
     /// capacity of one of its windows, so no wait would ever admit it.

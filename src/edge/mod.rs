@@ -1,43 +1,43 @@
 //! The transport-neutral HTTP edge: what every HTTP entry point does around
 //! `admission::admit`, written once. An adapter (the Pingora proxy, the tower layer,
 //! `throttle simulate`) translates its wire format into these calls and the answers back.
+//! `edge` speaks `http` and `std` types only: no Pingora, no tonic.
 //!
-//! - `target`: the method rule, the normalized path (`path`) and the one `Host` rule;
+//! - `target`: [`target::Target::parse`], the one target parser (the method rule, the
+//!   normalized path from `path`, the one `Host` rule, what the next hop receives);
 //! - [`admit_http`]: resolve the client IP, parse the target, answer an IP block before a
-//!   400, then admit;
+//!   400, then admit (the request side, one call);
+//! - [`answered`]: the response side, one call: settle the reported cost and the rate
+//!   headers to add;
 //! - `forward`: the client headers scrubbed before forwarding, the identity headers and
 //!   the address chain;
 //! - `cost`: the usage an upstream reports (`cost_header`) and the settlement;
-//! - [`peer_addr`] / [`peer_ip`]: a Pingora socket peer as the canonical address the limits
-//!   key on (the proxy and `/v1/check` both read their peer there);
-//! - `guarded`: the connection guard (header and body deadlines) both listeners use.
+//! - [`peer_ip`]: a socket peer as the canonical address the limits and the connection
+//!   caps key on (every listener and adapter reads its peer there);
+//! - [`route_counters`]: a route's request counters, looked up in one place;
+//! - `request_id`: the `X-Request-Id` kept from a trusted proxy or made, for every
+//!   transport.
 
 pub mod cost;
 pub mod forward;
-pub mod guarded;
 pub mod path;
 pub mod query;
+pub mod request_id;
 pub mod target;
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
-use http::HeaderMap;
-use pingora::protocols::l4::socket::SocketAddr;
+use http::{HeaderMap, HeaderValue};
 
-use crate::admission::{self, Admission, AdmitRequest, Core, Origin, Refusal, Rejection, Runtime};
+use self::target::{Target, Wire};
+use crate::admission::{
+    self, Admission, AdmitRequest, Core, Origin, Refusal, Rejection, RouteLive, Runtime,
+};
 use crate::config::PathParameters;
 use crate::identity::{api_key_from, validate_key, AmbiguousCredentials, Presented};
-
-/// Where a parsed request target goes, as the routes see it.
-pub trait Destination {
-    /// The lower-case host without port and trailing dot, if any.
-    fn host(&self) -> Option<&str>;
-    /// The normalized path the routes match on.
-    fn route_path(&self) -> &str;
-    /// The raw query, if any (`[auth] key_query` reads the key from it).
-    fn query(&self) -> Option<&str>;
-}
+use crate::metrics::{Metrics, RouteCounters};
+use crate::routing::RouteEntry;
 
 /// What an HTTP request asks the pipeline, once its target is parsed.
 #[derive(Debug)]
@@ -56,43 +56,72 @@ pub struct Ask<'a> {
     pub attrs: admission::Attrs<'a>,
 }
 
-/// A socket peer as the address the limits key on (`client_ip::canonical`: an IPv4-mapped
-/// or NAT64 IPv6 address as IPv4); None for a peer without an IP (a Unix socket, or no
-/// peer known). Pingora's own address type, since both Pingora adapters (the proxy and
-/// `/v1/check`) hold one; `edge` already speaks Pingora's connection types (`guarded`).
-pub fn peer_addr(peer: Option<&SocketAddr>) -> Option<IpAddr> {
-    peer.and_then(SocketAddr::as_inet)
-        .map(|a| crate::client_ip::canonical(a.ip()))
-}
-
-/// [`peer_addr`], or `0.0.0.0` without one: the proxy decides every request on an address.
-pub fn peer_ip(peer: Option<&SocketAddr>) -> IpAddr {
+/// A socket peer's address as the limits and the connection caps key on it
+/// (`client_ip::canonical`: an IPv4-mapped or NAT64 IPv6 address as IPv4), or `0.0.0.0`
+/// for a peer without an IP (a Unix socket, or no peer known). The one canonicalization
+/// of a peer: the listeners' per-client connection caps, the proxy, the tower layer and
+/// `/v1/check` all read their peer here.
+pub fn peer_ip(peer: Option<IpAddr>) -> IpAddr {
     peer_addr(peer).unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED))
 }
 
-/// Runs the pipeline for an HTTP request from `peer` with `headers`: resolves the client
-/// IP, parses the target with `parse` (given whether `[server] path_parameters` allows
+/// [`peer_ip`] without the `0.0.0.0` stand-in: None for a peer without an IP.
+pub fn peer_addr(peer: Option<IpAddr>) -> Option<IpAddr> {
+    peer.map(crate::client_ip::canonical)
+}
+
+/// The response side of an admitted request, one call: the usage the next hop reported
+/// in its response `headers` settles the request (`Admission::settle_from`), and the
+/// rate-limit headers to add come back (none on a route with `hide_client_headers`).
+pub fn answered<'a>(
+    a: &'a mut Admission,
+    headers: &HeaderMap,
+    metrics: &Metrics,
+) -> impl Iterator<Item = (&'static str, HeaderValue)> + 'a {
+    a.settle_from(headers, metrics);
+    let a: &'a Admission = a;
+    let shown = forward::shows_rate_headers(a).then(|| a.rate_headers());
+    shown.into_iter().flatten()
+}
+
+/// The request counters of `route` (`live`: its state, `Core::route_state`), or
+/// `unrouted` (the adapter's `none` counters) for a request no route matched: the one
+/// place the per-route counters are looked up.
+pub fn route_counters<'a>(
+    core: &Core,
+    route: Option<&RouteEntry>,
+    live: Option<&'a RouteLive>,
+    unrouted: &'a RouteCounters,
+) -> &'a RouteCounters {
+    match (route, live) {
+        (Some(r), Some(live)) => live.counters(&core.metrics, &r.route.name),
+        _ => unrouted,
+    }
+}
+
+/// Runs the pipeline for an HTTP request from `peer`: resolves the client IP, parses the
+/// target of `wire` (`Target::parse`, given whether `[server] path_parameters` allows
 /// them), reads the credentials, and admits. An IP block answers 403 before a malformed
 /// target's 400 (or 405). On admission, the parsed target comes back with it.
 ///
 /// # Errors
 /// The refusal to answer.
-pub async fn admit_http<T: Destination>(
+pub async fn admit_http<'w>(
     core: &Core,
     peer: IpAddr,
-    (method, headers): (&http::Method, &HeaderMap),
-    parse: impl FnOnce(bool) -> Result<T, Rejection>,
-) -> Result<(Admission, T), Refusal> {
+    wire: Wire<'w>,
+) -> Result<(Admission, Target<'w>), Refusal> {
     // The request's one config snapshot and one clock reading, for all that follows.
     let (rt, now_ms) = (core.runtime(), core.clock.now_ms());
+    let (method, headers) = (wire.method, wire.headers);
     let client_ip = rt.resolver.resolve_headers(peer, headers);
     let allow_params = rt.config.server.path_parameters == PathParameters::Allow;
-    let target = match parse(allow_params) {
+    let target = match Target::parse(wire, allow_params) {
         Ok(t) => t,
         Err(rejection) => return Err(refused_before(core, (rt, now_ms), client_ip, rejection)),
     };
     let from_query = match &rt.config.auth.key_query {
-        Some(name) => query::param(target.query(), name),
+        Some(name) => query::param(target.query, name),
         None => Ok(None),
     };
     let key = from_query.as_ref().map_err(|e| *e).and_then(|q| {
@@ -102,13 +131,13 @@ pub async fn admit_http<T: Destination>(
     let ask = key
         .map(|key| Ask {
             host: target.host(),
-            path: target.route_path(),
+            path: &target.path.route,
             method,
             key,
             cost: None,
             attrs: admission::Attrs {
                 headers: Some(headers),
-                query: target.query(),
+                query: target.query,
             },
         })
         .map_err(|_| Rejection::AmbiguousCredentials);
@@ -180,22 +209,6 @@ fn refused_before(
                 .then(|| Box::new(admission::RefusalSeen::at(client_ip))),
             ..Refusal::from(rejection).on(rt, now_ms)
         },
-    }
-}
-
-// === impl Routed ===
-
-impl Destination for target::Routed<'_> {
-    fn host(&self) -> Option<&str> {
-        self.host.as_deref()
-    }
-
-    fn route_path(&self) -> &str {
-        &self.path.route
-    }
-
-    fn query(&self) -> Option<&str> {
-        self.query
     }
 }
 

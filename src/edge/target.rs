@@ -1,78 +1,170 @@
-//! The request target as the routes see it, for every transport: the method rule, the
-//! normalized path, and one authority (the one `Host` rule).
+//! The request target as the routes see it and the next hop receives it, for every HTTP
+//! transport: the method rule, the normalized path, and one authority (the one `Host`
+//! rule). [`Target::parse`] is the one parser; a transport hands it the neutral pieces of
+//! its request ([`Wire`]).
 //!
-//! - The authority of an absolute-form target (or HTTP/2 `:authority`) is the host;
-//!   otherwise exactly one `Host` is required (none or several: 400). Hosts compare
+//! - The authority of an absolute-form target (or HTTP/2 `:authority`) is the host, and a
+//!   `Host` that names another host (or several `Host`s) is refused: the next hop cannot be
+//!   handed a host other than the one the route was matched on. Otherwise exactly one
+//!   `Host` is required, whatever the version (none or several: 400). Hosts compare
 //!   case-insensitively, without port and without one trailing dot.
 //! - The path is normalized by `path::normalize` (400 `invalid_path` when ambiguous).
+//! - A next hop in origin form (`Hop::Origin`, the proxy's upstream) receives that host
+//!   (with the port as sent) in `Host` and the path in origin form; an in-process next hop
+//!   (`Hop::Kept`, the tower layer's inner service) keeps the URI's form with the
+//!   normalized path.
 //!
-//! The Pingora adapter reads an absolute-form authority from the raw request line
-//! (`proxy::target`); the rest of the rule is here.
+//! The Pingora adapter reads what its `http::Uri` leaves out (an absolute-form authority
+//! and a target that is no path) from the raw request line (`proxy::target`).
 
 use std::borrow::Cow;
 
 use http::header::HOST;
-use http::request::Parts;
 use http::uri::PathAndQuery;
-use http::{HeaderMap, Uri};
+use http::{HeaderMap, HeaderValue, Method, Uri};
 
 use super::path::{self, Normalized};
 use crate::admission::Rejection;
 
-/// Where a request goes, as the routes see it.
+/// The transport-neutral pieces of a request the target is parsed from.
+#[derive(Debug, Clone)]
+pub struct Wire<'a> {
+    /// The request method.
+    pub method: &'a Method,
+    /// The parsed request target.
+    pub uri: &'a Uri,
+    /// The request headers (`Host`; the credentials and custom scopes read them too).
+    pub headers: &'a HeaderMap,
+    /// What the transport read from the raw request-target bytes that `uri` does not
+    /// hold: the authority of an absolute-form target kept out of `uri` (Pingora), or
+    /// the refusal of a target that is no path. `Ok(None)` when `uri` holds it all.
+    pub raw: Result<Option<&'a [u8]>, Rejection>,
+    /// The form the next hop receives the target in.
+    pub hop: Hop,
+}
+
+/// The form the next hop receives a request's target in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hop {
+    /// Origin form and the routed `Host` (a proxied upstream, RFC 9112 §3.2.1).
+    Origin,
+    /// The URI's own form with the normalized path (an in-process service).
+    Kept,
+}
+
+/// Where a request goes, as the routes see it, and what the next hop must receive.
 #[derive(Debug)]
-pub struct Routed<'a> {
-    /// Lower-case host without port and trailing dot.
+pub struct Target<'a> {
+    /// Lower-case host without port and trailing dot (always present: a request without
+    /// one is refused; None only where a caller builds a target without one).
     pub host: Option<Cow<'a, str>>,
     /// The normalized path.
     pub path: Normalized<'a>,
-    /// The URI the next hop must see, when normalization changed the path.
-    pub uri: Option<Uri>,
-    /// The raw query.
+    /// The raw query (`[auth] key_query` reads the key from it).
     pub query: Option<&'a str>,
+    /// The `Host` the next hop must receive, when it differs from the client's
+    /// (`Hop::Origin` only).
+    pub host_header: Option<HeaderValue>,
+    /// The URI the next hop must receive, when it differs from the client's.
+    pub uri: Option<Uri>,
 }
 
-/// The host and normalized path of `parts` (an `http` request: the tower layer's).
-///
-/// # Errors
-/// 405 for a refused method, 400 `invalid_path` or `invalid_host`.
-pub fn routed(parts: &Parts, allow_params: bool) -> Result<Routed<'_>, Rejection> {
-    if !method_allowed(&parts.method) {
-        return Err(Rejection::MethodNotAllowed);
-    }
-    let path = normalized(parts.uri.path(), allow_params)?;
-    let host = match parts.uri.authority() {
-        // Absolute form (or HTTP/2 `:authority`): routed by it, and a `Host` that names
-        // another host is refused, so the next hop cannot be handed a host other than
-        // the one the route was matched on.
-        Some(a) => {
-            let host = parse_authority(a.as_str().as_bytes())
-                .ok_or(Rejection::InvalidHost)?
-                .0;
-            let mut hosts = parts.headers.get_all(HOST).iter();
-            match (hosts.next(), hosts.next()) {
-                (None, _) => {}
-                (Some(h), None)
-                    if parse_authority(h.as_bytes()).is_some_and(|(h, _)| h == host) => {}
-                _ => return Err(Rejection::InvalidHost),
+// === impl Target ===
+
+impl<'a> Target<'a> {
+    /// The target of `wire`, given whether `[server] path_parameters` allows them.
+    ///
+    /// # Errors
+    /// 405 for a refused method, 400 `invalid_path` or `invalid_host`.
+    pub fn parse(wire: Wire<'a>, allow_params: bool) -> Result<Self, Rejection> {
+        if !method_allowed(wire.method) {
+            return Err(Rejection::MethodNotAllowed);
+        }
+        let raw = wire.raw?;
+        let path = normalized(wire.uri.path(), allow_params)?;
+        let (authority, in_target) = match (wire.uri.authority(), raw) {
+            (Some(a), _) => (a.as_str().as_bytes(), true),
+            (None, Some(a)) => (a, true),
+            (None, None) => (single_host(wire.headers)?, false),
+        };
+        let (host, port) = parse_authority(authority).ok_or(Rejection::InvalidHost)?;
+        if in_target {
+            agrees(wire.headers, &host)?;
+        }
+        let (host_header, uri) = match wire.hop {
+            Hop::Origin => {
+                let host_header = if in_target || needs_rewrite(wire.headers, &host, port) {
+                    Some(host_value(&host, port)?)
+                } else {
+                    None
+                };
+                let uri = if in_target || matches!(path.forward, Cow::Owned(_)) {
+                    Some(origin_form(&path.forward, wire.uri.query())?)
+                } else {
+                    None
+                };
+                (host_header, uri)
             }
-            Some(host)
-        }
-        None => {
-            let h = single_host(&parts.headers)?;
-            Some(parse_authority(h).ok_or(Rejection::InvalidHost)?.0)
-        }
+            Hop::Kept => match &path.forward {
+                Cow::Owned(p) => (None, Some(with_path(wire.uri, p)?)),
+                Cow::Borrowed(_) => (None, None),
+            },
+        };
+        Ok(Target {
+            host: Some(host),
+            path,
+            query: wire.uri.query(),
+            host_header,
+            uri,
+        })
+    }
+
+    /// The host the routes match on, if any.
+    pub fn host(&self) -> Option<&str> {
+        self.host.as_deref()
+    }
+}
+
+/// An authority taken from the request target: no `Host`, or one naming the same host.
+fn agrees(headers: &HeaderMap, host: &str) -> Result<(), Rejection> {
+    let mut hosts = headers.get_all(HOST).iter();
+    match (hosts.next(), hosts.next()) {
+        (None, _) => Ok(()),
+        (Some(h), None) if parse_authority(h.as_bytes()).is_some_and(|(h, _)| h == host) => Ok(()),
+        _ => Err(Rejection::InvalidHost),
+    }
+}
+
+/// The routed host (and the port as sent) as a `Host` value.
+fn host_value(host: &str, port: Option<u16>) -> Result<HeaderValue, Rejection> {
+    let value = match port {
+        Some(p) => format!("{host}:{p}"),
+        None => host.to_string(),
     };
-    let uri = match &path.forward {
-        Cow::Owned(p) => Some(with_path(&parts.uri, p).ok_or(Rejection::InvalidPath)?),
-        Cow::Borrowed(_) => None,
+    HeaderValue::from_str(&value).map_err(|_| Rejection::InvalidHost)
+}
+
+/// Whether the client's `Host` differs from the normalized host (case, trailing dot).
+fn needs_rewrite(headers: &HeaderMap, host: &str, port: Option<u16>) -> bool {
+    let sent = headers.get(HOST).map_or(&b""[..], |v| v.as_bytes());
+    let plain = sent.len() == host.len() + port.map_or(0, |p| 1 + digits(p));
+    !(plain && sent.starts_with(host.as_bytes()))
+}
+
+fn digits(p: u16) -> usize {
+    p.checked_ilog10().map_or(1, |d| d as usize + 1)
+}
+
+/// `path?query` as an origin-form URI.
+fn origin_form(path: &str, query: Option<&str>) -> Result<Uri, Rejection> {
+    let pq = match query {
+        Some(q) => format!("{path}?{q}"),
+        None => path.to_string(),
     };
-    Ok(Routed {
-        host,
-        path,
-        uri,
-        query: parts.uri.query(),
-    })
+    Uri::builder()
+        .path_and_query(pq)
+        .build()
+        .map_err(|_| Rejection::InvalidPath)
 }
 
 /// `raw` normalized (`path::normalize`), or 400 `invalid_path`.
@@ -98,14 +190,15 @@ pub fn host(raw: &[u8]) -> Result<Cow<'_, str>, Rejection> {
 }
 
 /// `uri` with its path replaced by `path` (query, scheme and authority kept).
-fn with_path(uri: &Uri, path: &str) -> Option<Uri> {
+fn with_path(uri: &Uri, path: &str) -> Result<Uri, Rejection> {
     let pq = match uri.query() {
         Some(q) => format!("{path}?{q}"),
         None => path.to_string(),
     };
     let mut parts = uri.clone().into_parts();
-    parts.path_and_query = Some(PathAndQuery::from_maybe_shared(pq).ok()?);
-    Uri::from_parts(parts).ok()
+    let pq = PathAndQuery::from_maybe_shared(pq).map_err(|_| Rejection::InvalidPath)?;
+    parts.path_and_query = Some(pq);
+    Uri::from_parts(parts).map_err(|_| Rejection::InvalidPath)
 }
 
 /// Longest accepted host (RFC 1035 names are at most 253 characters).
@@ -192,9 +285,21 @@ fn valid_host(h: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::request::Parts;
     use http::Version;
 
-    // The tower layer's request form.
+    // The tower layer's request form (the Pingora form's tables are in `proxy::target`).
+
+    fn routed(p: &Parts, allow_params: bool) -> Result<Target<'_>, Rejection> {
+        let wire = Wire {
+            method: &p.method,
+            uri: &p.uri,
+            headers: &p.headers,
+            raw: Ok(None),
+            hop: Hop::Kept,
+        };
+        Target::parse(wire, allow_params)
+    }
 
     fn parts(uri: &str, hosts: &[&str], version: Version) -> Parts {
         let mut b = http::Request::builder().uri(uri).version(version);

@@ -60,8 +60,14 @@ fn parts() -> http::request::Parts {
 
 fn admit(core: &Core, parts: &http::request::Parts) -> Result<Admission, Refusal> {
     let peer: IpAddr = "198.51.100.7".parse().unwrap();
-    let parse = |allow| target::routed(parts, allow);
-    let admitted = admit_http(core, peer, (&parts.method, &parts.headers), parse).now_or_never();
+    let wire = target::Wire {
+        method: &parts.method,
+        uri: &parts.uri,
+        headers: &parts.headers,
+        raw: Ok(None),
+        hop: target::Hop::Kept,
+    };
+    let admitted = admit_http(core, peer, wire).now_or_never();
     admitted.unwrap().map(|(a, _)| a)
 }
 

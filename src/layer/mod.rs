@@ -18,9 +18,27 @@
 //! - **answers**: refusals (429, 401, 403, 404, 400, 503) are the gateway's JSON bodies
 //!   and headers, byte for byte (`reply::render`); admitted responses get
 //!   `X-RateLimit-Limit`, `-Remaining` and `-Reset`.
-//! - **inner request**: client-sent `X-Throttle-*` headers are removed; a known key adds
-//!   `X-Throttle-Tenant` and `X-Throttle-Key-Id`, and every admitted request carries a
-//!   [`Caller`] extension.
+//! - **inner request**: the client headers the proxy scrubs are removed
+//!   (`edge::forward::doomed`: client-sent `X-Throttle-*`, names with `_`, URL and
+//!   method overrides, forwarding headers from an untrusted peer, credentials on a
+//!   `hide_credentials` route); a known key adds `X-Throttle-Tenant` and
+//!   `X-Throttle-Key-Id`, and every admitted request carries a [`Caller`] extension. No
+//!   address chain (`X-Forwarded-For`, `Forwarded`, `X-Real-IP`) is added: the inner
+//!   service is no network hop, and [`Caller`] carries the resolved client.
+//! - **cost**: reserve, then settle, as the proxy does (`edge::answered`): the inner
+//!   response's `cost_header` settles the request; a response future dropped before it
+//!   resolved (the client left) settles at the route's `max_cost`.
+//! - **request id**: `X-Request-Id` as the proxy keeps it (`edge::request_id`): a trusted
+//!   proxy's sane id is kept, any other replaced by a fresh one; the inner service
+//!   receives it and every answer (refusals too) carries it.
+//!
+//! What every HTTP transport shares is in `edge`; what the proxy adds of its own stays
+//! there. The request id belongs to every transport (it joins the caller's logs to the
+//! gateway's answer). The access log (`[server] access_log`) and the OTLP spans
+//! (`[tracing]`) are the gateway process's: the layer writes neither, since an
+//! application embedding it has its own request logging and tracing (`tower-http`'s
+//! `TraceLayer`, `tracing` spans) around it, and the layer's `core().metrics` gives the
+//! gateway's counters.
 //!
 //! An admitted request holds what admission took (concurrency slots) until the inner
 //! service's response future resolves or fails, or is dropped: a streamed body that

@@ -5,7 +5,7 @@ use http::header::{CACHE_CONTROL, CONTENT_TYPE};
 use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 
 use crate::admission::Admission;
-use crate::edge::forward;
+use crate::edge::{forward, request_id};
 use crate::reply::Reply;
 
 /// The headers the inner service gets: scrubbed as the proxy scrubs them
@@ -21,12 +21,10 @@ pub(super) fn identity_headers(headers: &mut HeaderMap, a: &Admission, trusted: 
     }
 }
 
-/// Adds the admitted request's rate-limit headers (`Admission::rate_headers`) to the
-/// inner service's response, unless its route has `hide_client_headers`.
-pub(super) fn rate_headers(headers: &mut HeaderMap, a: &Admission) {
-    if forward::shows_rate_headers(a) {
-        insert_all(headers, a.rate_headers());
-    }
+/// `resp` with the request's `X-Request-Id` (`edge::request_id`).
+pub(super) fn with_id<B>(mut resp: Response<B>, id: HeaderValue) -> Response<B> {
+    resp.headers_mut().insert(request_id::NAME, id);
+    resp
 }
 
 /// The gateway's own answer as a response: the JSON body, `Content-Type`,
@@ -43,7 +41,10 @@ pub(super) fn respond<B: From<Bytes>>(reply: Reply) -> Response<B> {
 }
 
 /// Inserts `(name, value)` pairs; the names are the reply module's lower-case constants.
-fn insert_all(h: &mut HeaderMap, pairs: impl IntoIterator<Item = (&'static str, HeaderValue)>) {
+pub(super) fn insert_all(
+    h: &mut HeaderMap,
+    pairs: impl IntoIterator<Item = (&'static str, HeaderValue)>,
+) {
     for (name, value) in pairs {
         if let Ok(name) = HeaderName::from_bytes(name.as_bytes()) {
             h.insert(name, value);

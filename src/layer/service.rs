@@ -1,7 +1,9 @@
 //! `ThrottleService`: admits a request, calls the inner service, and finishes the
-//! admission when the inner service's response future resolves, fails or is dropped.
+//! admission when the inner service's response future resolves, fails or is dropped (a
+//! dropped one settles as a client gone, as the proxy's does).
 
 use std::future::Future;
+use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -13,7 +15,8 @@ use http::{Request, Response};
 use super::request;
 use super::{Caller, Shared};
 use crate::admission::{Admission, Refusal, RouteLive};
-use crate::edge;
+use crate::edge::target::{Hop, Wire};
+use crate::edge::{self, request_id};
 use crate::metrics::RouteCounters;
 use crate::reply::error_reply;
 use crate::routing::RouteEntry;
@@ -73,7 +76,8 @@ where
     }
 }
 
-/// One request through the layer.
+/// One request through the layer: one `edge::admit_http`, the inner service, one
+/// `edge::answered`.
 async fn serve<S, ReqBody, ResBody>(
     shared: Arc<Shared>,
     mut inner: S,
@@ -84,7 +88,15 @@ where
     ResBody: From<Bytes>,
 {
     let (mut parts, body) = req.into_parts();
-    let mut admission = match admit(&shared, &parts).await {
+    let peer = edge::peer_addr((shared.peer)(&parts.extensions));
+    let admitted = admit(&shared, peer, &parts).await;
+    let runtime = match &admitted {
+        Ok((a, _)) => Some(&a.runtime),
+        Err(r) => r.as_ref().and_then(|r| r.runtime.as_ref()),
+    };
+    let trusted = peer.is_some_and(|p| runtime.is_some_and(|rt| rt.resolver.is_trusted(p)));
+    let id = request_id::choose(&parts.headers, trusted);
+    let admission = match admitted {
         Ok((a, uri)) => {
             if let Some(uri) = uri {
                 parts.uri = uri;
@@ -101,21 +113,27 @@ where
                 Some(r) => r.reply(),
                 None => error_reply(500, "client_address_unavailable"),
             };
-            let route = refusal.as_ref().and_then(|r| r.route.as_ref());
+            let route = refusal.as_ref().and_then(|r| r.route.as_deref());
             let live = route.map(|r| shared.core.route_state(r));
             route_counters(&shared, route, live.as_deref()).request(reply.status);
-            return Ok(request::respond(reply));
+            return Ok(request::with_id(request::respond(reply), id));
         }
     };
-    let trusted = (shared.peer)(&parts.extensions)
-        .is_some_and(|peer| admission.runtime.resolver.is_trusted(peer));
     request::identity_headers(&mut parts.headers, &admission, trusted);
+    parts.headers.insert(request_id::NAME, id.clone());
     parts.extensions.insert(caller(&admission));
+    let mut pending = Pending {
+        admission: Some(admission),
+        shared: shared.clone(),
+    };
     let started = tokio::time::Instant::now();
     let result = inner.call(Request::from_parts(parts, body)).await;
+    let Some(mut admission) = pending.admission.take() else {
+        unreachable!("the admission is taken once, here")
+    };
     let status = result.as_ref().map_or(0, |r| r.status().as_u16());
     let live = admission.route.as_ref().map(|r| shared.core.route_state(r));
-    let counters = route_counters(&shared, admission.route.as_ref(), live.as_deref());
+    let counters = route_counters(&shared, admission.route.as_deref(), live.as_deref());
     counters.request(status);
     counters
         .upstream_seconds
@@ -123,10 +141,11 @@ where
     match result {
         Ok(mut resp) => {
             // Reserve, then settle, as the proxy does: the inner service reports the cost.
-            admission.settle_from(resp.headers(), &shared.core.metrics);
-            request::rate_headers(resp.headers_mut(), &admission);
+            let metrics = &shared.core.metrics;
+            let rate = edge::answered(&mut admission, resp.headers(), metrics);
+            request::insert_all(resp.headers_mut(), rate);
             admission.finish(Ending::Completed { status });
-            Ok(resp)
+            Ok(request::with_id(resp, id))
         }
         Err(e) => {
             admission.finish(Ending::UpstreamFailed);
@@ -135,22 +154,47 @@ where
     }
 }
 
-/// Runs the pipeline for `parts`: the admission and the URI the inner service must see
-/// (a normalized path), or the refusal (None: no peer address to decide on).
+/// An admitted request while the inner service answers. Dropped with its admission (the
+/// response future was dropped before it resolved: the client left), the request settles
+/// as the proxy's does for a client gone before the answer (`settle_abandoned`: a client
+/// cannot pay less by leaving) and ends `ClientGone`.
+struct Pending {
+    admission: Option<Admission>,
+    shared: Arc<Shared>,
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if let Some(mut a) = self.admission.take() {
+            a.settle_abandoned(&self.shared.core.metrics);
+            a.finish(Ending::ClientGone);
+        }
+    }
+}
+
+/// Runs the pipeline for `parts` from `peer`: the admission and the URI the inner
+/// service must see (a normalized path), or the refusal (None: no peer address to decide
+/// on).
 async fn admit(
     shared: &Shared,
+    peer: Option<IpAddr>,
     parts: &Parts,
 ) -> Result<(Admission, Option<http::Uri>), Option<Refusal>> {
-    let core = &shared.core;
-    let Some(peer) = (shared.peer)(&parts.extensions) else {
+    let Some(peer) = peer else {
         tracing::error!(
             "no peer address in the request's extensions: see ThrottleLayer::with_peer"
         );
         return Err(None);
     };
-    let parse = |allow_params| edge::target::routed(parts, allow_params);
-    match edge::admit_http(core, peer, (&parts.method, &parts.headers), parse).await {
-        Ok((a, routed)) => Ok((a, routed.uri)),
+    let wire = Wire {
+        method: &parts.method,
+        uri: &parts.uri,
+        headers: &parts.headers,
+        raw: Ok(None),
+        hop: Hop::Kept,
+    };
+    match edge::admit_http(&shared.core, peer, wire).await {
+        Ok((a, target)) => Ok((a, target.uri)),
         Err(refusal) => Err(Some(refusal)),
     }
 }
@@ -168,11 +212,8 @@ fn caller(a: &Admission) -> Caller {
 /// `throttle_requests_total` of `route` (`none` without one), `live` its state.
 fn route_counters<'a>(
     shared: &'a Shared,
-    route: Option<&Arc<RouteEntry>>,
+    route: Option<&RouteEntry>,
     live: Option<&'a RouteLive>,
 ) -> &'a RouteCounters {
-    match (route, live) {
-        (Some(r), Some(live)) => live.counters(&shared.core.metrics, &r.route.name),
-        _ => &shared.unrouted,
-    }
+    edge::route_counters(&shared.core, route, live, &shared.unrouted)
 }

@@ -91,10 +91,8 @@ impl RequestCtx {
             a.finish(ending(e, status));
         }
         let live = self.route.as_ref().map(|r| core.route_state(r));
-        let counters = match (&self.route, &live) {
-            (Some(r), Some(live)) => live.counters(&core.metrics, &r.route.name),
-            _ => unrouted,
-        };
+        let counters =
+            crate::edge::route_counters(core, self.route.as_deref(), live.as_deref(), unrouted);
         counters.request(status);
         if let Some(started) = self.upstream_started {
             counters

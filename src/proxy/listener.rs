@@ -17,7 +17,7 @@
 //! probe reserve (`PROBE_SLOTS`): a connection over the caps may still ask `GET /healthz`
 //! or `GET /readyz` once, so whoever holds the other slots, the probes are answered.
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -37,11 +37,11 @@ use tokio::io::AsyncWriteExt;
 
 use super::Gateway;
 use crate::admission::Core;
-pub use crate::edge::guarded::Guarded;
 use crate::lifecycle::{self, Lifecycle, Refused, PROBE_HEAD_TIMEOUT};
+use crate::listener::{stream_peer, Guarded};
 
 /// The proxy listener's app: connection caps and deadlines around Pingora's HTTP proxy.
-pub struct Edge {
+pub struct ProxyListener {
     proxy: Arc<HttpProxy<Gateway>>,
     core: Arc<Core>,
     lifecycle: Arc<Lifecycle>,
@@ -54,10 +54,10 @@ pub struct Edge {
 /// How long answering a refused connection may take (TLS handshake included).
 const REFUSE_WITHIN: Duration = Duration::from_secs(1);
 
-// === impl Edge ===
+// === impl ProxyListener ===
 
-impl Edge {
-    /// The edge over `proxy`; `max_connections`, `tls` and the HTTP/2 idle timeout are
+impl ProxyListener {
+    /// The listener over `proxy`; `max_connections`, `tls` and the HTTP/2 idle timeout are
     /// fixed at start, the other timeouts and the per-address cap follow config reloads.
     pub fn new(
         mut proxy: HttpProxy<Gateway>,
@@ -147,7 +147,7 @@ pub(crate) async fn serve_http1<A>(
 }
 
 #[async_trait]
-impl ServerApp for Edge {
+impl ServerApp for ProxyListener {
     async fn process_new(
         self: &Arc<Self>,
         stream: Stream,
@@ -157,7 +157,7 @@ impl ServerApp for Edge {
         let server = &rt.config.server;
         let (header_timeout, idle_timeout) = (server.header_timeout, server.idle_timeout);
         let body_timeout = server.body_timeout;
-        let peer = peer_ip(&stream);
+        let peer = stream_peer(&stream);
         // A trusted proxy's connections carry many clients: not capped per address.
         let per_ip = Some(server.max_connections_per_ip)
             .filter(|_| !rt.resolver.is_trusted(peer))
@@ -282,7 +282,7 @@ where
         let (header_timeout, idle) = (s.header_timeout, s.idle_timeout);
         let per_ip = s.admin_max_connections_per_ip;
         drop(rt);
-        let peer = peer_ip(&stream);
+        let peer = stream_peer(&stream);
         let slot = match self
             .lifecycle
             .open(peer, self.max_connections, Some(per_ip))
@@ -350,13 +350,6 @@ async fn tls_accept(acceptor: &Acceptor, stream: Stream, within: Duration) -> Op
             None
         }
     }
-}
-
-fn peer_ip(stream: &Stream) -> IpAddr {
-    stream
-        .get_socket_digest()
-        .and_then(|d| d.peer_addr().and_then(|a| a.as_inet()).map(|a| a.ip()))
-        .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |ip| ip.to_canonical())
 }
 
 const REFUSED_BODY: &str = r#"{"error":"too_many_connections"}"#;

@@ -7,7 +7,7 @@ use pingora::Error;
 use super::RequestCtx;
 use crate::access_log::{rfc3339_ms, AccessLog, Entry};
 use crate::admission::{Core, Rejection};
-use crate::edge::peer_ip;
+use crate::listener::peer_ip;
 use crate::otlp::{Finished, Trace, Tracer, Upstream};
 
 /// The scope and window of a rate-limit rejection (`concurrent` for a concurrency one).

@@ -1,15 +1,16 @@
 //! The Pingora `ProxyHttp` adapter over the admission pipeline: it translates, and each
-//! phase delegates to one or two functions. `target` turns the request line into the routed
-//! path and host, `edge::admit_http` decides, `upstream` picks the peer and retries a
-//! failed connect, `forward` writes the upstream request, `timeouts` keeps the client's
-//! deadlines, `respond` writes the gateway's own answers (rendered by `reply`), and
-//! `RequestCtx` (`ctx`) carries the request between phases and ends it in `logging`.
+//! phase delegates to one or two functions. `target` hands the request to the edge as its
+//! neutral pieces (plus what Pingora keeps only in the raw request line), one
+//! `edge::admit_http` parses the target and decides, `upstream` picks the peer and retries
+//! a failed connect, `forward` writes the upstream request, `edge::answered` settles the
+//! reported cost and gives the rate headers, `timeouts` keeps the client's deadlines,
+//! `respond` writes the gateway's own answers (rendered by `reply`), and `RequestCtx`
+//! (`ctx`) carries the request between phases and ends it in `logging`.
 
 mod ctx;
 mod forward;
 pub mod listener;
 mod log;
-mod request_id;
 mod respond;
 pub mod target;
 mod timeouts;
@@ -29,7 +30,8 @@ pub use self::ctx::RequestCtx;
 pub use self::respond::write;
 use crate::access_log::AccessLog;
 use crate::admission::{self, Admission, Core};
-use crate::edge::peer_ip;
+use crate::edge::request_id;
+use crate::listener::peer_ip;
 use crate::metrics::RouteCounters;
 use crate::otlp::{self, Tracer};
 use crate::reply::error_reply;
@@ -77,9 +79,7 @@ impl Gateway {
         peer: IpAddr,
         ctx: &mut RequestCtx,
     ) -> Result<Admission, admission::Refusal> {
-        let parse = |allow_params| target::target(req, allow_params);
-        let (a, t) =
-            crate::edge::admit_http(&self.core, peer, (&req.method, &req.headers), parse).await?;
+        let (a, t) = crate::edge::admit_http(&self.core, peer, target::wire(req)).await?;
         ctx.host_header = t.host_header;
         ctx.uri = t.uri;
         Ok(a)
@@ -231,11 +231,8 @@ impl ProxyHttp for Gateway {
         let Some(a) = &mut ctx.admission else {
             return Ok(());
         };
-        a.settle_from(&resp.headers, &self.core.metrics);
-        if crate::edge::forward::shows_rate_headers(a) {
-            for (name, value) in a.rate_headers() {
-                resp.insert_header(name, value)?;
-            }
+        for (name, value) in crate::edge::answered(a, &resp.headers, &self.core.metrics) {
+            resp.insert_header(name, value)?;
         }
         Ok(())
     }

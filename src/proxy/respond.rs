@@ -29,7 +29,7 @@ pub(super) async fn write_with_id(
 ) -> pingora::Result<()> {
     let mut resp = ResponseHeader::build(reply.status, Some(5 + reply.headers.len()))?;
     if let Some(id) = request_id {
-        resp.insert_header(super::request_id::NAME, id.clone())?;
+        resp.insert_header(crate::edge::request_id::NAME, id.clone())?;
     }
     resp.insert_header("content-type", HeaderValue::from_static("application/json"))?;
     resp.insert_header("content-length", reply.body.len())?;

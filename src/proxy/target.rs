@@ -1,105 +1,42 @@
-//! The request target as the gateway routes it and forwards it: one authority and one
-//! path, so the route a request is matched on is the route the upstream serves.
-//!
-//! - The authority of an absolute-form target (`GET http://api.example.com/x`) is the
-//!   host (RFC 9112 §3.2.2; Pingora refuses a `Host` that differs from it); otherwise
-//!   exactly one `Host` is required for HTTP/1.1 (none or several: 400). Hosts compare case-insensitively, without port and without one
-//!   trailing dot; the upstream receives that host (with the port as sent) in `Host` and
-//!   the path in origin form.
-//! - The path is normalized by `edge::path::normalize` (400 `invalid_path` when ambiguous).
+//! The Pingora side of the one target rule (`edge::target`): what Pingora's parsed URI
+//! leaves out of a request target, read from the raw request line it keeps. Pingora keeps
+//! an absolute-form authority out of `uri` (it is in `raw_path`) and has already refused a
+//! `Host` that differs from it byte for byte, several `Host`s and userinfo.
 
-use std::borrow::Cow;
-
-use http::header::HOST;
-use http::{HeaderValue, Uri};
 use pingora::http::RequestHeader;
 use pingora::protocols::http::authority::{raw_target_authority, RawTargetAuthority};
 
 use crate::admission::Rejection;
-use crate::edge::path::Normalized;
-use crate::edge::target::{method_allowed, normalized, parse_authority, single_host};
+#[cfg(test)]
+use crate::edge::target::Target;
+use crate::edge::target::{Hop, Wire};
 
-/// The routed and forwarded form of a request target.
-#[derive(Debug)]
-pub struct Target<'a> {
-    /// Lower-case host without port and trailing dot (always present: a request without
-    /// one is refused).
-    pub host: Option<Cow<'a, str>>,
-    /// The normalized path.
-    pub path: Normalized<'a>,
-    /// The `Host` the upstream must receive, when it differs from what the client sent.
-    pub host_header: Option<HeaderValue>,
-    /// The origin-form URI the upstream must receive, when it differs from the client's.
-    pub uri: Option<Uri>,
-    /// The raw query.
-    pub query: Option<&'a str>,
-}
-
-impl crate::edge::Destination for Target<'_> {
-    fn host(&self) -> Option<&str> {
-        self.host.as_deref()
-    }
-
-    fn route_path(&self) -> &str {
-        &self.path.route
-    }
-
-    fn query(&self) -> Option<&str> {
-        self.query
+/// `req` as the edge reads it; its upstream receives the target in origin form.
+pub fn wire(req: &RequestHeader) -> Wire<'_> {
+    Wire {
+        method: &req.method,
+        uri: &req.uri,
+        headers: &req.headers,
+        raw: raw_authority(req),
+        hop: Hop::Origin,
     }
 }
 
-/// Works out the target of `req`.
-///
-/// # Errors
-/// 400 `invalid_path` or `invalid_host`.
-pub fn target(req: &RequestHeader, allow_params: bool) -> Result<Target<'_>, Rejection> {
-    if !method_allowed(&req.method) {
-        return Err(Rejection::MethodNotAllowed);
-    }
+/// The absolute-form authority of the raw target that `req.uri` does not hold, or the
+/// refusal of a target the routes cannot be matched on (400 `invalid_path`; an ambiguous
+/// authority: 400 `invalid_host`).
+fn raw_authority(req: &RequestHeader) -> Result<Option<&[u8]>, Rejection> {
     if !origin_or_absolute(req) {
         return Err(Rejection::InvalidPath);
     }
-    let path = normalized(req.uri.path(), allow_params)?;
-    // Pingora keeps an absolute-form authority out of `uri` (it is in `raw_path`) and has
-    // already refused a `Host` that differs from it, several `Host`s and userinfo.
-    let (authority, from_uri) = match req.uri.authority() {
-        Some(a) => (Some(a.as_str().as_bytes()), true),
-        None => match raw_target_authority(req.raw_path()) {
-            RawTargetAuthority::Absolute { authority, .. } => (Some(authority), true),
-            RawTargetAuthority::AmbiguousAuthority => return Err(Rejection::InvalidHost),
-            RawTargetAuthority::None => (Some(single_host(&req.headers)?), false),
-        },
-    };
-    let (host, port) = match authority {
-        Some(a) => {
-            let (h, p) = parse_authority(a).ok_or(Rejection::InvalidHost)?;
-            (Some(h), p)
-        }
-        None => (None, None),
-    };
-    let host_header = match &host {
-        Some(h) if from_uri || needs_rewrite(req, h, port) => {
-            let value = match port {
-                Some(p) => format!("{h}:{p}"),
-                None => h.to_string(),
-            };
-            Some(HeaderValue::from_str(&value).map_err(|_| Rejection::InvalidHost)?)
-        }
-        _ => None,
-    };
-    let uri = if from_uri || matches!(path.forward, Cow::Owned(_)) {
-        Some(origin_form(&path.forward, req.uri.query())?)
-    } else {
-        None
-    };
-    Ok(Target {
-        host,
-        path,
-        host_header,
-        uri,
-        query: req.uri.query(),
-    })
+    if req.uri.authority().is_some() {
+        return Ok(None);
+    }
+    match raw_target_authority(req.raw_path()) {
+        RawTargetAuthority::Absolute { authority, .. } => Ok(Some(authority)),
+        RawTargetAuthority::AmbiguousAuthority => Err(Rejection::InvalidHost),
+        RawTargetAuthority::None => Ok(None),
+    }
 }
 
 /// Whether the request target is what the routes are matched on: origin-form (`/` first)
@@ -120,32 +57,19 @@ fn origin_or_absolute(req: &RequestHeader) -> bool {
     )
 }
 
-/// Whether the client's `Host` differs from the normalized host (case, trailing dot).
-fn needs_rewrite(req: &RequestHeader, host: &str, port: Option<u16>) -> bool {
-    let sent = req.headers.get(HOST).map_or(&b""[..], |v| v.as_bytes());
-    let plain = sent.len() == host.len() + port.map_or(0, |p| 1 + digits(p));
-    !(plain && sent.starts_with(host.as_bytes()))
-}
-
-fn digits(p: u16) -> usize {
-    p.checked_ilog10().map_or(1, |d| d as usize + 1)
-}
-
-fn origin_form(path: &str, query: Option<&str>) -> Result<Uri, Rejection> {
-    let pq = match query {
-        Some(q) => format!("{path}?{q}"),
-        None => path.to_string(),
-    };
-    Uri::builder()
-        .path_and_query(pq)
-        .build()
-        .map_err(|_| Rejection::InvalidPath)
+/// The target of a Pingora request (the tables below are the behaviour spec of the
+/// proxy's target).
+#[cfg(test)]
+fn target(req: &RequestHeader, allow_params: bool) -> Result<Target<'_>, Rejection> {
+    Target::parse(wire(req), allow_params)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::edge::target::method_allowed;
     use http::Version;
+    use std::borrow::Cow;
 
     fn req(raw_target: &str, hosts: &[&str], version: Version) -> RequestHeader {
         let mut r = RequestHeader::build("GET", raw_target.as_bytes(), None).unwrap();
@@ -231,8 +155,9 @@ mod tests {
                 Some("/x"),
             ),
             (
+                // Pingora lets through only a `Host` equal to the authority, byte for byte.
                 "http://internal.example.com/x?q=1",
-                &["public.example.com"],
+                &["internal.example.com"],
                 V::HTTP_11,
                 Some("internal.example.com"),
                 Some("internal.example.com"),
@@ -276,7 +201,7 @@ mod tests {
     /// Missing, duplicate and malformed hosts are refused.
     #[test]
     fn refuses_bad_hosts() {
-        let bad: [(&str, &[&str]); 9] = [
+        let bad: [(&str, &[&str]); 10] = [
             ("/x", &[]),
             ("/x", &["a.example", "b.example"]),
             ("/x", &[""]),
@@ -286,6 +211,8 @@ mod tests {
             ("/x", &["a.example:99999"]),
             ("/x", &["a.example:"]),
             ("/x", &["a b"]),
+            // Refused by Pingora before the gateway sees it, and by the one target rule.
+            ("http://internal.example.com/x", &["public.example.com"]),
         ];
         for (i, (t, hosts)) in bad.into_iter().enumerate() {
             let r = req(t, hosts, Version::HTTP_11);

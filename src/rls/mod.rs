@@ -65,9 +65,9 @@ use self::directory::Directory;
 use self::request::Caller;
 use crate::admission::{self, AdmitRequest, Core, Origin, Rejection, Skip, Target};
 use crate::config::Auth;
-use crate::edge::guarded::Guarded;
 use crate::identity::{validate_key, Presented};
 use crate::lifecycle::{Lifecycle, RLS_MAX_CONNECTIONS};
+use crate::listener::Guarded;
 
 /// Largest request accepted: a few descriptors are a few hundred bytes.
 const MAX_REQUEST: usize = 64 * 1024;
@@ -376,7 +376,9 @@ fn capped(
                     let per_ip = s.rls_max_connections_per_ip;
                     (s.header_timeout, s.body_timeout, s.idle_timeout, per_ip)
                 };
-                let slot = match connections.open(peer.ip(), RLS_MAX_CONNECTIONS, Some(per_ip)) {
+                // The one canonical peer (`edge::peer_ip`), as the other listeners key it.
+                let ip = crate::edge::peer_ip(Some(peer.ip()));
+                let slot = match connections.open(ip, RLS_MAX_CONNECTIONS, Some(per_ip)) {
                     Ok(slot) => slot,
                     Err(why) => {
                         tracing::debug!(?why, "rate-limit connection refused: cap reached");

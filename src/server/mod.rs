@@ -24,7 +24,7 @@ use crate::db::events::EventQueue;
 use crate::demo::DemoUpstream;
 use crate::lifecycle::{self, Lifecycle};
 use crate::metrics::Metrics;
-use crate::proxy::listener::{Capped, Edge};
+use crate::proxy::listener::{Capped, ProxyListener};
 use crate::proxy::Gateway;
 use crate::reload::snapshot::Database;
 use crate::rls::RlsListener;
@@ -304,7 +304,7 @@ fn add_listeners(
     };
     let mut proxy = Service::new(
         "throttle proxy".to_string(),
-        Edge::new(
+        ProxyListener::new(
             gateway,
             core.clone(),
             lifecycle.clone(),

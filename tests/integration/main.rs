@@ -36,6 +36,7 @@ mod lifetime;
 mod listeners;
 mod names;
 mod one_caller;
+mod one_edge;
 mod one_rule;
 mod proxy_e2e;
 mod ratelimit_headers;

@@ -1,18 +1,19 @@
-//! `X-Request-Id`: the value a trusted proxy sent, when it is sane (visible ASCII, at
-//! most `MAX_LEN` bytes), else a fresh random 128-bit id (32 hex digits) from the
-//! thread's RNG (no system call per request). Every value from an untrusted peer is
-//! replaced. The id goes upstream (replacing the client's) and back in every answer.
+//! `X-Request-Id`, for every HTTP transport (the proxy and the tower layer): the value a
+//! trusted proxy sent, when it is sane (visible ASCII, at most `MAX_LEN` bytes), else a
+//! fresh random 128-bit id (32 hex digits) from the thread's RNG (no system call per
+//! request). Every value from an untrusted peer is replaced. The id goes to the next hop
+//! (replacing the client's) and back in every answer.
 
 use http::{HeaderMap, HeaderValue};
 
 /// The longest id kept from a trusted proxy.
-pub(super) const MAX_LEN: usize = 128;
+pub const MAX_LEN: usize = 128;
 
 /// The header's name.
-pub(super) const NAME: &str = "x-request-id";
+pub const NAME: &str = "x-request-id";
 
 /// The request's id: the trusted proxy's `headers` value if `trusted` and sane, else new.
-pub(super) fn choose(headers: &HeaderMap, trusted: bool) -> HeaderValue {
+pub fn choose(headers: &HeaderMap, trusted: bool) -> HeaderValue {
     let mut sent = headers.get_all(NAME).iter();
     match (trusted, sent.next(), sent.next()) {
         (true, Some(v), None) if sane(v.as_bytes()) => v.clone(),
@@ -21,7 +22,7 @@ pub(super) fn choose(headers: &HeaderMap, trusted: bool) -> HeaderValue {
 }
 
 /// A fresh id: 128 random bits as 32 lowercase hex digits.
-pub(super) fn generate() -> HeaderValue {
+pub fn generate() -> HeaderValue {
     HeaderValue::from_bytes(&hex32(rand::random()))
         .unwrap_or_else(|_| HeaderValue::from_static("0"))
 }
