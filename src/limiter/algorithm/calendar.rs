@@ -1,4 +1,9 @@
-//! The calendar: epoch-aligned window bounds, and UTC months for `Window::Month`.
+//! The calendar: epoch-aligned window bounds, UTC months for `Window::Month`, and
+//! [`Calendar`]: days, Monday weeks and (anchored) months at local midnight in an IANA zone.
+
+use jiff::civil::{Date, DateTime, Time};
+use jiff::tz::TimeZone;
+use jiff::Timestamp;
 
 use crate::limiter::policy::Window;
 
@@ -17,7 +22,120 @@ pub fn bounds(window: Window, now_ms: u64, offset_ms: u64) -> (u64, u64) {
     (start + offset_ms, end + offset_ms)
 }
 
+/// [`bounds`] in a scope's calendar: `Day`, `Week` (Monday) and `Month` (from the anchor
+/// day) start at local midnight of `calendar`; every other window, and every window
+/// without a calendar, is [`bounds`]. `offset_ms` shifts both edges, as there.
+pub fn bounds_in(
+    window: Window,
+    now_ms: u64,
+    offset_ms: u64,
+    calendar: Option<&Calendar>,
+) -> (u64, u64) {
+    let Some(cal) = calendar else {
+        return bounds(window, now_ms, offset_ms);
+    };
+    let t = now_ms.saturating_sub(offset_ms);
+    let local = match window {
+        Window::Day => cal.day(t),
+        Window::Week => cal.week(t),
+        Window::Month => cal.month(t),
+        _ => None,
+    };
+    match local {
+        Some((start, end)) => (start + offset_ms, end + offset_ms),
+        None => bounds(window, now_ms, offset_ms),
+    }
+}
+
 pub(crate) const DAY_MS: u64 = 86_400_000;
+
+/// Why a calendar setting is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CalendarError {
+    /// Not a zone of the IANA time-zone database (bundled in the binary).
+    #[error("unknown time zone `{0}` (an IANA name such as \"Europe/Berlin\")")]
+    UnknownZone(String),
+    /// `billing_anchor_day` outside 1..=28 (every month has these days).
+    #[error("billing_anchor_day must be 1..=28, got {0}")]
+    AnchorDay(i64),
+}
+
+/// Where a scope's calendar windows begin: local midnight in an IANA time zone, and the
+/// day of the month a month starts on (`billing_anchor_day`, 1..=28). DST is followed: a
+/// local day is 23 or 25 hours on the days the clocks change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Calendar {
+    tz: TimeZone,
+    anchor_day: i8,
+}
+
+impl Calendar {
+    /// The calendar of `zone` (an IANA name; `"UTC"` too) with months starting on
+    /// `anchor_day`.
+    pub fn new(zone: &str, anchor_day: i64) -> Result<Self, CalendarError> {
+        let tz = TimeZone::get(zone).map_err(|_| CalendarError::UnknownZone(zone.to_owned()))?;
+        let anchor_day = match i8::try_from(anchor_day) {
+            Ok(d @ 1..=28) => d,
+            _ => return Err(CalendarError::AnchorDay(anchor_day)),
+        };
+        Ok(Self { tz, anchor_day })
+    }
+
+    /// The IANA name of the zone.
+    pub fn zone(&self) -> &str {
+        self.tz.iana_name().unwrap_or("UTC")
+    }
+
+    /// The day of the month a month starts on.
+    pub fn anchor_day(&self) -> u8 {
+        self.anchor_day.unsigned_abs()
+    }
+
+    /// The local day containing `t_ms`: `[midnight, next midnight)`.
+    pub fn day(&self, t_ms: u64) -> Option<(u64, u64)> {
+        let today = self.date_of(t_ms)?;
+        self.span(today, today.tomorrow().ok()?)
+    }
+
+    /// The local week (Monday to Monday) containing `t_ms`.
+    pub fn week(&self, t_ms: u64) -> Option<(u64, u64)> {
+        let today = self.date_of(t_ms)?;
+        let back = i64::from(today.weekday().to_monday_zero_offset());
+        let monday = today.checked_sub(jiff::Span::new().days(back)).ok()?;
+        self.span(monday, monday.checked_add(jiff::Span::new().days(7)).ok()?)
+    }
+
+    /// The month containing `t_ms`, from the anchor day at local midnight to the anchor
+    /// day of the next month.
+    pub fn month(&self, t_ms: u64) -> Option<(u64, u64)> {
+        let today = self.date_of(t_ms)?;
+        let (mut y, mut m) = (today.year(), today.month());
+        if today.day() < self.anchor_day {
+            (y, m) = if m == 1 { (y - 1, 12) } else { (y, m - 1) };
+        }
+        let (ny, nm) = if m == 12 { (y + 1, 1) } else { (y, m + 1) };
+        let start = Date::new(y, m, self.anchor_day).ok()?;
+        self.span(start, Date::new(ny, nm, self.anchor_day).ok()?)
+    }
+
+    fn date_of(&self, t_ms: u64) -> Option<Date> {
+        let ts = Timestamp::from_millisecond(i64::try_from(t_ms).ok()?).ok()?;
+        Some(self.tz.to_datetime(ts).date())
+    }
+
+    /// `[midnight of from, midnight of to)` in ms since the epoch.
+    fn span(&self, from: Date, to: Date) -> Option<(u64, u64)> {
+        Some((self.midnight(from)?, self.midnight(to)?))
+    }
+
+    /// The first instant of `date` in the zone: midnight, or the end of a gap that
+    /// swallows midnight (the compatible disambiguation picks the later side of a gap).
+    fn midnight(&self, date: Date) -> Option<u64> {
+        let dt: DateTime = date.to_datetime(Time::midnight());
+        let ts = self.tz.to_ambiguous_timestamp(dt).compatible().ok()?;
+        u64::try_from(ts.as_millisecond()).ok()
+    }
+}
 
 fn month_bounds(t: u64) -> (u64, u64) {
     let (y, m, _) = civil_from_days((t / DAY_MS) as i64);

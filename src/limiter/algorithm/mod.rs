@@ -31,7 +31,9 @@ pub mod sliding_window;
 mod state;
 pub mod token_bucket;
 
-pub use self::calendar::{bounds, civil_from_days, days_from_civil};
+pub use self::calendar::{
+    bounds, bounds_in, civil_from_days, days_from_civil, Calendar, CalendarError,
+};
 pub use self::settlement::{accepted_delta, debt_ceiling, max_debt, settled, Settle};
 pub(crate) use self::settlement::{add_debt, counter_top, refund_units};
 pub(crate) use self::state::hold_end;

@@ -40,6 +40,131 @@ fn bounds_align_to_epoch_and_shift_by_offset() {
     );
 }
 
+/// UTC ms of a civil date and hour (hours may be negative or past 24).
+fn utc(y: i64, m: u32, d: u32, h: i64) -> u64 {
+    (days_from_civil(y, m, d) * 86_400_000 + h * 3_600_000) as u64
+}
+
+/// Local days, Monday weeks and anchored months start at the zone's midnight, DST
+/// included: each row is (zone, anchor, window, now, start, end), all instants in UTC.
+#[test]
+fn calendar_windows_start_at_local_midnight() {
+    const LA: &str = "America/Los_Angeles";
+    const BER: &str = "Europe/Berlin";
+    const AKL: &str = "Pacific/Auckland";
+    const SAO: &str = "America/Sao_Paulo";
+    use Window::{Day as D, Month as M, Week as W};
+    let h = 3_600_000;
+    #[rustfmt::skip]
+    let cases = [
+        // Los Angeles springs forward on Sun 2026-03-08: a 23-hour day (PST -8, PDT -7).
+        (LA, 1, D, utc(2026, 3, 8, 12), utc(2026, 3, 8, 8), utc(2026, 3, 9, 7)),
+        // ... and falls back on Sun 2026-11-01: a 25-hour day.
+        (LA, 1, D, utc(2026, 11, 1, 20), utc(2026, 11, 1, 7), utc(2026, 11, 2, 8)),
+        // Berlin: 23 hours on Sun 2026-03-29 (CET +1 -> CEST +2), 25 on Sun 2026-10-25.
+        (BER, 1, D, utc(2026, 3, 29, 5), utc(2026, 3, 28, 23), utc(2026, 3, 29, 22)),
+        (BER, 1, D, utc(2026, 10, 25, 22) + 1, utc(2026, 10, 24, 22), utc(2026, 10, 25, 23)),
+        // The week around the spring-forward Sunday: Monday to Monday, 167 hours.
+        (BER, 1, W, utc(2026, 3, 29, 5), utc(2026, 3, 22, 23), utc(2026, 3, 29, 22)),
+        // Sunday 23:30 local is still last week; Monday 00:00 local starts the next.
+        (BER, 1, W, utc(2026, 3, 29, 21) + h / 2, utc(2026, 3, 22, 23), utc(2026, 3, 29, 22)),
+        (BER, 1, W, utc(2026, 3, 29, 22), utc(2026, 3, 29, 22), utc(2026, 4, 5, 22)),
+        // Months: Jan 31 is January; February has 28 days in 2027 and 29 in 2028.
+        (BER, 1, M, utc(2027, 1, 31, 12), utc(2026, 12, 31, 23), utc(2027, 1, 31, 23)),
+        (BER, 1, M, utc(2027, 2, 28, 12), utc(2027, 1, 31, 23), utc(2027, 2, 28, 23)),
+        (BER, 1, M, utc(2028, 2, 29, 12), utc(2028, 1, 31, 23), utc(2028, 2, 29, 23)),
+        // An anchor on the 28th: Jan 31 belongs to Jan 28 - Feb 28; Feb 29 2028 to Feb 28 - Mar 28
+        // (CEST from Mar 26 2028, so that month is an hour short).
+        (BER, 28, M, utc(2027, 1, 31, 12), utc(2027, 1, 27, 23), utc(2027, 2, 27, 23)),
+        (BER, 28, M, utc(2028, 2, 29, 12), utc(2028, 2, 27, 23), utc(2028, 3, 27, 22)),
+        // An anchor on the 15th, across the March DST change (CET start, CEST end).
+        (BER, 15, M, utc(2026, 3, 10, 12), utc(2026, 2, 14, 23), utc(2026, 3, 14, 23)),
+        // 2026-03-14 23:30 UTC is already the 15th in Berlin: the new month.
+        (BER, 15, M, utc(2026, 3, 14, 23) + h / 2, utc(2026, 3, 14, 23), utc(2026, 4, 14, 22)),
+        // Los Angeles: the last ms before local midnight on the 15th, then the midnight.
+        (LA, 15, M, utc(2026, 3, 15, 7) - 1, utc(2026, 2, 15, 8), utc(2026, 3, 15, 7)),
+        (LA, 15, M, utc(2026, 3, 15, 7), utc(2026, 3, 15, 7), utc(2026, 4, 15, 7)),
+        // One instant, two customers: Auckland (NZDT +13) is already on the 11th, Los
+        // Angeles (PST -8) still on the 10th; each resets at its own midnight.
+        (AKL, 1, D, utc(2026, 1, 10, 12), utc(2026, 1, 10, 11), utc(2026, 1, 11, 11)),
+        (LA, 1, D, utc(2026, 1, 10, 12), utc(2026, 1, 10, 8), utc(2026, 1, 11, 8)),
+        // ... and in February (Jan 31 12:00 UTC is Feb 1 01:00 there).
+        (AKL, 1, M, utc(2026, 1, 31, 12), utc(2026, 1, 31, 11), utc(2026, 2, 28, 11)),
+        // Sao Paulo 2018-11-04: clocks jumped from 00:00 to 01:00, so the day starts at 01:00 -02.
+        (SAO, 1, D, utc(2018, 11, 4, 12), utc(2018, 11, 4, 3), utc(2018, 11, 5, 2)),
+    ];
+    for (i, (zone, anchor, window, now, start, end)) in cases.into_iter().enumerate() {
+        let cal = Calendar::new(zone, anchor).unwrap();
+        assert_eq!(
+            bounds_in(window, now, 0, Some(&cal)),
+            (start, end),
+            "case {i}: {zone} {window:?} anchor {anchor}"
+        );
+        assert!(start <= now && now < end, "case {i} is inside its window");
+    }
+    assert_eq!(utc(2026, 3, 9, 7) - utc(2026, 3, 8, 8), 23 * h);
+    assert_eq!(utc(2026, 10, 25, 23) - utc(2026, 10, 24, 22), 25 * h);
+    // A jitter offset shifts both edges, as for epoch windows.
+    let berlin = Calendar::new("Europe/Berlin", 1).unwrap();
+    assert_eq!(
+        bounds_in(Window::Day, utc(2026, 3, 29, 5) + 7, 7, Some(&berlin)),
+        (utc(2026, 3, 28, 23) + 7, utc(2026, 3, 29, 22) + 7)
+    );
+}
+
+/// Without a calendar, or in UTC with the anchor on the 1st, days and months are what
+/// they were; other windows ignore the calendar.
+#[test]
+fn utc_calendar_is_the_default() {
+    let utc_cal = Calendar::new("UTC", 1).unwrap();
+    let berlin = Calendar::new("Europe/Berlin", 1).unwrap();
+    let mut now = utc(2023, 12, 25, 0) + 17;
+    while now < utc(2025, 3, 1, 0) {
+        for w in [
+            Window::Second,
+            Window::Minute,
+            Window::Hour,
+            Window::Day,
+            Window::Month,
+        ] {
+            assert_eq!(bounds_in(w, now, 0, None), bounds(w, now, 0));
+            assert_eq!(
+                bounds_in(w, now, 0, Some(&utc_cal)),
+                bounds(w, now, 0),
+                "{w:?} {now}"
+            );
+        }
+        assert_eq!(
+            bounds_in(Window::Hour, now, 0, Some(&berlin)),
+            bounds(Window::Hour, now, 0)
+        );
+        now += 7 * 3_600_000 + 13;
+    }
+    // A UTC week starts on Monday (2026-03-02), not on the epoch's Thursday.
+    assert_eq!(
+        bounds_in(Window::Week, utc(2026, 3, 4, 12), 0, Some(&utc_cal)),
+        (utc(2026, 3, 2, 0), utc(2026, 3, 9, 0))
+    );
+    assert_eq!(utc_cal.zone(), "UTC");
+    assert_eq!(berlin.zone(), "Europe/Berlin");
+}
+
+/// Unknown zones and anchors outside 1..=28 are refused.
+#[test]
+fn calendar_refuses_unknown_zones_and_anchors() {
+    assert_eq!(
+        Calendar::new("Europe/Atlantis", 1),
+        Err(CalendarError::UnknownZone("Europe/Atlantis".into()))
+    );
+    for d in [0, 29, 30, 31, -1, 300] {
+        assert_eq!(Calendar::new("UTC", d), Err(CalendarError::AnchorDay(d)));
+    }
+    assert_eq!(
+        Calendar::new("Pacific/Auckland", 28).unwrap().anchor_day(),
+        28
+    );
+}
+
 /// Lease sizing mirrors check.lua: min(want, remaining / 2), none below 2; length
 /// min(lease_ms, period / 4).
 #[test]
