@@ -232,6 +232,7 @@ pub(crate) struct ScopeFile {
     pub(crate) admission: Option<AdmissionFile>,
     pub(crate) concurrent: Option<Spanned<u64>>,
     pub(crate) ban: Option<Spanned<BanFile>>,
+    pub(crate) count_on: Option<Spanned<Vec<String>>>,
 }
 
 #[derive(Debug, Deserialize)]

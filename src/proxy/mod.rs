@@ -231,7 +231,9 @@ impl ProxyHttp for Gateway {
         let Some(a) = &mut ctx.admission else {
             return Ok(());
         };
-        for (name, value) in crate::edge::answered(a, &resp.headers, &self.core.metrics) {
+        for (name, value) in
+            crate::edge::answered(a, (resp.status.as_u16(), &resp.headers), &self.core.metrics)
+        {
             resp.insert_header(name, value)?;
         }
         Ok(())
