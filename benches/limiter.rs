@@ -33,6 +33,7 @@ fn limits(windows: Vec<WindowLimit>) -> ScopeLimits {
         windows,
         on_failure: OnFailure::Local,
         message: None,
+        count_on: None,
     }
 }
 

@@ -23,6 +23,7 @@ fn limits(windows: Vec<WindowLimit>) -> ScopeLimits {
         windows,
         on_failure: OnFailure::Closed,
         message: None,
+        count_on: None,
     }
 }
 

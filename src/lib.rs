@@ -49,6 +49,7 @@
 //!     windows: vec![WindowLimit::new(Window::Minute, 1)],
 //!     on_failure: OnFailure::Local,
 //!     message: None,
+//!     count_on: None,
 //! };
 //! let mut check = Check::new(1);
 //! check.push(Scope::Key, Ident::Name("key_demo".into()), &limits);

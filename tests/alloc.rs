@@ -153,6 +153,7 @@ fn bytes_per_state_at_the_default_bound() {
             .collect(),
         on_failure: OnFailure::Local,
         message: None,
+        count_on: None,
     };
     type Row = (&'static str, Vec<Window>, fn(u32) -> Ident, usize);
     let rows: Vec<Row> = vec![

@@ -43,6 +43,7 @@ mod concurrency;
 pub mod core;
 pub mod custom;
 mod limits;
+mod outcome;
 mod pipeline;
 pub mod routes;
 
@@ -276,6 +277,9 @@ pub struct Admission {
     /// fallback decided): only then is there a cost to settle.
     charged: bool,
     settled: bool,
+    /// Once the upstream answered: the check positions `count_on` refunded (a bit each),
+    /// which a settle leaves alone (`settle_outcome`).
+    uncounted: Option<u32>,
     lifetime: Option<Lifetime>,
 }
 
@@ -353,9 +357,12 @@ impl Admission {
             key: self.key.as_deref(),
             route: self.route.as_deref().map(|r| &r.route),
         };
-        // The same tables, at the same (scaled) limits, in the same positions as decided.
-        let check = self.applied.check(tables, reserved);
-        l.store.settle(&check, delta, self.decided_at);
+        // The same tables, at the same (scaled) limits, in the same positions as decided;
+        // less those an outcome already refunded.
+        let all = self.applied.check(tables, reserved);
+        let uncounted = self.uncounted.unwrap_or(0);
+        let (check, at) = outcome::part(&all, self.decided_at, |i| uncounted & (1 << i) == 0);
+        l.store.settle(&check, delta, at);
         l.held.cost = actual;
         metrics.cost_settled(delta);
         // The headers describe the governing window as settled (remaining, reset).

@@ -391,6 +391,7 @@ fn admitted(
         store_span: None,
         charged,
         settled: false,
+        uncounted: None,
         lifetime: Some(Lifetime {
             store: core.store.clone(),
             held,

@@ -232,6 +232,7 @@ pub(crate) struct ScopeFile {
     pub(crate) admission: Option<AdmissionFile>,
     pub(crate) concurrent: Option<Spanned<u64>>,
     pub(crate) ban: Option<Spanned<BanFile>>,
+    pub(crate) count_on: Option<Spanned<Vec<String>>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -293,6 +294,8 @@ pub(crate) struct RouteFile {
     pub(crate) read_timeout_ms: Option<Spanned<u64>>,
     pub(crate) cost_header: Option<Spanned<String>>,
     pub(crate) max_cost: Option<Spanned<u32>>,
+    pub(crate) cost_from: Option<Spanned<String>>,
+    pub(crate) cost_unit_bytes: Option<Spanned<u32>>,
     pub(crate) adaptive: Option<Spanned<AdaptiveFile>>,
     pub(crate) health_check: Option<Spanned<HealthCheckFile>>,
     pub(crate) upgrade: Option<bool>,

@@ -2,6 +2,7 @@
 //! internal types of `model`. Every error names `file:line:col` (`ConfigError`).
 
 mod block_values;
+mod cost_from;
 mod error;
 mod file;
 mod limits;
@@ -15,6 +16,7 @@ mod warnings;
 use std::path::Path;
 
 pub use block_values::{net_problem, text_problem, MIN_V4_PREFIX, MIN_V6_PREFIX};
+pub use cost_from::{CostFrom, Counted};
 pub use error::{line_col, ConfigError};
 pub use limits::{
     burst_multiplier, check_cost, parse_algorithm, window_limit, LimitError, WindowSettings,

@@ -358,9 +358,12 @@ pub struct Route {
     /// `cost_header`: the response header carrying the request's true cost (lower-case);
     /// the reserved `cost` is settled against it.
     pub cost_header: Option<http::HeaderName>,
-    /// `max_cost`: a reported usage above it settles as it; a client that leaves before
-    /// the usage header is settled at it (needs `cost_header`; at least `cost`).
+    /// `max_cost`: a reported usage (or bytes' worth) above it settles as it; a client
+    /// that leaves before the usage header is settled at it (needs `cost_header` or
+    /// `cost_from`; at least `cost`).
     pub max_cost: Option<u32>,
+    /// `cost_from` (and `cost_unit_bytes`): the request settles to the bytes it moved.
+    pub cost_from: Option<super::CostFrom>,
     /// `adaptive`: limits follow the upstream's health (see `adaptive`).
     pub adaptive: Option<crate::adaptive::Settings>,
     /// `health_check`: upstreams failing it are skipped until they pass again.

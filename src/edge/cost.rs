@@ -1,6 +1,6 @@
 //! What a request really cost: the usage an upstream reports in the route's
 //! `cost_header`, parsed once for every transport, and the settlement it drives (or, for a
-//! client that left first, `max_cost`).
+//! client that left first, `max_cost`); or the bytes it moved (`cost_from`).
 
 use http::HeaderMap;
 
@@ -44,6 +44,34 @@ impl Admission {
                 self.settle(max, metrics);
             }
         }
+    }
+}
+
+// === impl Admission: cost_from ===
+
+impl Admission {
+    /// Which bytes the request's route settles on (`cost_from`), if any.
+    pub fn counted_bytes(&self) -> Option<crate::config::Counted> {
+        let route = self.route.as_ref()?;
+        Some(route.route.cost_from?.counted)
+    }
+
+    /// Reserve, then settle to the bytes moved: `bytes` (the response body bytes sent,
+    /// or the request body bytes read; a client that left pays what was sent) in the
+    /// route's `cost_unit_bytes`, rounded up and bounded by `max_cost`, settles the
+    /// request. Nothing on a route without `cost_from`.
+    pub fn settle_bytes(&mut self, bytes: u64, metrics: &Metrics) {
+        let Some(route) = self.route.as_ref().map(|r| &r.route) else {
+            return;
+        };
+        let Some(from) = route.cost_from else {
+            return;
+        };
+        let (actual, clamped) = clamp_usage(from.units(bytes), route.max_cost);
+        if clamped {
+            metrics.cost_clamped.inc();
+        }
+        self.settle(actual, metrics);
     }
 }
 

@@ -7,8 +7,8 @@
 //!   normalized path from `path`, the one `Host` rule, what the next hop receives);
 //! - [`admit_http`]: resolve the client IP, parse the target, answer an IP block before a
 //!   400, then admit (the request side, one call);
-//! - [`answered`]: the response side, one call: settle the reported cost and the rate
-//!   headers to add;
+//! - [`answered`]: the response side, one call: refund by outcome (`count_on`), settle
+//!   the reported cost, and the rate headers to add;
 //! - `forward`: the client headers scrubbed before forwarding, the identity headers and
 //!   the address chain;
 //! - `cost`: the usage an upstream reports (`cost_header`) and the settlement;
@@ -70,14 +70,16 @@ pub fn peer_addr(peer: Option<IpAddr>) -> Option<IpAddr> {
     peer.map(crate::client_ip::canonical)
 }
 
-/// The response side of an admitted request, one call: the usage the next hop reported
-/// in its response `headers` settles the request (`Admission::settle_from`), and the
-/// rate-limit headers to add come back (none on a route with `hide_client_headers`).
+/// The response side of an admitted request, one call: the next hop's `status` refunds
+/// the tables whose `count_on` leaves it out (`Admission::settle_outcome`), the usage it
+/// reported in its response `headers` settles the request (`Admission::settle_from`), and
+/// the rate-limit headers to add come back (none on a route with `hide_client_headers`).
 pub fn answered<'a>(
     a: &'a mut Admission,
-    headers: &HeaderMap,
+    (status, headers): (u16, &HeaderMap),
     metrics: &Metrics,
 ) -> impl Iterator<Item = (&'static str, HeaderValue)> + 'a {
+    a.settle_outcome(status, metrics);
     a.settle_from(headers, metrics);
     let a: &'a Admission = a;
     let shown = forward::shows_rate_headers(a).then(|| a.rate_headers());

@@ -188,6 +188,10 @@ pub enum LayerError {
     /// The routes' upstream sets could not be built.
     #[error("routes: {0}")]
     Routes(#[from] std::io::Error),
+    /// The config asks for what the layer cannot do: a route's `cost_from` (the layer
+    /// does not see the response body: use the proxy for bandwidth quotas).
+    #[error("{0}")]
+    Unsupported(String),
 }
 
 // === impl ThrottleLayer ===
@@ -213,8 +217,17 @@ impl ThrottleLayer {
     /// `[store]` section is not read.
     ///
     /// # Errors
-    /// When metrics or routes cannot be set up.
+    /// When metrics or routes cannot be set up; `LayerError::Unsupported` for a route
+    /// with `cost_from` (the layer hands the response body on without reading it; a
+    /// layer made with [`from_core`](Self::from_core) keeps such a route's reserve).
     pub fn with_store(config: Config, store: Arc<dyn LimitStore>) -> Result<Self, LayerError> {
+        if let Some(r) = config.routes.iter().find(|r| r.cost_from.is_some()) {
+            return Err(LayerError::Unsupported(format!(
+                "route {:?}: cost_from needs the response body, which the tower layer does \
+                 not read; serve this route through the proxy",
+                r.name
+            )));
+        }
         let metrics = Arc::new(Metrics::new()?);
         let core = Core::new(Runtime::from_config(config)?, store, metrics)
             .map_err(std::io::Error::from)?;

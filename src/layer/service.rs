@@ -142,7 +142,7 @@ where
         Ok(mut resp) => {
             // Reserve, then settle, as the proxy does: the inner service reports the cost.
             let metrics = &shared.core.metrics;
-            let rate = edge::answered(&mut admission, resp.headers(), metrics);
+            let rate = edge::answered(&mut admission, (status, resp.headers()), metrics);
             request::insert_all(resp.headers_mut(), rate);
             admission.finish(Ending::Completed { status });
             Ok(request::with_id(resp, id))

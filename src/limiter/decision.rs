@@ -184,6 +184,7 @@ mod tests {
             message: None,
             concurrent: None,
             ban: None,
+            count_on: None,
         }));
         let mut c = Check::new(1);
         for s in [Scope::Ip, Scope::Key, Scope::Tenant, Scope::Global] {

@@ -13,6 +13,7 @@ pub mod algorithm;
 pub mod check;
 pub mod decision;
 pub mod named;
+pub mod outcome;
 pub mod policy;
 pub mod scale;
 
@@ -20,6 +21,7 @@ pub use check::{
     canonical, canonical_net, network, Check, Ident, Quota, ScopeCheck, MAX_SCOPES, MAX_SLOTS,
 };
 pub use decision::{DecidedAt, Decision, Verdict, WindowDecision};
+pub use outcome::StatusSet;
 pub use policy::{
     Admission, Algorithm, BanRule, Base, Named, OnFailure, Scope, ScopeLimits, Window, WindowLimit,
     MAX_NAMED,

@@ -118,6 +118,9 @@ pub struct ScopeLimits {
     pub concurrent: Option<u32>,
     /// `ban = {...}`: repeated rejections by this scope become a temporary block.
     pub ban: Option<BanRule>,
+    /// `count_on = [...]`: the upstream statuses the table counts; any other outcome
+    /// refunds its reserve at the answer (None: every admitted request counts).
+    pub count_on: Option<super::StatusSet>,
 }
 
 /// `ban = { after, within_secs, for_secs }`: an identity rejected `after` times within

@@ -25,6 +25,7 @@ pub fn scaled(limits: &ScopeLimits, f: impl Fn(u32) -> u32) -> ScopeLimits {
         ban: limits.ban,
         on_failure: limits.on_failure,
         message: limits.message.clone(),
+        count_on: limits.count_on,
     }
 }
 
@@ -45,6 +46,7 @@ mod tests {
             message: Some("m".into()),
             concurrent: Some(4),
             ban: None,
+            count_on: None,
         };
         let half = scaled(&l, |n| n / 2);
         let got: Vec<(u32, u32)> = half.windows.iter().map(|w| (w.limit, w.capacity)).collect();

@@ -51,6 +51,8 @@ pub struct RequestCtx {
     pub(super) refused: Option<Box<RefusalSeen>>,
     /// The request's trace (only with `[tracing]` on).
     pub(super) trace: Option<Box<Trace>>,
+    /// The body bytes a `cost_from` route counts, so far.
+    pub(super) counted_bytes: u64,
 }
 
 // === impl RequestCtx ===
@@ -59,6 +61,15 @@ impl RequestCtx {
     /// The route the request was admitted on.
     pub(super) fn admitted_route(&self) -> Option<&Arc<RouteEntry>> {
         self.admission.as_ref().and_then(|a| a.route.as_ref())
+    }
+
+    /// Counts `body`'s bytes when the admitted route settles on `which` (`cost_from`).
+    pub(super) fn count_bytes(&mut self, which: crate::config::Counted, body: Option<&[u8]>) {
+        let counts = self.admission.as_ref().and_then(Admission::counted_bytes);
+        if counts == Some(which) {
+            let n = body.map_or(0, <[u8]>::len);
+            self.counted_bytes = self.counted_bytes.saturating_add(n as u64);
+        }
     }
 
     /// Whether the request's route forwards protocol upgrades (`upgrade = true`).
@@ -88,6 +99,8 @@ impl RequestCtx {
             if left_early {
                 a.settle_abandoned(&core.metrics);
             }
+            // `cost_from`: the bytes moved, however the request ended.
+            a.settle_bytes(self.counted_bytes, &core.metrics);
             a.finish(ending(e, status));
         }
         let live = self.route.as_ref().map(|r| core.route_state(r));

@@ -193,12 +193,24 @@ impl ProxyHttp for Gateway {
     async fn request_body_filter(
         &self,
         session: &mut Session,
-        _body: &mut Option<bytes::Bytes>,
+        body: &mut Option<bytes::Bytes>,
         end_of_stream: bool,
         ctx: &mut Box<RequestCtx>,
     ) -> pingora::Result<()> {
         timeouts::body_read(session, ctx, end_of_stream, &self.core);
+        ctx.count_bytes(crate::config::Counted::Request, body.as_deref());
         Ok(())
+    }
+
+    fn response_body_filter(
+        &self,
+        _session: &mut Session,
+        body: &mut Option<bytes::Bytes>,
+        _end_of_stream: bool,
+        ctx: &mut Box<RequestCtx>,
+    ) -> pingora::Result<Option<std::time::Duration>> {
+        ctx.count_bytes(crate::config::Counted::Response, body.as_deref());
+        Ok(None)
     }
 
     async fn upstream_response_filter(
@@ -231,7 +243,9 @@ impl ProxyHttp for Gateway {
         let Some(a) = &mut ctx.admission else {
             return Ok(());
         };
-        for (name, value) in crate::edge::answered(a, &resp.headers, &self.core.metrics) {
+        for (name, value) in
+            crate::edge::answered(a, (resp.status.as_u16(), &resp.headers), &self.core.metrics)
+        {
             resp.insert_header(name, value)?;
         }
         Ok(())

@@ -262,6 +262,7 @@ fn route_settings(out: &mut Out, a: Option<&Route>) {
         read_timeout,
         cost_header,
         max_cost,
+        cost_from,
         adaptive,
         health_check,
         upgrade,
@@ -286,6 +287,7 @@ fn route_settings(out: &mut Out, a: Option<&Route>) {
     out.applied("routes.read_timeout_ms", read_timeout);
     out.applied("routes.cost_header", cost_header);
     out.applied("routes.max_cost", max_cost);
+    out.applied("routes.cost_from", cost_from);
     adaptive_settings(out, adaptive.as_ref());
     out.applied("routes.health_check", health_check);
     out.applied("routes.upgrade", upgrade);

@@ -466,6 +466,12 @@ const TABLE: &[(&str, &str, &str, bool)] = &[
     ("routes.cost_header", "\"x-cost\"", "\"x-usage\"", false),
     ("routes.max_cost", "max_cost = 10", "max_cost = 20", false),
     (
+        "routes.cost_from",
+        "cost_header = \"x-cost\"",
+        "cost_from = \"response_bytes\"\ncost_unit_bytes = 100",
+        false,
+    ),
+    (
         "routes.adaptive.target_p99_ms",
         "target_p99_ms = 500",
         "target_p99_ms = 400",

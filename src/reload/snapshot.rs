@@ -241,6 +241,7 @@ pub fn policy_tier(
         windows,
         on_failure: base.map_or(config.store.on_failure, |t| t.key.on_failure),
         message: base.and_then(|t| t.key.message.clone()),
+        count_on: base.and_then(|t| t.key.count_on),
     };
     check_cost(&key, max_cost).map_err(|e| {
         let column = Window::ALL
@@ -257,6 +258,7 @@ pub fn policy_tier(
             windows: Vec::new(),
             on_failure: config.store.on_failure,
             message: None,
+            count_on: None,
         }),
     };
     Ok(Tier {

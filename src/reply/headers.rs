@@ -303,6 +303,7 @@ mod tests {
             message: None,
             concurrent: None,
             ban: None,
+            count_on: None,
         }
     }
 

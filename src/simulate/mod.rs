@@ -217,7 +217,14 @@ impl Replay {
             .now_or_never()
             .ok_or_else(|| SimError::Setup("the admission pipeline waited on its store".into()))?;
         match decided {
-            Ok(a) => {
+            Ok(mut a) => {
+                let status = row.status.unwrap_or(200);
+                let metrics = &self.core.metrics;
+                // The answer the trace recorded: `count_on` refunds, `cost_from` settles.
+                a.settle_outcome(status, metrics);
+                if let Some(bytes) = row.bytes {
+                    a.settle_bytes(bytes, metrics);
+                }
                 let shadow = a.rate.filter(|_| a.shadow_rejected).map(|g| g.scope);
                 let key = a.key.as_deref();
                 let tables = admission::Tables {
@@ -230,7 +237,7 @@ impl Replay {
                 let scopes = checked.scopes.iter().map(|s| s.scope);
                 report.admitted(scopes, key.and_then(KeyInfo::tenant_id), shadow);
                 drop(checked);
-                a.finish(Ending::Completed { status: 200 });
+                a.finish(Ending::Completed { status });
             }
             Err(refusal) => {
                 let auth = refusal.route.as_ref().map(|r| r.route.auth);

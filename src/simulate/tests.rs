@@ -627,3 +627,49 @@ auth = "none"
     assert_eq!(by_name["org"], counts(1, 1), "{by_name:?}");
     assert_eq!(by_name["login.ip"], counts(1, 1), "{by_name:?}");
 }
+
+/// The `status` column drives `count_on` (a failed-login table of 2 counts only the
+/// 401s: three 200s and two 401s pass, the third 401 is refused) and the `bytes`
+/// column a `cost_from` route (cost 100 reserved, 50 bytes settled each: four fit in
+/// 250, the fifth does not).
+#[test]
+fn status_and_bytes_columns_settle() {
+    let c = config::parse(
+        "t.toml",
+        r#"
+[[routes]]
+name = "login"
+path_prefix = "/login"
+upstreams = ["127.0.0.1:1"]
+auth = "none"
+[routes.limits.ip]
+per_hour = 2
+count_on = ["401"]
+
+[[routes]]
+name = "files"
+path_prefix = "/files"
+upstreams = ["127.0.0.1:1"]
+auth = "none"
+cost = 100
+cost_from = "response_bytes"
+[routes.limits.ip]
+per_hour = 250
+"#,
+    )
+    .unwrap();
+    let mut t = String::from("time,ip,path,status,bytes\n");
+    for (i, status) in [200, 200, 200, 401, 401, 401].into_iter().enumerate() {
+        t.push_str(&format!("{},192.0.2.1,/login,{status},\n", T0 + i as u64));
+    }
+    let r = run_ok(&c, &t);
+    assert_eq!((r.allowed, r.rejected), (5, 1));
+    let mut t = String::from("time,ip,path,status,bytes\n");
+    for i in 0..5 {
+        t.push_str(&format!("{},192.0.2.2,/files,,50\n", T0 + i));
+    }
+    let r = run_ok(&c, &t);
+    assert_eq!((r.allowed, r.rejected), (4, 1));
+    let bad = "time,ip,path,status\n1764000000000,192.0.2.1,/login,600\n";
+    assert!(simulate(&c, bad.as_bytes()).is_err());
+}

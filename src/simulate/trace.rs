@@ -5,7 +5,8 @@
 //! `GET` when absent: a route's `methods` may not take it), `query` (the query string
 //! custom scopes' `query:` read; else the part of `path` after `?`) and any number of
 //! `header:<Name>` columns (a request header, for custom scopes' `header:` and
-//! `cookie:`). An
+//! `cookie:`); `status` (the upstream's answer, for `count_on`; 200 when absent) and
+//! `bytes` (the body bytes moved, for a `cost_from` route). An
 //! unknown or repeated column is an error at line 1, so a misspelt `apikey` cannot make
 //! every row anonymous. Empty cells mean "absent" (no key, no host, the route's cost).
 //! Every error names the line the row starts on (the header is line 1).
@@ -46,6 +47,10 @@ pub(super) struct Row {
     pub(super) query: Option<String>,
     /// The `header:<Name>` cells that are not empty (None: no such column set).
     pub(super) headers: Option<http::HeaderMap>,
+    /// The upstream's answer (`count_on` refunds the tables it leaves out; none: 200).
+    pub(super) status: Option<u16>,
+    /// The body bytes the request moved (a `cost_from` route settles to them).
+    pub(super) bytes: Option<u64>,
 }
 
 /// The key of a row.
@@ -71,6 +76,8 @@ struct Columns {
     cost: Option<usize>,
     method: Option<usize>,
     query: Option<usize>,
+    status: Option<usize>,
+    bytes: Option<usize>,
     headers: Vec<(usize, http::HeaderName)>,
 }
 
@@ -226,6 +233,8 @@ impl Columns {
                 "cost" => &mut c.cost,
                 "method" => &mut c.method,
                 "query" => &mut c.query,
+                "status" => &mut c.status,
+                "bytes" => &mut c.bytes,
                 lower if lower.starts_with("header:") => {
                     let h = http::HeaderName::from_bytes(&lower.as_bytes()["header:".len()..])
                         .map_err(|_| at_header(format!("column {name:?}: not a header name")))?;
@@ -237,7 +246,7 @@ impl Columns {
                 }
                 _ => {
                     return Err(at_header(format!(
-                        "unknown column {name:?} (columns: time, ip, path, api_key, key_id, host, cost, method, query, header:<Name>)"
+                        "unknown column {name:?} (columns: time, ip, path, api_key, key_id, host, cost, method, query, status, bytes, header:<Name>)"
                     )))
                 }
             };
@@ -302,6 +311,8 @@ impl Columns {
             method: method(cell(self.method))?,
             query,
             headers,
+            status: status(cell(self.status))?,
+            bytes: number(cell(self.bytes), "bytes")?,
         })
     }
 }
@@ -345,6 +356,25 @@ fn method(s: &str) -> Result<http::Method, String> {
         return Ok(http::Method::GET);
     }
     http::Method::from_bytes(s.as_bytes()).map_err(|_| format!("invalid method {s:?}"))
+}
+
+/// `status`: empty (200) or an HTTP status, 100 to 599.
+fn status(s: &str) -> Result<Option<u16>, String> {
+    match number(s, "status")? {
+        None => Ok(None),
+        Some(n @ 100..=599) => Ok(u16::try_from(n).ok()),
+        Some(_) => Err(format!("invalid status {s:?}: expected 100 to 599")),
+    }
+}
+
+/// An optional non-negative integer cell of `column`.
+fn number(s: &str, column: &str) -> Result<Option<u64>, String> {
+    if s.is_empty() {
+        return Ok(None);
+    }
+    s.parse::<u64>()
+        .map(Some)
+        .map_err(|_| format!("invalid {column} {s:?}: expected a non-negative integer"))
 }
 
 /// `cost`: empty (the route's cost) or a positive integer.

@@ -20,6 +20,7 @@ fn limits(windows: Vec<WindowLimit>) -> ScopeLimits {
         windows,
         on_failure: OnFailure::Closed,
         message: None,
+        count_on: None,
     }
 }
 

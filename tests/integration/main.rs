@@ -38,6 +38,7 @@ mod names;
 mod one_caller;
 mod one_edge;
 mod one_rule;
+mod outcomes;
 mod proxy_e2e;
 mod ratelimit_headers;
 mod ready;

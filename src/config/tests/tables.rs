@@ -336,3 +336,68 @@ fn a_thousand_validations_with_fresh_names_still_load() {
     std::fs::write(&path, named_config("hlast", 255, 0)).unwrap();
     load(&path).unwrap_or_else(|e| panic!("{e}"));
 }
+
+/// The 1-based (line, column) of the first `needle` in `src`.
+fn place_of(src: &str, needle: &str) -> (usize, usize) {
+    let at = src
+        .find(needle)
+        .unwrap_or_else(|| panic!("{needle:?} not in\n{src}"));
+    let line_start = src[..at].rfind('\n').map_or(0, |i| i + 1);
+    (line_of(src, needle), at - line_start + 1)
+}
+
+/// `count_on` on every kind of table a request is admitted on: a valid list is kept
+/// (codes and classes); an empty list, a bad status, a repeat, a table without a window
+/// (concurrency only) and `[limits.auth]` are refused at the list's line and column.
+#[test]
+fn count_on_is_checked_at_its_list() {
+    let kept = "count_on = [\"401\", \"5xx\"]";
+    for (label, template, _) in TABLES {
+        let src = config(&fill(template, &["per_minute = 10", kept]));
+        if label.contains("auth") {
+            let e = parse("f.toml", &src).expect_err(&src);
+            assert_eq!(e.position, Some(place_of(&src, "[\"401\"")), "{e}");
+            assert!(e.message.contains("not [limits.auth]"), "{e}");
+            continue;
+        }
+        let c = parse("f.toml", &src).unwrap_or_else(|e| panic!("{e}\n{src}"));
+        let limits = match label {
+            "[limits.ip]" => c.ip_limits.clone(),
+            "[limits.global]" => c.global_limits.clone(),
+            "[limits.user]" => c.scopes[0].limits.clone(),
+            l if l.starts_with("[tiers") => {
+                let t = &c.tiers["free"];
+                Some(if l.ends_with("key") {
+                    t.key.clone()
+                } else {
+                    t.tenant.clone()
+                })
+            }
+            _ => Some(c.routes[0].limits[0].limits.clone()),
+        };
+        let set = limits.and_then(|l| l.count_on).expect(label);
+        assert!(
+            set.contains(401) && set.contains(503) && !set.contains(200),
+            "{label}"
+        );
+        let bad: &[(&str, &str)] = &[
+            ("count_on = []", "at least one"),
+            ("count_on = [\"401\", \"600\"]", "is not a status"),
+            ("count_on = [\"4xx\", \"401\"]", "listed twice"),
+        ];
+        for (line, why) in bad {
+            let src = config(&fill(template, &["per_minute = 10", line]));
+            let e = parse("f.toml", &src).expect_err(&src);
+            let list = &line["count_on = ".len()..];
+            assert_eq!(e.position, Some(place_of(&src, list)), "{e}\n{src}");
+            assert!(e.message.contains(why), "{e}");
+        }
+        if label.contains("global") {
+            continue; // concurrent is not its
+        }
+        let src = config(&fill(template, &["concurrent = 5", kept]));
+        let e = parse("f.toml", &src).expect_err(&src);
+        assert_eq!(e.position, Some(place_of(&src, "[\"401\"")), "{e}\n{src}");
+        assert!(e.message.contains("count_on needs a rate window"), "{e}");
+    }
+}

@@ -61,6 +61,7 @@ fn route(cx: &Ctx<'_>, r: &RouteFile) -> Result<Route, ConfigError> {
         read_timeout: upstream_timeout(cx, "read_timeout_ms", &r.read_timeout_ms, 30_000)?,
         cost_header: cost_header(cx, r)?,
         max_cost,
+        cost_from: cost_from(cx, r)?,
         adaptive: match &r.adaptive {
             Some(a) => Some(adaptive(cx, a)?),
             None => None,
@@ -111,7 +112,8 @@ fn methods(cx: &Ctx<'_>, r: &RouteFile) -> Result<Option<Arc<[http::Method]>>, C
     Ok(Some(out.into()))
 }
 
-/// A route's `cost` (at least 1) and `max_cost` (only with `cost_header`, not below `cost`).
+/// A route's `cost` (at least 1) and `max_cost` (only with `cost_header` or `cost_from`,
+/// not below `cost`).
 fn costs(cx: &Ctx<'_>, r: &RouteFile) -> Result<(u32, Option<u32>), ConfigError> {
     let cost = match &r.cost {
         Some(c) if *c.get_ref() == 0 => return Err(cx.err(c.span(), "cost must be at least 1")),
@@ -119,10 +121,10 @@ fn costs(cx: &Ctx<'_>, r: &RouteFile) -> Result<(u32, Option<u32>), ConfigError>
         None => 1,
     };
     let max_cost = match &r.max_cost {
-        Some(m) if r.cost_header.is_none() => {
+        Some(m) if r.cost_header.is_none() && r.cost_from.is_none() => {
             return Err(cx.err(
                 m.span(),
-                "max_cost needs cost_header (it bounds the reported usage)",
+                "max_cost needs cost_header or cost_from (it bounds the settled cost)",
             ))
         }
         Some(m) if *m.get_ref() < cost => {
@@ -135,6 +137,43 @@ fn costs(cx: &Ctx<'_>, r: &RouteFile) -> Result<(u32, Option<u32>), ConfigError>
         None => None,
     };
     Ok((cost, max_cost))
+}
+
+/// A route's `cost_from` (`"response_bytes"` or `"request_bytes"`, not with
+/// `cost_header`: one settlement per request) and `cost_unit_bytes` (at least 1, only
+/// with `cost_from`).
+fn cost_from(cx: &Ctx<'_>, r: &RouteFile) -> Result<Option<crate::config::CostFrom>, ConfigError> {
+    use crate::config::{CostFrom, Counted};
+    let Some(from) = &r.cost_from else {
+        if let Some(u) = &r.cost_unit_bytes {
+            return Err(cx.err(u.span(), "cost_unit_bytes needs cost_from"));
+        }
+        return Ok(None);
+    };
+    let counted = match from.get_ref().as_str() {
+        "response_bytes" => Counted::Response,
+        "request_bytes" => Counted::Request,
+        other => {
+            let msg =
+                format!("cost_from = {other:?}: expected \"response_bytes\" or \"request_bytes\"");
+            return Err(cx.err(from.span(), msg));
+        }
+    };
+    if r.cost_header.is_some() {
+        let msg = "cost_from and cost_header both settle the request: set one";
+        return Err(cx.err(from.span(), msg));
+    }
+    let unit_bytes = match &r.cost_unit_bytes {
+        Some(u) if *u.get_ref() == 0 => {
+            return Err(cx.err(u.span(), "cost_unit_bytes must be at least 1"))
+        }
+        Some(u) => *u.get_ref(),
+        None => 1,
+    };
+    Ok(Some(CostFrom {
+        counted,
+        unit_bytes,
+    }))
 }
 
 /// A route's `cost_header`, which must be a valid header name.

@@ -36,6 +36,10 @@ pub(super) fn limits(
             return Ok(None);
         };
         let label = format!("[limits.{name}]");
+        if let (Some(c), "auth") = (&s.get_ref().count_on, name) {
+            let msg = "count_on applies to the tables a request is admitted on, not [limits.auth] (it counts failed authentications)";
+            return Err(cx.err(c.span(), msg));
+        }
         let built = rate_only(cx, s.get_ref(), &label, on_failure);
         Ok(Some(Arc::new(applying(cx, s, &label, built)?)))
     };
@@ -59,7 +63,8 @@ pub(super) fn limits(
 
 /// `built`, the scope table `s` named `label`, when it can ever limit a request: a table
 /// with neither a window nor `concurrent` is an error at the table (after any error in its
-/// values, which names a more precise place).
+/// values, which names a more precise place); `count_on` on a table without a window (a
+/// concurrency-only table reserves nothing to refund) is an error at `count_on`.
 pub(super) fn applying(
     cx: &Ctx<'_>,
     s: &Spanned<ScopeFile>,
@@ -69,6 +74,10 @@ pub(super) fn applying(
     let built = built?;
     if built.windows.is_empty() && built.concurrent.is_none() {
         return Err(cx.err(s.span(), never_applies(label)));
+    }
+    if let (true, Some(c)) = (built.windows.is_empty(), &s.get_ref().count_on) {
+        let msg = format!("{label}: count_on needs a rate window (per_second, per_minute, per_hour, per_day or per_month): a table without one reserves nothing to refund");
+        return Err(cx.err(c.span(), msg));
     }
     Ok(built)
 }
@@ -159,7 +168,19 @@ pub(super) fn scope(
         windows,
         on_failure: s.on_failure.map_or(default_failure, on_failure),
         message: s.message.clone().or_else(|| tier_message.cloned()),
+        count_on: count_on(cx, s)?,
     })
+}
+
+/// `count_on = [...]`: status codes or classes (`crate::limiter::StatusSet::parse`); an
+/// error at the list. (`applying` refuses it on a table without a rate window.)
+fn count_on(cx: &Ctx<'_>, s: &ScopeFile) -> Result<Option<crate::limiter::StatusSet>, ConfigError> {
+    let Some(list) = &s.count_on else {
+        return Ok(None);
+    };
+    crate::limiter::StatusSet::parse(list.get_ref())
+        .map(Some)
+        .map_err(|e| cx.err(list.span(), e))
 }
 
 /// `ban = {...}`, each value bounded: a ban needs at least one rejection, and spans

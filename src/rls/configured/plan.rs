@@ -152,6 +152,7 @@ pub(super) fn scope_limits(rls: &Rls, limit: &Limit) -> ScopeLimits {
         message: None,
         concurrent: None,
         ban: None,
+        count_on: None,
     }
 }
 

@@ -37,6 +37,7 @@ fn limits(limit: u32, on_failure: OnFailure) -> ScopeLimits {
         windows: vec![WindowLimit::new(Window::Hour, limit)],
         on_failure,
         message: None,
+        count_on: None,
     }
 }
 
@@ -126,6 +127,7 @@ fn divide_rounds_down_to_at_least_one() {
         windows: vec![WindowLimit::new(Window::Second, 10).with_burst(2.0)],
         on_failure: OnFailure::Local,
         message: None,
+        count_on: None,
     };
     let d = divide(&l, 3);
     assert_eq!((d.windows[0].limit, d.windows[0].capacity), (3, 6));

@@ -340,6 +340,7 @@ async fn leased_refund_counts_in_remaining() {
         message: None,
         concurrent: None,
         ban: None,
+        count_on: None,
     };
     let mut check = Check::new(1);
     check.push(Scope::Global, Ident::Global, &limits);

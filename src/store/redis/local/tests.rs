@@ -11,6 +11,7 @@ fn limits(limit: u32, admission: Admission) -> ScopeLimits {
         windows: vec![WindowLimit::new(Window::Minute, limit).with_admission(admission)],
         on_failure: OnFailure::Local,
         message: None,
+        count_on: None,
     }
 }
 
@@ -181,6 +182,7 @@ fn covered_windows_spend_and_undo() {
         ],
         on_failure: OnFailure::Local,
         message: None,
+        count_on: None,
     };
     let c = check(&l, 1);
     let minute = WindowDecision {

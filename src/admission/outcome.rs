@@ -1,0 +1,83 @@
+//! Counting by outcome (`count_on`): a table admits as usual and, once the upstream
+//! answered, a status outside its set refunds that table's reserve (and only that
+//! table's). A request whose client left before the answer has no outcome: it counts.
+
+use super::{Admission, Tables};
+use crate::limiter::{Check, DecidedAt};
+use crate::metrics::Metrics;
+
+// === impl Admission ===
+
+impl Admission {
+    /// The upstream answered `status`: every charged table whose `count_on` leaves it
+    /// out is refunded the request's reserve (memory, Redis and leases alike:
+    /// `LimitStore::settle` of those tables alone), once. A later settle
+    /// (`cost_header`) leaves those tables alone; `rate` is shown as refunded when its
+    /// table was. Call before `settle_from` (`edge::answered` does).
+    ///
+    /// An interim answer (1xx other than 101, e.g. `100 Continue`) is no outcome: the
+    /// final answer that follows decides (else `Expect: 100-continue` would refund a
+    /// failed login before its 401).
+    pub fn settle_outcome(&mut self, status: u16, metrics: &Metrics) {
+        let interim = (100..200).contains(&status) && status != 101;
+        if interim || self.uncounted.is_some() || !self.charged {
+            return;
+        }
+        self.uncounted = Some(0);
+        let Some(l) = &self.lifetime else {
+            return;
+        };
+        let reserved = l.held.cost;
+        let tables = Tables {
+            rt: &self.runtime,
+            key: self.key.as_deref(),
+            route: self.route.as_deref().map(|r| &r.route),
+        };
+        let check = self.applied.check(tables, reserved);
+        let mut mask = 0u32;
+        for (i, s) in check.scopes.iter().enumerate() {
+            if s.limits.count_on.is_some_and(|set| !set.contains(status)) {
+                mask |= 1 << i;
+            }
+        }
+        if mask == 0 || reserved == 0 {
+            return;
+        }
+        let (refunded, at) = part(&check, self.decided_at, |i| mask & (1 << i) != 0);
+        let delta = -i64::from(reserved);
+        l.store.settle(&refunded, delta, at);
+        metrics.cost_settled(delta);
+        self.uncounted = Some(mask);
+        if let Some(wd) = &mut self.rate {
+            let limit = refunded
+                .scopes
+                .iter()
+                .filter(|s| s.scope == wd.scope)
+                .flat_map(|s| s.limits.windows.iter())
+                .find(|w| w.window == wd.window)
+                .copied();
+            if let Some(limit) = limit {
+                wd.decision = crate::limiter::algorithm::settled(&wd.decision, &limit, delta);
+            }
+        }
+    }
+}
+
+/// The scopes of `check` at the positions `keep` takes, with their decision times
+/// (`decided_at` re-indexed to the part's positions).
+pub(super) fn part<'a>(
+    check: &Check<'a>,
+    decided_at: DecidedAt,
+    keep: impl Fn(usize) -> bool,
+) -> (Check<'a>, DecidedAt) {
+    let mut out = check.clone();
+    out.scopes.clear();
+    let mut at = DecidedAt::default();
+    for (i, s) in check.scopes.iter().enumerate() {
+        if keep(i) {
+            at.add(out.scopes.len(), decided_at.of(i));
+            out.scopes.push(s.clone());
+        }
+    }
+    (out, at)
+}
