@@ -293,7 +293,7 @@ async fn claim_key_limit_is_shared_by_two_gateways() {
         file.display()
     );
     let extra = format!(
-        "[tiers.five]\nkey = {{ per_minute = 5, admission = \"exact\" }}\n\n[store]\nbackend = \"redis\"\nurl = \"{}\"",
+        "[tiers.five]\nkey = {{ per_hour = 5, admission = \"exact\" }}\n\n[store]\nbackend = \"redis\"\nurl = \"{}\"",
         redis.url()
     );
     let cfg = body(&table, &extra);
