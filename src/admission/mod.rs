@@ -365,19 +365,7 @@ impl Admission {
         l.store.settle(&check, delta, at);
         l.held.cost = actual;
         metrics.cost_settled(delta);
-        // The headers describe the governing window as settled (remaining, reset).
-        if let Some(wd) = &mut self.rate {
-            let limit = check
-                .scopes
-                .iter()
-                .filter(|s| s.scope == wd.scope)
-                .flat_map(|s| s.limits.windows.iter())
-                .find(|w| w.window == wd.window)
-                .copied();
-            if let Some(limit) = limit {
-                wd.decision = crate::limiter::algorithm::settled(&wd.decision, &limit, delta);
-            }
-        }
+        settle_rate(&mut self.rate, &check, delta);
         delta
     }
 
@@ -432,6 +420,22 @@ impl std::fmt::Debug for Admission {
 /// The `Refusal` to answer with.
 pub async fn admit(core: &Core, req: &AdmitRequest<'_>) -> Result<Admission, Refusal> {
     admit_at(core, core.runtime(), core.clock.now_ms(), req).await
+}
+
+/// The headers' governing window (`rate`) as settled by `delta` on `check` (remaining,
+/// reset).
+fn settle_rate(rate: &mut Option<WindowDecision>, check: &crate::limiter::Check<'_>, delta: i64) {
+    let Some(wd) = rate else { return };
+    let limit = check
+        .scopes
+        .iter()
+        .filter(|s| s.scope == wd.scope)
+        .flat_map(|s| s.limits.windows.iter())
+        .find(|w| w.window == wd.window)
+        .copied();
+    if let Some(limit) = limit {
+        wd.decision = crate::limiter::algorithm::settled(&wd.decision, &limit, delta);
+    }
 }
 
 #[cfg(test)]

@@ -48,18 +48,7 @@ impl Admission {
         l.store.settle(&refunded, delta, at);
         metrics.cost_settled(delta);
         self.uncounted = Some(mask);
-        if let Some(wd) = &mut self.rate {
-            let limit = refunded
-                .scopes
-                .iter()
-                .filter(|s| s.scope == wd.scope)
-                .flat_map(|s| s.limits.windows.iter())
-                .find(|w| w.window == wd.window)
-                .copied();
-            if let Some(limit) = limit {
-                wd.decision = crate::limiter::algorithm::settled(&wd.decision, &limit, delta);
-            }
-        }
+        super::settle_rate(&mut self.rate, &refunded, delta);
     }
 }
 
