@@ -4,7 +4,7 @@
 //! is absolute Unix seconds and state shared through Redis is read by many processes.
 //! Timers and deadlines use tokio time instead (pausable in tests).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,15 +23,42 @@ pub struct SystemClock;
 #[derive(Debug, Clone, Default)]
 pub struct ManualClock(Arc<AtomicU64>);
 
+/// What [`SystemClock`] adds to the system's time (ms): 0 unless the process was started
+/// with `THROTTLE_CLOCK_START_MS` (see [`start_at`]).
+static SHIFT_MS: AtomicI64 = AtomicI64::new(0);
+
+/// Starts the process's clock at `start_ms` (Unix ms): from now on [`SystemClock`] reads
+/// `start_ms` plus the real time elapsed since this call, and the Redis store sends that
+/// time with every script call instead of using Redis `TIME`. For tests and drills of
+/// calendar edges (a DST day, the end of a month) against the real binary; `throttle run`
+/// calls it when `THROTTLE_CLOCK_START_MS` is set and says so in its log.
+pub fn start_at(start_ms: u64) {
+    SHIFT_MS.store(0, Ordering::SeqCst);
+    let real = SystemClock.now_ms();
+    let shift = i64::try_from(start_ms)
+        .unwrap_or(i64::MAX)
+        .saturating_sub(i64::try_from(real).unwrap_or(i64::MAX));
+    SHIFT_MS.store(shift, Ordering::SeqCst);
+}
+
+/// Whether the clock was moved by [`start_at`].
+pub fn shifted() -> bool {
+    SHIFT_MS.load(Ordering::Relaxed) != 0
+}
+
 // === impl SystemClock ===
 
 impl Clock for SystemClock {
     #[allow(clippy::disallowed_methods)] // the one sanctioned read of the system clock
     fn now_ms(&self) -> u64 {
-        std::time::SystemTime::now()
+        let real = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_millis() as u64)
-            .unwrap_or(0)
+            .unwrap_or(0);
+        match SHIFT_MS.load(Ordering::Relaxed) {
+            0 => real,
+            shift => real.saturating_add_signed(shift),
+        }
     }
 }
 

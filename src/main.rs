@@ -225,6 +225,18 @@ fn simulate(config: &Path, trace: &Path, json: bool) -> ExitCode {
 
 fn run(path: &Path, upgrade: bool) -> anyhow::Result<()> {
     init_logging();
+    // Tests and drills of calendar edges: the gateway's clock starts at this instant.
+    if let Ok(v) = std::env::var("THROTTLE_CLOCK_START_MS") {
+        let start: u64 = v
+            .trim()
+            .parse()
+            .map_err(|_| anyhow::anyhow!("THROTTLE_CLOCK_START_MS={v:?}: not Unix ms"))?;
+        throttle::clock::start_at(start);
+        tracing::warn!(
+            start_ms = start,
+            "THROTTLE_CLOCK_START_MS: the clock is moved (testing only)"
+        );
+    }
     let mut config = config::load(path).map_err(|e| anyhow::anyhow!("{e}"))?;
     config::apply_env(&mut config);
     for w in config.warnings() {

@@ -2,7 +2,7 @@
 //! limits the database supplies (a policy row, a key's `custom_override`): a limit that
 //! passes here is exact in Rust and in Redis' Lua (doubles), and bounded in memory.
 
-use crate::limiter::algorithm::MAX_EXACT_PRODUCT;
+use crate::limiter::algorithm::{Calendar, MAX_EXACT_PRODUCT};
 use crate::limiter::{Admission, Algorithm, ScopeLimits, Window, WindowLimit};
 
 /// Largest accepted limit: keeps Redis' Lua numbers (doubles) exact.
@@ -112,6 +112,9 @@ pub struct WindowSettings {
     pub jitter_ms: u64,
     /// `admission` (Redis only).
     pub admission: Admission,
+    /// `calendar_tz` / `billing_anchor_day`: where day, week and month windows start
+    /// (None: UTC, the 1st).
+    pub calendar: Option<&'static Calendar>,
 }
 
 // === impl LimitError ===
@@ -163,6 +166,7 @@ impl Default for WindowSettings {
             algorithm: None,
             jitter_ms: 0,
             admission: Admission::Auto,
+            calendar: None,
         }
     }
 }
@@ -185,7 +189,10 @@ impl WindowSettings {
             self.burst_multiplier,
             self.jitter_ms,
         )
-        .map(|w| w.with_admission(self.admission))
+        .map(|w| {
+            w.with_admission(self.admission)
+                .with_calendar(self.calendar)
+        })
     }
 }
 

@@ -179,6 +179,7 @@ mod tests {
                 capacity: 10,
                 jitter_ms: 0,
                 admission: crate::limiter::Admission::Auto,
+                calendar: None,
             }],
             on_failure: crate::limiter::OnFailure::Local,
             message: None,

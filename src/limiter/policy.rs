@@ -4,6 +4,8 @@
 
 use std::fmt;
 
+use super::algorithm::Calendar;
+
 pub use super::named::{Base, Named, NamedInfo, MAX_DOMAINS, MAX_NAMED};
 
 /// Who a limit counts: the client IP, the API key, the key's tenant, or the whole fleet.
@@ -103,6 +105,10 @@ pub struct WindowLimit {
     pub jitter_ms: u64,
     /// How the window is decided on Redis (`admission`).
     pub admission: Admission,
+    /// `calendar_tz` / `billing_anchor_day`: day, week and month windows of the
+    /// window-aligned algorithms start at local midnight there (None: UTC, the 1st, and
+    /// epoch-aligned weeks).
+    pub calendar: Option<&'static Calendar>,
 }
 
 /// The windows of one scope table, with its failure policy and 429 message.
@@ -358,6 +364,7 @@ impl WindowLimit {
             capacity: limit.max(1),
             jitter_ms: 0,
             admission: Admission::Auto,
+            calendar: None,
         }
     }
 
@@ -378,6 +385,28 @@ impl WindowLimit {
     pub fn with_admission(mut self, admission: Admission) -> Self {
         self.admission = admission;
         self
+    }
+
+    /// Aligns the window to `calendar` (day, week and month windows of `fixed_window` and
+    /// `sliding_window`; the others keep their epoch alignment, so it is not kept).
+    pub fn with_calendar(mut self, calendar: Option<&'static Calendar>) -> Self {
+        self.calendar = calendar.filter(|_| self.follows_calendar());
+        self
+    }
+
+    /// Whether a calendar moves this window's edges: a day, week or month counted by a
+    /// window-aligned algorithm.
+    pub fn follows_calendar(&self) -> bool {
+        matches!(self.window, Window::Day | Window::Week | Window::Month)
+            && matches!(
+                self.algorithm,
+                Algorithm::FixedWindow | Algorithm::SlidingWindow
+            )
+    }
+
+    /// `[start, end)` of this window at `now_ms` shifted by `offset_ms`, in its calendar.
+    pub fn bounds(&self, now_ms: u64, offset_ms: u64) -> (u64, u64) {
+        super::algorithm::bounds_in(self.window, now_ms, offset_ms, self.calendar)
     }
 
     /// Sets the reset jitter bound (applies to day and month windows only).

@@ -118,6 +118,7 @@ pub(super) fn settings(
             Some(AdmissionFile::Exact) => Admission::Exact,
             Some(AdmissionFile::Auto) | None => Admission::Auto,
         },
+        calendar: None,
     })
 }
 

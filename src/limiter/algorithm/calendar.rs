@@ -47,6 +47,17 @@ pub fn bounds_in(
     }
 }
 
+/// The four edges around `now_ms` of a calendar window: `[prev_start, start)` the window
+/// before, `[start, end)` the one containing `now_ms`, `[end, next_end)` the next. The
+/// gateway computes them (the one place that knows the zone) and hands them to the Lua
+/// script, which looks times up in them (see `bounds` in `lua/prelude.lua`).
+pub fn edges(window: Window, now_ms: u64, offset_ms: u64, calendar: Option<&Calendar>) -> [u64; 4] {
+    let (start, end) = bounds_in(window, now_ms, offset_ms, calendar);
+    let (prev_start, _) = bounds_in(window, start.saturating_sub(1), offset_ms, calendar);
+    let (_, next_end) = bounds_in(window, end, offset_ms, calendar);
+    [prev_start, start, end, next_end]
+}
+
 pub(crate) const DAY_MS: u64 = 86_400_000;
 
 /// Why a calendar setting is refused.
@@ -79,6 +90,27 @@ impl Calendar {
             _ => return Err(CalendarError::AnchorDay(anchor_day)),
         };
         Ok(Self { tz, anchor_day })
+    }
+
+    /// The calendar of `zone` and `anchor_day`, interned for the life of the process:
+    /// one leaked value per distinct pair (at most the zones of the bundled database x
+    /// 28 anchors), so a `WindowLimit` can hold it and stay `Copy`.
+    ///
+    /// # Errors
+    /// As [`Calendar::new`].
+    pub fn interned(zone: &str, anchor_day: i64) -> Result<&'static Calendar, CalendarError> {
+        use std::collections::HashMap;
+        use std::sync::{Mutex, OnceLock};
+        type Table = Mutex<HashMap<(String, i64), &'static Calendar>>;
+        static TABLE: OnceLock<Table> = OnceLock::new();
+        let table = TABLE.get_or_init(Table::default);
+        let mut t = table.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(c) = t.get(&(zone.to_owned(), anchor_day)) {
+            return Ok(c);
+        }
+        let cal: &'static Calendar = Box::leak(Box::new(Calendar::new(zone, anchor_day)?));
+        t.insert((zone.to_owned(), anchor_day), cal);
+        Ok(cal)
     }
 
     /// The IANA name of the zone.

@@ -14,7 +14,7 @@
 //! be but to at most 2 x limit (rejected until the window ends); a refund comes off the
 //! window the request was charged in, only while it is current. See `settle`.
 
-use super::{add_debt, bounds, counter_top, to_u32, Lease, Settle};
+use super::{add_debt, counter_top, to_u32, Lease, Settle};
 use crate::limiter::decision::Decision;
 use crate::limiter::policy::WindowLimit;
 
@@ -36,7 +36,7 @@ pub fn step(
     cost: u32,
     commit: bool,
 ) -> Decision {
-    let (start, end) = bounds(limit.window, now, offset);
+    let (start, end) = limit.bounds(now, offset);
     let count = if c.start == start { c.count } else { 0 };
     let current = u64::from(count) + u64::from(cost);
     let reset_after_ms = end - now;
@@ -76,7 +76,7 @@ pub fn take(
     n: u64,
     until: u64,
 ) -> Lease {
-    let (start, end) = bounds(limit.window, now, offset);
+    let (start, end) = limit.bounds(now, offset);
     let count = if c.start == start { c.count } else { 0 };
     let granted = n.min(u64::from(limit.limit.saturating_sub(count)));
     if granted == 0 {
@@ -113,7 +113,7 @@ pub fn give_back(c: &mut Counter, k: u64, tag1: u64) {
 /// is current, the replay's count is this count less the refund, so giving it back is
 /// exact. Once it is over, no later window holds the request's charge: nothing.
 pub fn settle(c: &mut Counter, limit: &WindowLimit, now: u64, offset: u64, s: Settle) -> u64 {
-    let (start, _) = bounds(limit.window, now, offset);
+    let (start, _) = limit.bounds(now, offset);
     let count = if c.start == start { c.count } else { 0 };
     match s {
         Settle::Debt(d) => {
@@ -125,7 +125,7 @@ pub fn settle(c: &mut Counter, limit: &WindowLimit, now: u64, offset: u64, s: Se
             raised - u64::from(count)
         }
         Settle::Refund { back, at, .. } => {
-            if c.start == start && bounds(limit.window, at, offset).0 == start {
+            if c.start == start && limit.bounds(at, offset).0 == start {
                 c.count = count.saturating_sub(to_u32(back));
             }
             0

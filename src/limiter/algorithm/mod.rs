@@ -32,7 +32,7 @@ mod state;
 pub mod token_bucket;
 
 pub use self::calendar::{
-    bounds, bounds_in, civil_from_days, days_from_civil, Calendar, CalendarError,
+    bounds, bounds_in, civil_from_days, days_from_civil, edges, Calendar, CalendarError,
 };
 pub use self::settlement::{accepted_delta, debt_ceiling, max_debt, settled, Settle};
 pub(crate) use self::settlement::{add_debt, counter_top, refund_units};

@@ -19,7 +19,7 @@
 //! of 2 x limit; a refund comes off the count of the window the request was charged in
 //! (`curr` or `prev`). See `settle`.
 
-use super::{add_debt, bounds, counter_top, div_ceil, to_u32, Lease, Settle};
+use super::{add_debt, counter_top, div_ceil, to_u32, Lease, Settle};
 use crate::limiter::decision::Decision;
 use crate::limiter::policy::WindowLimit;
 
@@ -43,7 +43,7 @@ pub fn step(
     cost: u32,
     commit: bool,
 ) -> Decision {
-    let (start, end) = bounds(limit.window, now, offset);
+    let (start, end) = limit.bounds(now, offset);
     let (prev, curr) = counts(c, limit, start, offset);
     let len = end - start;
     let weighted = u64::from(prev).saturating_mul(end - now);
@@ -51,7 +51,7 @@ pub fn step(
     let after = weighted.saturating_add((u64::from(curr) + u64::from(cost)).saturating_mul(len));
     // div_ceil(after, len), in terms that stay exact in a Lua double after a debt.
     let current = u64::from(curr) + u64::from(cost) + div_ceil(weighted, len);
-    let (_, next_end) = bounds(limit.window, end, offset);
+    let (_, next_end) = limit.bounds(end, offset);
     if after <= lim.saturating_mul(len) {
         if commit {
             *c = Counters {
@@ -100,7 +100,7 @@ pub fn step(
 
 /// The (prev, curr) counts of `c` for the window `[start, ..)`.
 fn counts(c: &Counters, limit: &WindowLimit, start: u64, offset: u64) -> (u32, u32) {
-    let (prev_start, _) = bounds(limit.window, start.saturating_sub(1), offset);
+    let (prev_start, _) = limit.bounds(start.saturating_sub(1), offset);
     if c.start == start {
         (c.prev, c.curr)
     } else if c.start == prev_start && start > 0 {
@@ -120,7 +120,7 @@ pub fn take(
     n: u64,
     until: u64,
 ) -> Lease {
-    let (start, end) = bounds(limit.window, now, offset);
+    let (start, end) = limit.bounds(now, offset);
     let (prev, curr) = counts(c, limit, start, offset);
     let len = end - start;
     let used = u64::from(prev)
@@ -153,7 +153,7 @@ pub fn give_back(c: &mut Counters, limit: &WindowLimit, offset: u64, k: u64, tag
     let k = to_u32(k);
     if c.start == tag1 {
         c.curr = c.curr.saturating_sub(k);
-    } else if c.start == bounds(limit.window, tag1, offset).1 {
+    } else if c.start == limit.bounds(tag1, offset).1 {
         c.prev = c.prev.saturating_sub(k);
     }
 }
@@ -179,7 +179,7 @@ pub fn give_back(c: &mut Counters, limit: &WindowLimit, offset: u64, k: u64, tag
 /// ours less the refund and the estimate grows with both counts, so the state never
 /// admits more than the replay.
 pub fn settle(c: &mut Counters, limit: &WindowLimit, now: u64, offset: u64, s: Settle) -> u64 {
-    let (start, end) = bounds(limit.window, now, offset);
+    let (start, end) = limit.bounds(now, offset);
     let (prev, curr) = counts(c, limit, start, offset);
     match s {
         Settle::Debt(d) => {
@@ -197,7 +197,7 @@ pub fn settle(c: &mut Counters, limit: &WindowLimit, now: u64, offset: u64, s: S
             raised - u64::from(curr)
         }
         Settle::Refund { back, at, .. } => {
-            let charged = bounds(limit.window, at, offset).0;
+            let charged = limit.bounds(at, offset).0;
             let back = to_u32(back);
             if charged == start {
                 *c = Counters {
@@ -205,7 +205,7 @@ pub fn settle(c: &mut Counters, limit: &WindowLimit, now: u64, offset: u64, s: S
                     prev,
                     curr: curr.saturating_sub(back),
                 };
-            } else if start > 0 && charged == bounds(limit.window, start - 1, offset).0 {
+            } else if start > 0 && charged == limit.bounds(start - 1, offset).0 {
                 *c = Counters {
                     start,
                     prev: prev.saturating_sub(back),

@@ -151,10 +151,12 @@ impl RedisStore {
     }
 
     fn now_arg(&self) -> String {
-        self.clock
-            .as_ref()
-            .map(|c| c.now_ms().to_string())
-            .unwrap_or_default()
+        match &self.clock {
+            Some(c) => c.now_ms().to_string(),
+            // A moved clock (`THROTTLE_CLOCK_START_MS`) is sent: Redis `TIME` is not it.
+            None if crate::clock::shifted() => SystemClock.now_ms().to_string(),
+            None => String::new(),
+        }
     }
 
     /// The gateway's clock (leases and cached rejections are kept on it).
