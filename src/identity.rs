@@ -206,6 +206,9 @@ impl KeyTable {
     /// tiers from `[[tenants]]` (the tenant-tier rule before any database snapshot).
     pub fn from_config(config: &Config) -> Self {
         let tenant_tier = |tenant: &str| {
+            if let Some(own) = config.tenant_tiers.get(tenant) {
+                return Some(own.clone());
+            }
             let name = config.tenants.get(tenant)?;
             config.tiers.get(name).cloned()
         };

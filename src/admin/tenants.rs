@@ -1,5 +1,6 @@
-//! `/v1/tenants`: the `tenants` table (id, name, tier, created_at). `POST` creates (409
-//! when the id exists), `PUT /v1/tenants/{id}` replaces name and tier (404 when missing),
+//! `/v1/tenants`: the `tenants` table (id, name, tier, calendar_tz, billing_anchor_day,
+//! created_at). `POST` creates (409 when the id exists), `PUT /v1/tenants/{id}` replaces
+//! name, tier and the tenant's own calendar (absent: NULL, the tier's; 404 when missing),
 //! `DELETE` removes a tenant and its revoked keys (409 while it has a live key). Every write is one
 //! statement or transaction; the `tenants` NOTIFY trigger tells the other gateways.
 
@@ -9,7 +10,7 @@ use pingora::protocols::http::ServerSession;
 use super::dbapi::{self, Failure};
 use super::{json_reply, read_body};
 use crate::admission::Core;
-use crate::db::tenants::{self, TenantRow, Written};
+use crate::db::tenants::{self, TenantFields, TenantRow, Written};
 use crate::reload::snapshot::Database;
 use crate::reply::{error_reply, Reply};
 
@@ -57,25 +58,67 @@ async fn get(db: &Database, id: &str) -> Result<TenantRow, Failure> {
 }
 
 async fn create(core: &Core, db: &Database, body: &[u8]) -> Result<TenantRow, Failure> {
-    let map = dbapi::object(body, &["id", "name", "tier"])?;
+    let map = dbapi::object(
+        body,
+        &["id", "name", "tier", "calendar_tz", "billing_anchor_day"],
+    )?;
     let id = dbapi::string(&map, "id", true)?.unwrap_or_default();
     dbapi::id("id", &id)?;
     let tier = dbapi::string(&map, "tier", true)?.unwrap_or_default();
     let name = dbapi::string(&map, "name", false)?.unwrap_or_else(|| id.clone());
+    let (zone, anchor) = calendar(&map)?;
     let pool = dbapi::pool(db)?;
     dbapi::known_tier(core, &pool, &tier).await?;
-    let written = dbapi::within(tenants::create(&pool, &id, &name, &tier)).await?;
+    let fields = TenantFields {
+        name: &name,
+        tier: &tier,
+        calendar_tz: zone.as_deref(),
+        billing_anchor_day: anchor,
+    };
+    let written = dbapi::within(tenants::create(&pool, &id, fields)).await?;
     settle(core, &pool, written, &id).await
 }
 
 async fn update(core: &Core, db: &Database, id: &str, body: &[u8]) -> Result<TenantRow, Failure> {
-    let map = dbapi::object(body, &["name", "tier"])?;
+    let map = dbapi::object(body, &["name", "tier", "calendar_tz", "billing_anchor_day"])?;
     let tier = dbapi::string(&map, "tier", true)?.unwrap_or_default();
     let name = dbapi::string(&map, "name", false)?.unwrap_or_else(|| id.to_string());
+    let (zone, anchor) = calendar(&map)?;
     let pool = dbapi::pool(db)?;
     dbapi::known_tier(core, &pool, &tier).await?;
-    let written = dbapi::within(tenants::update(&pool, id, &name, &tier)).await?;
+    let fields = TenantFields {
+        name: &name,
+        tier: &tier,
+        calendar_tz: zone.as_deref(),
+        billing_anchor_day: anchor,
+    };
+    let written = dbapi::within(tenants::update(&pool, id, fields)).await?;
     settle(core, &pool, written, id).await
+}
+
+/// `calendar_tz` (an IANA zone of the gateway's bundled database) and
+/// `billing_anchor_day` (1..=28), each optional (absent or null: the tier's); 400 naming
+/// the field otherwise.
+fn calendar(
+    map: &serde_json::Map<String, serde_json::Value>,
+) -> Result<(Option<String>, Option<i16>), Failure> {
+    let zone = dbapi::string(map, "calendar_tz", false)?;
+    if let Some(z) = &zone {
+        if let Err(e) = crate::limiter::algorithm::Calendar::interned(z, 1) {
+            return Err(Failure::Field("calendar_tz", e.to_string()));
+        }
+    }
+    let anchor = match map.get("billing_anchor_day") {
+        None | Some(serde_json::Value::Null) => None,
+        Some(v) => match v.as_i64().and_then(|d| i16::try_from(d).ok()) {
+            Some(d @ 1..=28) => Some(d),
+            _ => {
+                let msg = format!("billing_anchor_day must be a whole number from 1 to 28 (every month has these days), got {v}");
+                return Err(Failure::Field("billing_anchor_day", msg));
+            }
+        },
+    };
+    Ok((zone, anchor))
 }
 
 async fn delete(core: &Core, db: &Database, id: &str) -> Result<(), Failure> {

@@ -75,6 +75,10 @@ pub struct Dynamic {
     pub tiers: HashMap<String, Arc<crate::config::Tier>>,
     /// The tenants table: tenant id -> tier name (empty without a database).
     pub tenants: HashMap<String, String>,
+    /// The tier of each tenant with its own `calendar_tz` / `billing_anchor_day` (the
+    /// tenants table's columns, or a `[[tenants]]` entry the table does not override):
+    /// its effective tier with its tenant windows on that calendar, made by the snapshot.
+    pub tenant_tiers: HashMap<String, Arc<crate::config::Tier>>,
     /// True until the first database snapshot is published (set only at start, when a
     /// database is configured): a key not in `gateway.toml` may then be a key not loaded
     /// yet, so it is answered 503 `not_ready`, never 401.
@@ -191,6 +195,7 @@ impl Dynamic {
             block_rows: rows,
             tiers: HashMap::new(),
             tenants: HashMap::new(),
+            tenant_tiers: HashMap::new(),
             awaiting: false,
         }
     }
@@ -201,7 +206,11 @@ impl Dynamic {
     /// (config keys, database keys, JWT callers, the rate-limit service, `/v1/check`,
     /// `/v1/usage`): see [`tenant_tier`].
     pub fn tenant_tier(&self, config: &Config, tenant: &str) -> Option<Arc<Tier>> {
-        tenant_tier(config, &self.tenants, &self.tiers, tenant)
+        let table = TenantTable {
+            tenants: &self.tenants,
+            own: &self.tenant_tiers,
+        };
+        tenant_tier(config, table, &self.tiers, tenant)
     }
 
     /// The tier named `name`: the effective tiers (with the database's policies), else
@@ -214,17 +223,40 @@ impl Dynamic {
     }
 }
 
+/// The database's side of the tenant-tier rule: the tenants table (tenant id -> tier
+/// name) and the tiers made for tenants with their own calendar.
+#[derive(Debug, Clone, Copy)]
+pub struct TenantTable<'a> {
+    /// Tenant id -> tier name.
+    pub tenants: &'a HashMap<String, String>,
+    /// Tenant id -> its own tier (`Dynamic::tenant_tiers`).
+    pub own: &'a HashMap<String, Arc<Tier>>,
+}
+
 /// The tenant-tier rule: the tenants table's row for `tenant` (when a database is
 /// configured), else its `[[tenants]]` entry; the tier by that name among `tiers` (the
-/// effective tiers), else the config's. None (no entry, or a tier nobody defines): the
-/// tier of the key used.
+/// effective tiers), else the config's. A tenant with its own `calendar_tz` /
+/// `billing_anchor_day` gets the tier made for it (`table.own`, else the config's
+/// `tenant_tiers` when the table has no row for it): a lookup, no work per request.
+/// None (no entry, or a tier nobody defines): the tier of the key used.
 pub fn tenant_tier(
     config: &Config,
-    table: &HashMap<String, String>,
+    table: TenantTable<'_>,
     tiers: &HashMap<String, Arc<Tier>>,
     tenant: &str,
 ) -> Option<Arc<Tier>> {
-    let name = table.get(tenant).or_else(|| config.tenants.get(tenant))?;
+    if let Some(own) = table.own.get(tenant) {
+        return Some(own.clone());
+    }
+    let name = match table.tenants.get(tenant) {
+        Some(name) => name,
+        None => {
+            if let Some(own) = config.tenant_tiers.get(tenant) {
+                return Some(own.clone());
+            }
+            config.tenants.get(tenant)?
+        }
+    };
     tiers.get(name).or_else(|| config.tiers.get(name)).cloned()
 }
 

@@ -52,7 +52,7 @@ use std::sync::Arc;
 
 pub use self::applied::{Applied, Skip, Table, Tables};
 pub use self::auth::lookup_key;
-pub use self::core::{block_entry, tenant_tier, Core, Dynamic, Runtime, RuntimeError};
+pub use self::core::{block_entry, tenant_tier, Core, Dynamic, Runtime, RuntimeError, TenantTable};
 pub use self::custom::Attrs;
 pub use self::limits::{decide, Who};
 pub use self::pipeline::{admit_at, blocked_ip, ip_blocked, ip_blocked_at};

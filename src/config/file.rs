@@ -223,6 +223,7 @@ pub(crate) struct ScopeFile {
     pub(crate) per_minute: Option<Spanned<u64>>,
     pub(crate) per_hour: Option<Spanned<u64>>,
     pub(crate) per_day: Option<Spanned<u64>>,
+    pub(crate) per_week: Option<Spanned<u64>>,
     pub(crate) per_month: Option<Spanned<u64>>,
     pub(crate) algorithm: Option<AlgorithmFile>,
     pub(crate) burst_multiplier: Option<Spanned<f64>>,
@@ -233,6 +234,10 @@ pub(crate) struct ScopeFile {
     pub(crate) concurrent: Option<Spanned<u64>>,
     pub(crate) ban: Option<Spanned<BanFile>>,
     pub(crate) count_on: Option<Spanned<Vec<String>>>,
+    /// `calendar_tz = "Europe/Berlin"`: day, week and month windows start at local midnight.
+    pub(crate) calendar_tz: Option<Spanned<String>>,
+    /// `billing_anchor_day = 1..28`: the day of the month a month window starts on.
+    pub(crate) billing_anchor_day: Option<Spanned<i64>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -259,6 +264,10 @@ pub(crate) struct TierFile {
     pub(crate) burst_multiplier: Option<Spanned<f64>>,
     pub(crate) key: Option<Spanned<ScopeFile>>,
     pub(crate) tenant: Option<Spanned<ScopeFile>>,
+    /// The default `calendar_tz` of the tier's `key` and `tenant` tables.
+    pub(crate) calendar_tz: Option<Spanned<String>>,
+    /// The default `billing_anchor_day` of the tier's `key` and `tenant` tables.
+    pub(crate) billing_anchor_day: Option<Spanned<i64>>,
 }
 
 #[derive(Debug, Clone, Copy, Default, Deserialize)]
@@ -378,6 +387,10 @@ pub(crate) struct KeyFile {
 pub(crate) struct TenantFile {
     pub(crate) id: String,
     pub(crate) tier: Spanned<String>,
+    /// This tenant's own `calendar_tz` for its tenant windows (over its tier's).
+    pub(crate) calendar_tz: Option<Spanned<String>>,
+    /// This tenant's own `billing_anchor_day` for its tenant windows (over its tier's).
+    pub(crate) billing_anchor_day: Option<Spanned<i64>>,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize)]

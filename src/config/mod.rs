@@ -2,6 +2,7 @@
 //! internal types of `model`. Every error names `file:line:col` (`ConfigError`).
 
 mod block_values;
+pub mod calendar;
 mod cost_from;
 mod error;
 mod file;

@@ -52,6 +52,10 @@ pub struct Config {
     pub keys: Vec<KeyEntry>,
     /// `[[tenants]]`: tenant id -> tier name.
     pub tenants: HashMap<String, String>,
+    /// The tier of each `[[tenants]]` entry that sets its own `calendar_tz` or
+    /// `billing_anchor_day`: its tier with its tenant windows on that calendar, made once
+    /// here so the tenant-tier rule hands it out as it is.
+    pub tenant_tiers: HashMap<String, Arc<Tier>>,
     /// `[[blocks]]`.
     pub blocks: Vec<BlockEntry>,
     /// `[rls]`.

@@ -159,17 +159,3 @@ pub async fn active(pool: &PgPool) -> Result<Vec<ActiveKey>, DbError> {
     }
     Ok(out)
 }
-
-/// Tenant id -> tier name.
-///
-/// # Errors
-/// When the database fails.
-pub async fn tenants(pool: &PgPool) -> Result<Vec<(String, String)>, DbError> {
-    let rows = sqlx::query("SELECT id, tier FROM tenants")
-        .fetch_all(pool)
-        .await?;
-    Ok(rows
-        .into_iter()
-        .map(|r| (r.get("id"), r.get("tier")))
-        .collect())
-}

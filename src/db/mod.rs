@@ -43,8 +43,8 @@ pub enum DbError {
 /// What the gateway's snapshot is built from, as the database holds it.
 #[derive(Debug, Default)]
 pub struct Records {
-    /// Tenant id -> tier name.
-    pub tenants: Vec<(String, String)>,
+    /// Tenants with their tiers and own calendars.
+    pub tenants: Vec<tenants::TenantRecord>,
     /// Live keys with their overrides.
     pub keys: Vec<keys::ActiveKey>,
     /// `rate_limit_policies` rows (not validated).
@@ -59,7 +59,7 @@ pub struct Records {
 /// When the database fails.
 pub async fn records(pool: &PgPool) -> Result<Records, DbError> {
     Ok(Records {
-        tenants: keys::tenants(pool).await?,
+        tenants: tenants::records(pool).await?,
         keys: keys::active(pool).await?,
         policies: policies::all(pool).await?,
         blocks: blocks::active(pool).await?,

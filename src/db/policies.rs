@@ -22,7 +22,7 @@ pub struct PolicyRow {
     pub name: String,
     /// `req_per_second` .. `req_per_month`, in `Window::ALL` order; 0 or NULL: no such
     /// window.
-    pub limits: [Option<i64>; Window::COUNT],
+    pub limits: [Option<i64>; Window::ALL.len()],
     /// `burst_multiplier`; NULL: 1.0.
     pub burst_multiplier: Option<f64>,
     /// `algorithm` for every window; NULL: each window's default.

@@ -1,5 +1,6 @@
-//! Tenants in PostgreSQL (`tenants`): the admin API's CRUD. Each write is one statement
-//! (one implicit transaction); the `tenants_notify` trigger tells every gateway.
+//! Tenants in PostgreSQL (`tenants`): the admin API's CRUD and what the snapshot reads.
+//! Each write is one statement (one implicit transaction); the `tenants_notify` trigger
+//! tells every gateway.
 
 use sqlx::postgres::{PgPool, PgRow};
 use sqlx::Row;
@@ -15,8 +16,38 @@ pub struct TenantRow {
     pub name: String,
     /// The tenant's tier.
     pub tier: String,
+    /// The tenant's own `calendar_tz` for its tenant windows (None: its tier's).
+    pub calendar_tz: Option<String>,
+    /// The tenant's own `billing_anchor_day` (1..=28; None: its tier's).
+    pub billing_anchor_day: Option<i16>,
     /// Creation time (RFC 3339).
     pub created_at: String,
+}
+
+/// What a tenant write sets: name, tier and the tenant's own calendar.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TenantFields<'a> {
+    /// A label for humans.
+    pub name: &'a str,
+    /// The tier.
+    pub tier: &'a str,
+    /// `calendar_tz` (None: NULL, the tier's).
+    pub calendar_tz: Option<&'a str>,
+    /// `billing_anchor_day` (None: NULL, the tier's).
+    pub billing_anchor_day: Option<i16>,
+}
+
+/// A tenant as the snapshot reads it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TenantRecord {
+    /// Tenant id.
+    pub id: String,
+    /// Tier name.
+    pub tier: String,
+    /// `calendar_tz` (None: the tier's).
+    pub calendar_tz: Option<String>,
+    /// `billing_anchor_day` (None: the tier's).
+    pub billing_anchor_day: Option<i16>,
 }
 
 /// What a write changed.
@@ -32,7 +63,7 @@ pub enum Written {
 
 macro_rules! columns {
     () => {
-        "id, name, tier, to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"') AS created"
+        "id, name, tier, calendar_tz, billing_anchor_day, to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"') AS created"
     };
 }
 
@@ -41,8 +72,29 @@ fn row(r: &PgRow) -> TenantRow {
         id: r.get("id"),
         name: r.get("name"),
         tier: r.get("tier"),
+        calendar_tz: r.get("calendar_tz"),
+        billing_anchor_day: r.get("billing_anchor_day"),
         created_at: r.get("created"),
     }
+}
+
+/// Every tenant with its tier and own calendar, for the snapshot.
+///
+/// # Errors
+/// When the database fails.
+pub async fn records(pool: &PgPool) -> Result<Vec<TenantRecord>, DbError> {
+    let rows = sqlx::query("SELECT id, tier, calendar_tz, billing_anchor_day FROM tenants")
+        .fetch_all(pool)
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|r| TenantRecord {
+            id: r.get("id"),
+            tier: r.get("tier"),
+            calendar_tz: r.get("calendar_tz"),
+            billing_anchor_day: r.get("billing_anchor_day"),
+        })
+        .collect())
 }
 
 /// Every tenant, by id.
@@ -77,38 +129,41 @@ pub async fn get(pool: &PgPool, id: &str) -> Result<Option<TenantRow>, DbError> 
 ///
 /// # Errors
 /// When the database fails.
-pub async fn create(pool: &PgPool, id: &str, name: &str, tier: &str) -> Result<Written, DbError> {
+pub async fn create(pool: &PgPool, id: &str, f: TenantFields<'_>) -> Result<Written, DbError> {
     const Q: &str = concat!(
-        "INSERT INTO tenants (id, name, tier) VALUES ($1, $2, $3) ON CONFLICT (id) DO NOTHING RETURNING ",
+        "INSERT INTO tenants (id, name, tier, calendar_tz, billing_anchor_day) VALUES ($1, $2, $3, $4, $5) ON CONFLICT (id) DO NOTHING RETURNING ",
         columns!()
     );
-    write(pool, Q, (id, name, tier), Written::Conflict).await
+    write(pool, Q, id, f, Written::Conflict).await
 }
 
-/// Replaces the name and tier of tenant `id`; `Missing` when there is none.
+/// Replaces the name, tier and own calendar of tenant `id`; `Missing` when there is none.
 ///
 /// # Errors
 /// When the database fails.
-pub async fn update(pool: &PgPool, id: &str, name: &str, tier: &str) -> Result<Written, DbError> {
+pub async fn update(pool: &PgPool, id: &str, f: TenantFields<'_>) -> Result<Written, DbError> {
     const Q: &str = concat!(
-        "UPDATE tenants SET name = $2, tier = $3 WHERE id = $1 RETURNING ",
+        "UPDATE tenants SET name = $2, tier = $3, calendar_tz = $4, billing_anchor_day = $5 WHERE id = $1 RETURNING ",
         columns!()
     );
-    write(pool, Q, (id, name, tier), Written::Missing).await
+    write(pool, Q, id, f, Written::Missing).await
 }
 
-/// Runs `q` (binding id, name, tier; returning the tenant's columns): the row written, or
-/// `none` when it wrote nothing.
+/// Runs `q` (binding id, name, tier, calendar_tz, billing_anchor_day; returning the
+/// tenant's columns): the row written, or `none` when it wrote nothing.
 async fn write(
     pool: &PgPool,
     q: &'static str,
-    (id, name, tier): (&str, &str, &str),
+    id: &str,
+    f: TenantFields<'_>,
     none: Written,
 ) -> Result<Written, DbError> {
     let r = sqlx::query(q)
         .bind(id)
-        .bind(name)
-        .bind(tier)
+        .bind(f.name)
+        .bind(f.tier)
+        .bind(f.calendar_tz)
+        .bind(f.billing_anchor_day)
         .fetch_optional(pool)
         .await?;
     Ok(r.as_ref().map_or(none, |r| Written::Row(row(r))))

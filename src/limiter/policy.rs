@@ -242,11 +242,24 @@ impl fmt::Display for Scope {
 // === impl Window ===
 
 impl Window {
-    /// How many windows `gateway.toml` has: a scope has at most one of each.
-    pub const COUNT: usize = Window::ALL.len();
+    /// How many windows a scope table of `gateway.toml` has at most: one of each of
+    /// [`Window::TABLE`].
+    pub const COUNT: usize = Window::TABLE.len();
 
-    /// Every window of `gateway.toml`, shortest first (`Week`, `Days30` and `Year` are the
-    /// rate-limit service's, one per descriptor, and not among them).
+    /// Every window of a `gateway.toml` scope table, shortest first: [`Window::ALL`] and
+    /// `per_week`.
+    pub const TABLE: [Window; 6] = [
+        Window::Second,
+        Window::Minute,
+        Window::Hour,
+        Window::Day,
+        Window::Week,
+        Window::Month,
+    ];
+
+    /// The windows of a database policy row and a key's `custom_override`, shortest first
+    /// (`Days30` and `Year` are the rate-limit service's, one per descriptor; `Week` is
+    /// `per_week` of `gateway.toml` and the service's `week`).
     pub const ALL: [Window; 5] = [
         Window::Second,
         Window::Minute,
@@ -303,8 +316,8 @@ impl Window {
             Window::Hour => "per_hour",
             Window::Day => "per_day",
             Window::Month => "per_month",
+            Window::Week => "per_week",
             // Not in gateway.toml: the rate-limit service's YAML names these units.
-            Window::Week => "week",
             Window::Days30 => "month",
             Window::Year => "year",
         }

@@ -70,6 +70,7 @@ pub fn settings(started: &Config, new: &Config) -> Vec<Setting> {
         routes,
         keys,
         tenants,
+        tenant_tiers: _, // made from tiers and tenants
         blocks,
         rls,
         tracing,

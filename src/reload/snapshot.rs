@@ -19,11 +19,13 @@ use std::sync::Arc;
 use arc_swap::ArcSwapOption;
 use sqlx::postgres::PgPool;
 
-use crate::admission::{tenant_tier, Core, Dynamic};
+use crate::admission::{tenant_tier, Core, Dynamic, TenantTable};
+use crate::config::calendar::TenantCalendar;
 use crate::config::{
     burst_multiplier, check_cost, parse_algorithm, Config, LimitError, Tier, WindowSettings,
 };
 use crate::db::policies::{self, PolicyRow};
+use crate::db::tenants::TenantRecord;
 use crate::db::{self, DbError, Records};
 use crate::identity::{apply_override, KeyInfo, KeyTable};
 use crate::limiter::{ScopeLimits, Window};
@@ -120,8 +122,17 @@ pub fn build(
     };
     let max_cost = config.max_cost();
     let tiers = effective_tiers(config, &records.policies, &mut refusals);
-    let tenants: HashMap<String, String> = records.tenants.into_iter().collect();
-    let tenant_tier = |t: &str| tenant_tier(config, &tenants, &tiers, t);
+    let tenant_tiers = own_tenant_tiers(config, &records.tenants, &tiers);
+    let tenants: HashMap<String, String> = records
+        .tenants
+        .into_iter()
+        .map(|t| (t.id, t.tier))
+        .collect();
+    let table = TenantTable {
+        tenants: &tenants,
+        own: &tenant_tiers,
+    };
+    let tenant_tier = |t: &str| tenant_tier(config, table, &tiers, t);
     let mut keys = KeyTable::default();
     for k in &records.keys {
         if !crate::identity::key_id_allowed(&k.id) {
@@ -159,8 +170,50 @@ pub fn build(
     Dynamic {
         tiers,
         tenants,
+        tenant_tiers,
         ..Dynamic::new(keys, records.blocks)
     }
+}
+
+/// The tier of every tenant with its own calendar, over the effective `tiers`: the
+/// tenants table's rows with `calendar_tz` or `billing_anchor_day` (a zone this build
+/// does not know is logged and the row keeps its tier's calendar), and the `[[tenants]]`
+/// entries with their own calendar that the table has no row for.
+fn own_tenant_tiers(
+    config: &Config,
+    rows: &[TenantRecord],
+    tiers: &HashMap<String, Arc<Tier>>,
+) -> HashMap<String, Arc<Tier>> {
+    let tier = |name: &str| tiers.get(name).or_else(|| config.tiers.get(name));
+    let mut own = HashMap::new();
+    for r in rows {
+        let settings = TenantCalendar {
+            zone: r.calendar_tz.as_deref(),
+            anchor_day: r.billing_anchor_day.map(i64::from),
+        };
+        let Some(base) = tier(&r.tier).filter(|_| settings.is_set()) else {
+            continue;
+        };
+        match crate::config::calendar::tenant_tier(base, settings) {
+            Ok(t) => {
+                own.insert(r.id.clone(), Arc::new(t));
+            }
+            Err(e) => {
+                tracing::warn!(tenant = %r.id, error = %e, "tenant calendar refused; the tenant keeps its tier's calendar");
+            }
+        }
+    }
+    let in_table: HashSet<&str> = rows.iter().map(|r| r.id.as_str()).collect();
+    for (id, derived) in &config.tenant_tiers {
+        if in_table.contains(id.as_str()) {
+            continue;
+        }
+        if let Some(base) = tier(&derived.name) {
+            let t = crate::config::calendar::with_tenant_windows_of(base, derived);
+            own.insert(id.clone(), Arc::new(t));
+        }
+    }
+    own
 }
 
 /// The tiers keys resolve against: every tier of `config`, with the key windows, burst

@@ -19,9 +19,10 @@ use crate::config::error::ConfigError;
 use crate::config::file::*;
 use crate::config::limits::{burst_multiplier, WindowSettings};
 use crate::config::model::*;
-use crate::limiter::{Admission, Algorithm, BanRule, OnFailure, ScopeLimits, Window};
+use crate::limiter::{Admission, Algorithm, BanRule, OnFailure, ScopeLimits, Window, WindowLimit};
 
 mod auth;
+mod calendar;
 mod client_ip;
 mod jwt;
 mod keys;
@@ -34,6 +35,7 @@ mod tiers;
 mod tokens;
 
 use self::auth::*;
+use self::calendar::*;
 use self::client_ip::*;
 use self::jwt::*;
 use self::keys::*;
@@ -93,9 +95,15 @@ pub(super) fn validate(
     } = limits(&cx, &raw, store.on_failure)?;
     let keys = keys(&cx, &raw.keys, &tiers)?;
     let mut tenants = HashMap::new();
+    let mut tenant_tiers = HashMap::new();
     for t in &raw.tenants {
         known_tier(&cx, &t.tier, &tiers)?;
         tenants.insert(t.id.clone(), t.tier.get_ref().clone());
+        if let Some(own) = tiers.get(t.tier.get_ref()) {
+            if let Some(derived) = tenant_own_tier(&cx, t, own)? {
+                tenant_tiers.insert(t.id.clone(), derived);
+            }
+        }
     }
     let scopes = custom_scopes(&cx, &raw, store.on_failure)?;
     let mut routes = routes(&cx, &raw.routes)?;
@@ -147,6 +155,7 @@ pub(super) fn validate(
         routes,
         keys,
         tenants,
+        tenant_tiers,
         blocks,
         rls,
         tracing,

@@ -134,7 +134,7 @@ fn scope_table(
     s: &ScopeFile,
     on_failure: OnFailure,
 ) -> Result<ScopeLimits, ConfigError> {
-    scope(cx, s, None, None, on_failure)
+    scope(cx, s, &Inherit::default(), on_failure)
 }
 
 fn unknown_table(table: &str, name: &str) -> String {

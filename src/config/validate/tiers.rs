@@ -23,7 +23,7 @@ pub(super) fn limits(
             cx,
             s,
             "[limits.ip]",
-            scope(cx, s.get_ref(), None, None, on_failure),
+            scope(cx, s.get_ref(), &Inherit::default(), on_failure),
         )?)),
         None => None,
     };
@@ -101,16 +101,30 @@ pub(super) fn burst(cx: &Ctx<'_>, b: &Spanned<f64>) -> Result<f64, ConfigError> 
     burst_multiplier(*b.get_ref()).map_err(|e| cx.err(b.span(), e.to_string()))
 }
 
-/// How the windows of scope table `s` are built; `tier_burst` is the enclosing tier's.
+/// What a tier's `key` and `tenant` tables take from the tier when they do not say.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Inherit<'a> {
+    /// The tier's `burst_multiplier`.
+    pub(super) burst: Option<f64>,
+    /// The tier's `message`.
+    pub(super) message: Option<&'a String>,
+    /// The tier's `calendar_tz` and `billing_anchor_day`.
+    pub(super) calendar: CalendarKeys<'a>,
+    /// The table's windows may also come from the database (a tier's key table with
+    /// `[database]`): its calendar keys are not refused for want of a window here.
+    pub(super) windows_elsewhere: bool,
+}
+
+/// How the windows of scope table `s` are built, over what it inherits.
 pub(super) fn settings(
     cx: &Ctx<'_>,
     s: &ScopeFile,
-    tier_burst: Option<f64>,
+    inherit: &Inherit<'_>,
 ) -> Result<WindowSettings, ConfigError> {
     Ok(WindowSettings {
         burst_multiplier: match &s.burst_multiplier {
             Some(b) => burst(cx, b)?,
-            None => tier_burst.unwrap_or(1.0),
+            None => inherit.burst.unwrap_or(1.0),
         },
         algorithm: s.algorithm.map(algorithm),
         jitter_ms: s.reset_jitter_secs.unwrap_or(0).saturating_mul(1000),
@@ -118,34 +132,42 @@ pub(super) fn settings(
             Some(AdmissionFile::Exact) => Admission::Exact,
             Some(AdmissionFile::Auto) | None => Admission::Auto,
         },
-        calendar: None,
+        calendar: CalendarKeys::of(s, inherit.calendar).calendar(cx)?,
     })
 }
 
-/// A scope table; `tier_burst` / `tier_message` are the enclosing tier's defaults. Each
-/// window goes through `config::window_limit`, its error placed at the window's value.
+/// A scope table over what it inherits from its tier. Each window goes through
+/// `config::window_limit`, its error placed at the window's value; `per_week` without a
+/// calendar counts Monday weeks in UTC. `calendar_tz` / `billing_anchor_day` written on a
+/// table none of whose windows they would move are refused.
 pub(super) fn scope(
     cx: &Ctx<'_>,
     s: &ScopeFile,
-    tier_burst: Option<f64>,
-    tier_message: Option<&String>,
+    inherit: &Inherit<'_>,
     default_failure: OnFailure,
 ) -> Result<ScopeLimits, ConfigError> {
-    let settings = settings(cx, s, tier_burst)?;
+    let settings = settings(cx, s, inherit)?;
     let fields = [
         &s.per_second,
         &s.per_minute,
         &s.per_hour,
         &s.per_day,
+        &s.per_week,
         &s.per_month,
     ];
     let mut windows = Vec::new();
-    for (window, field) in Window::ALL.into_iter().zip(fields) {
+    for (window, field) in Window::TABLE.into_iter().zip(fields) {
         let Some(v) = field else { continue };
-        let wl = settings
+        let mut wl = settings
             .window(window, *v.get_ref())
             .map_err(|e| cx.err(v.span(), e.to_string()))?;
+        if window == Window::Week && settings.calendar.is_none() {
+            wl = wl.with_calendar(Some(utc_weeks(cx)?));
+        }
         windows.push(wl);
+    }
+    if !inherit.windows_elsewhere {
+        refuse_unaligned(cx, s, &windows)?;
     }
     let concurrent = match &s.concurrent {
         None => None,
@@ -168,7 +190,7 @@ pub(super) fn scope(
         ban,
         windows,
         on_failure: s.on_failure.map_or(default_failure, on_failure),
-        message: s.message.clone().or_else(|| tier_message.cloned()),
+        message: s.message.clone().or_else(|| inherit.message.cloned()),
         count_on: count_on(cx, s)?,
     })
 }
@@ -215,11 +237,13 @@ pub(super) fn rate_only(
             format!("concurrent applies to [limits.ip] and tier key / tenant tables, not {table}"),
         ));
     }
-    scope(cx, s, None, None, default_failure)
+    scope(cx, s, &Inherit::default(), default_failure)
 }
 
 /// `[tiers.<name>]`; `windows_elsewhere`: its key windows may also come from the database,
-/// so a key table without windows of its own is not refused.
+/// so a key table without windows of its own is not refused. The tier's `calendar_tz` /
+/// `billing_anchor_day` are its tables' defaults, refused when neither table has a window
+/// they would move (unless key windows may come from the database).
 pub(super) fn tier(
     cx: &Ctx<'_>,
     name: &str,
@@ -231,25 +255,43 @@ pub(super) fn tier(
         Some(b) => Some(burst(cx, b)?),
         None => None,
     };
-    let message = t.message.as_ref();
+    let calendar = CalendarKeys {
+        zone: t.calendar_tz.as_ref(),
+        anchor: t.billing_anchor_day.as_ref(),
+    };
+    let inherit = Inherit {
+        burst: b,
+        message: t.message.as_ref(),
+        calendar,
+        windows_elsewhere: false,
+    };
     let table = |s: Option<&Spanned<ScopeFile>>, which: &str, any_windows: bool| {
-        let Some(s) = s else {
-            return scope(cx, &ScopeFile::default(), b, message, default_failure);
+        let inherit = Inherit {
+            windows_elsewhere: any_windows,
+            ..inherit
         };
-        let built = scope(cx, s.get_ref(), b, message, default_failure);
+        let Some(s) = s else {
+            return scope(cx, &ScopeFile::default(), &inherit, default_failure);
+        };
+        let built = scope(cx, s.get_ref(), &inherit, default_failure);
         if any_windows {
             return built;
         }
         applying(cx, s, &format!("[tiers.{name}] {which}"), built)
     };
     let key = table(t.key.as_ref(), "key", windows_elsewhere)?;
+    let tenant = table(t.tenant.as_ref(), "tenant", false)?;
+    if !windows_elsewhere {
+        let both: Vec<WindowLimit> = key.windows.iter().chain(&tenant.windows).copied().collect();
+        calendar.refuse_unaligned(cx, &both, &format!("[tiers.{name}] (key and tenant)"))?;
+    }
     let empty = ScopeFile::default();
     let key_file = t.key.as_ref().map_or(&empty, Spanned::get_ref);
     Ok(Tier {
         name: name.to_string(),
         key: Arc::new(key),
-        key_settings: settings(cx, key_file, b)?,
-        tenant: Arc::new(table(t.tenant.as_ref(), "tenant", false)?),
+        key_settings: settings(cx, key_file, &inherit)?,
+        tenant: Arc::new(tenant),
     })
 }
 
