@@ -18,7 +18,7 @@
 --           period; fixed and sliding windows end theirs at the window's end); 0: none.
 --           'settle': delta = true cost - reserved cost instead (signed; > 0 a debt
 --           charged at now past the limit if need be, < 0 a refund).
--- Then 12 values per window i (all integers, times in ms):
+-- Then 16 values per window i (all integers, times in ms):
 --           algorithm (1 token_bucket, 2 sliding_window, 3 fixed_window, 4 sliding_log,
 --           5 leaky_bucket), window (1 s, 2 min, 3 h, 4 d, 5 mo, and the rate-limit
 --           service's 6 week, 7 30 days, 8 365 days: all but 5, the calendar month,
@@ -27,7 +27,9 @@
 --           the request was admitted, Unix ms),
 --           want (tokens to lease after an admitted 'check'; 0: none),
 --           ret, tag1, tag2, size (end the lease `tag1`, `tag2` of `size` tokens, as a
---           'take' answered them, giving back `ret` unused tokens; size 0: no lease).
+--           'take' answered them, giving back `ret` unused tokens; size 0: no lease),
+--           cal_prev, cal_start, cal_end, cal_next: a calendar window's edges around
+--           the gateway's now (see `bounds` in prelude.lua; all 0: no calendar).
 --
 -- Reply: one string of integers separated by spaces: now, all_allowed, then per window:
 --          allowed, remaining, current, reset_after_ms, retry_after_ms, granted,
@@ -45,12 +47,14 @@ local mode = ARGV[3]
 local lease_ms = tonumber(ARGV[4])
 local ws = {}
 for i = 1, #KEYS do
-  local b = 5 + (i - 1) * 12
+  local b = 5 + (i - 1) * 16
   ws[i] = {
     alg = tonumber(ARGV[b]), window = tonumber(ARGV[b + 1]), limit = tonumber(ARGV[b + 2]),
     capacity = tonumber(ARGV[b + 3]), period = tonumber(ARGV[b + 4]), offset = tonumber(ARGV[b + 5]),
     current = tonumber(ARGV[b + 6]), want = tonumber(ARGV[b + 7]), ret = tonumber(ARGV[b + 8]),
     tag1 = tonumber(ARGV[b + 9]), tag2 = tonumber(ARGV[b + 10]), size = tonumber(ARGV[b + 11]),
+    cal_prev = tonumber(ARGV[b + 12]), cal_start = tonumber(ARGV[b + 13]),
+    cal_end = tonumber(ARGV[b + 14]), cal_next = tonumber(ARGV[b + 15]),
   }
 end
 

@@ -66,8 +66,32 @@ local function civil_from_days(z)
 end
 
 -- [start, end) of the window containing `now`, shifted by `offset`. Window 5 is the
--- calendar month in UTC; the others are `period` ms aligned to the Unix epoch.
+-- calendar month in UTC; the others are `period` ms aligned to the Unix epoch. A window
+-- in a calendar (`calendar_tz`, `billing_anchor_day`, `per_week`) comes with its edges,
+-- computed by the gateway (the one place that knows the zone: src/limiter/algorithm/
+-- calendar.rs `edges`): [cal_prev, cal_start) the window before, [cal_start, cal_end) the
+-- one containing the gateway's now, [cal_end, cal_next) the next; the script looks times
+-- up in them. Beyond them (only when the gateway's clock and Redis's differ across an
+-- edge) the nearest window's length repeats.
+local function calendar_bounds(w, now)
+  if now >= w.cal_start then
+    if now < w.cal_end then return w.cal_start, w.cal_end end
+    if now < w.cal_next then return w.cal_end, w.cal_next end
+    local len = math.max(w.cal_next - w.cal_end, 1)
+    local s = w.cal_next + idiv(now - w.cal_next, len) * len
+    return s, s + len
+  end
+  if now >= w.cal_prev then return w.cal_prev, w.cal_start end
+  local len = math.max(w.cal_start - w.cal_prev, 1)
+  local k = div_ceil(w.cal_prev - now, len)
+  local s = math.max(w.cal_prev - k * len, 0)
+  return s, s + len
+end
+
 local function bounds(w, now, offset)
+  if w.cal_start > 0 then
+    return calendar_bounds(w, now)
+  end
   local t = now - offset
   if t < 0 then t = 0 end
   local s, e

@@ -121,6 +121,10 @@ pub struct Quota {
     pub window: super::policy::Window,
     /// Its limit.
     pub limit: u32,
+    /// Its length in ms: the period, or for a calendar window the length of the one
+    /// containing the check's time (a local day may be 23 or 25 hours, a month 28 to 31
+    /// days).
+    pub window_ms: u64,
 }
 
 // === impl Ident ===
@@ -220,6 +224,13 @@ impl<'a> Check<'a> {
                 scope: s.scope,
                 window: w.window,
                 limit: w.limit,
+                window_ms: match (w.calendar, self.at_ms) {
+                    (Some(_), Some(at)) => {
+                        let (start, end) = w.bounds(at, s.ident.offset_ms(w));
+                        end - start
+                    }
+                    _ => w.window.period_ms(),
+                },
             })
         });
         windows.collect()

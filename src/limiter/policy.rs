@@ -101,7 +101,8 @@ pub struct WindowLimit {
     /// Token-bucket capacity (`limit x burst_multiplier`, rounded down, at least `limit`);
     /// equal to `limit` for every other algorithm.
     pub capacity: u32,
-    /// Upper bound (exclusive) of the per-key reset offset for day and month windows, in ms.
+    /// Upper bound (exclusive) of the per-key reset offset for day, week and month
+    /// windows, in ms.
     pub jitter_ms: u64,
     /// How the window is decided on Redis (`admission`).
     pub admission: Admission,
@@ -422,9 +423,9 @@ impl WindowLimit {
         super::algorithm::bounds_in(self.window, now_ms, offset_ms, self.calendar)
     }
 
-    /// Sets the reset jitter bound (applies to day and month windows only).
+    /// Sets the reset jitter bound (applies to day, week and month windows only).
     pub fn with_jitter_ms(mut self, jitter_ms: u64) -> Self {
-        if matches!(self.window, Window::Day | Window::Month) {
+        if matches!(self.window, Window::Day | Window::Week | Window::Month) {
             self.jitter_ms = jitter_ms;
         }
         self

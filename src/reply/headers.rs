@@ -156,7 +156,7 @@ pub fn ietf_policy(quotas: &[Quota]) -> Option<HeaderValue> {
     let mut list = Some(RefListSerializer::new(&mut out));
     for q in quotas {
         let name = item_name(q.scope, q.window);
-        let secs = i64::try_from(q.window.period_ms() / 1000).unwrap_or(i64::MAX);
+        let secs = i64::try_from(q.window_ms / 1000).unwrap_or(i64::MAX);
         list = Some(
             list.take()?
                 .bare_item(&RefBareItem::String(&name))
@@ -332,6 +332,50 @@ mod tests {
         assert_eq!(parsed.len(), 3);
     }
 
+    /// A calendar window's `w` is the length of the window the check falls in: the
+    /// spring-forward day in Berlin is 23 h, the fall-back day 25 h, February 2028 in
+    /// Los Angeles 29 days; without the check's time, the nominal length.
+    #[test]
+    fn ietf_policy_gives_a_calendar_window_its_length() {
+        use crate::limiter::algorithm::Calendar;
+        use crate::limiter::{Algorithm, Ident, WindowLimit};
+        let cal = |z| Some(Calendar::interned(z, 1).unwrap());
+        let cases = [
+            // 2026-03-29 12:00 UTC, 2026-10-25 12:00 UTC, 2028-02-10 12:00 UTC.
+            (
+                "Europe/Berlin",
+                Window::Day,
+                Some(1_774_785_600_000),
+                82_800,
+            ),
+            (
+                "Europe/Berlin",
+                Window::Day,
+                Some(1_792_929_600_000),
+                90_000,
+            ),
+            (
+                "America/Los_Angeles",
+                Window::Month,
+                Some(1_833_796_800_000),
+                29 * 86_400,
+            ),
+            ("Europe/Berlin", Window::Day, None, 86_400),
+        ];
+        for (zone, window, at, secs) in cases {
+            let mut l = scope(&[]);
+            l.windows = vec![
+                WindowLimit::with_algorithm(window, 10, Algorithm::FixedWindow)
+                    .with_calendar(cal(zone)),
+            ];
+            let mut check = crate::limiter::Check::new(1);
+            check.push(Scope::Tenant, Ident::Global, &l);
+            check.at_ms = at;
+            let got = text(ietf_policy(&check.quotas()));
+            assert!(got.ends_with(&format!(";w={secs}")), "{zone} {at:?}: {got}");
+        }
+    }
+
     /// (remaining, reset_after_ms, retry_after_ms, rejected, expected `RateLimit`).
     #[test]
     fn ietf_limit_table() {
@@ -361,6 +405,7 @@ mod tests {
             scope: Scope::Key,
             window: Window::Minute,
             limit: 100,
+            window_ms: 60_000,
         }];
         let names = |style, flags| -> Vec<&'static str> {
             rate_pairs(style, &wd(3, 60_000, 1_001), 0, flags, Some(&policy[..]))

@@ -157,6 +157,109 @@ async fn rust_and_lua_agree_on_calendar_months() {
     }
 }
 
+/// Calendar windows in a time zone (`calendar_tz`, `billing_anchor_day`): the gateway
+/// hands the script each window's edges and both sides agree across DST days (23 h,
+/// 25 h, Lord Howe's 30-minute shift), Monday weeks, anchored months and a leap day,
+/// fixed and sliding counters: plain checks, leases and settles.
+fn zoned_cases() -> Vec<(&'static str, WindowLimit, u64)> {
+    use throttle::limiter::algorithm::Calendar;
+    let cal = |z: &str, a: i64| Some(Calendar::interned(z, a).unwrap());
+    let mut cases = Vec::new();
+    for alg in [Algorithm::FixedWindow, Algorithm::SlidingWindow] {
+        let w = |window, limit: u32| WindowLimit::with_algorithm(window, limit, alg);
+        // Berlin, days through the spring-forward day (2026-03-29, 23 h).
+        cases.push((
+            "berlin-day",
+            w(Window::Day, 30).with_calendar(cal("Europe/Berlin", 1)),
+            1_774_415_820_000,
+        ));
+        // Los Angeles, Monday weeks through the fall-back day (2026-11-01, 25 h).
+        cases.push((
+            "la-week",
+            w(Window::Week, 30).with_calendar(cal("America/Los_Angeles", 1)),
+            1_792_473_420_000,
+        ));
+        // Auckland, months from the 15th, across Feb 2028 (a leap year).
+        cases.push((
+            "auckland-month-15",
+            w(Window::Month, 30).with_calendar(cal("Pacific/Auckland", 15)),
+            1_831_094_220_000,
+        ));
+        // Lord Howe: DST moves the clock by 30 minutes (2026-04-05).
+        cases.push((
+            "lord-howe-day",
+            w(Window::Day, 30).with_calendar(cal("Australia/Lord_Howe", 1)),
+            1_775_020_620_000,
+        ));
+        // Los Angeles months from the 1st with a reset jitter of up to 2 days.
+        cases.push((
+            "la-month-jitter",
+            w(Window::Month, 30)
+                .with_jitter_ms(2 * 86_400_000)
+                .with_calendar(cal("America/Los_Angeles", 1)),
+            1_772_342_220_000,
+        ));
+    }
+    for (name, w, _) in &cases {
+        assert!(w.calendar.is_some(), "{name}: the calendar was dropped");
+    }
+    cases
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rust_and_lua_agree_on_zoned_calendars() {
+    let redis = RedisServer::start().await;
+    let mut conn = redis.client().await;
+    let _: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(CHECK_LUA)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    for (n, (name, w, start)) in zoned_cases().into_iter().enumerate() {
+        // About twice the limit's rate (as the per-algorithm cases).
+        let max_step = w.window.period_ms() * 2 / u64::from(w.limit);
+        let scopes = [(
+            Scope::Tenant,
+            Ident::Name(format!("t{n}").into()),
+            limits(vec![w]),
+        )];
+        replay(
+            &redis,
+            &format!("zc{n}"),
+            &scopes,
+            0xCA1 + n as u64,
+            400,
+            max_step,
+            start,
+        )
+        .await;
+        let s = lease_replay(
+            &mut conn,
+            &format!("zl{n}"),
+            &scopes,
+            0xCA1E + n as u64,
+            400,
+            max_step,
+            start,
+        )
+        .await;
+        assert_exercised(name, &s, 400);
+        settle_replay(
+            &redis,
+            &mut conn,
+            &format!("zs{n}"),
+            &scopes,
+            0xCA15 + n as u64,
+            400,
+            max_step,
+            start,
+            0,
+        )
+        .await;
+    }
+}
+
 /// The layered decision: several scopes and windows, mixed algorithms, all-or-nothing.
 #[tokio::test(flavor = "multi_thread")]
 async fn rust_and_lua_agree_on_layered_checks() {
@@ -289,7 +392,7 @@ async fn lease_replay(
         let mut at = 0;
         for s in &check.scopes {
             let n = s.limits.windows.len();
-            wire::push_scope(&mut inv, prefix, s, None, Some(&args[at..at + n]));
+            wire::push_scope(&mut inv, prefix, s, None, Some(&args[at..at + n]), now);
             at += n;
         }
         let raw: Vec<u8> = inv.invoke_async(conn).await.unwrap();

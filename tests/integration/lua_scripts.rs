@@ -239,7 +239,7 @@ async fn call(
     let mut at = 0;
     for s in &check.scopes {
         let n = s.limits.windows.len();
-        wire::push_scope(&mut inv, prefix, s, None, Some(&leases[at..at + n]));
+        wire::push_scope(&mut inv, prefix, s, None, Some(&leases[at..at + n]), now);
         at += n;
     }
     let raw: Vec<u8> = inv.invoke_async(c).await.unwrap();
@@ -504,4 +504,53 @@ async fn settled_keys_keep_ttls() {
             _ => {}
         }
     }
+}
+
+/// A calendar window's edges come from the gateway's clock; Redis's `now` may be on the
+/// other side of an edge (clock skew): the script looks its own `now` up in the edges
+/// and decides in the right window either way (Berlin's local midnight, a 24 h day).
+#[tokio::test(flavor = "multi_thread")]
+async fn calendar_edges_survive_a_skewed_clock() {
+    use throttle::limiter::algorithm::Calendar;
+    let redis = RedisServer::start().await;
+    let mut c = redis.client().await;
+    let berlin = Calendar::interned("Europe/Berlin", 1).unwrap();
+    let l = limits(vec![WindowLimit::with_algorithm(
+        Window::Day,
+        2,
+        Algorithm::FixedWindow,
+    )
+    .with_calendar(Some(berlin))]);
+    let mut ch = Check::new(1);
+    ch.push(Scope::Tenant, Ident::Name("t".into()), &l);
+    // 2026-03-30 00:00 in Berlin (CEST), and the next local midnight 24 h later.
+    const MIDNIGHT: u64 = 1_774_821_600_000;
+    const DAY: u64 = 86_400_000;
+    let script = redis::Script::new(CHECK_LUA);
+    let call = |script_now: u64, edges_at: u64| {
+        let mut inv = script.prepare_invoke();
+        wire::push_header(&mut inv, &script_now.to_string(), 1, Mode::Check, 0);
+        wire::push_scope(&mut inv, "skew", &ch.scopes[0], None, None, edges_at);
+        inv
+    };
+    for now in [MIDNIGHT - 200, MIDNIGHT - 100] {
+        let raw: Vec<u8> = call(now, now).invoke_async(&mut c).await.unwrap();
+        assert_eq!(wire::ints(&raw).unwrap()[1], 1, "spending the day at {now}");
+    }
+    // The gateway is 50 ms ahead: its edges are the next day's; Redis is still before.
+    let raw: Vec<u8> = call(MIDNIGHT - 10, MIDNIGHT + 40)
+        .invoke_async(&mut c)
+        .await
+        .unwrap();
+    let r = wire::parse_reply(&wire::ints(&raw).unwrap(), &ch.scopes).unwrap();
+    assert!(!r.all_allowed, "still the spent day: {r:?}");
+    assert_eq!(r.decisions[0].decision.retry_after_ms, 10);
+    // The gateway is 50 ms behind: its edges are the spent day's; Redis is past midnight.
+    let raw: Vec<u8> = call(MIDNIGHT + 10, MIDNIGHT - 40)
+        .invoke_async(&mut c)
+        .await
+        .unwrap();
+    let r = wire::parse_reply(&wire::ints(&raw).unwrap(), &ch.scopes).unwrap();
+    assert!(r.all_allowed, "a new day: {r:?}");
+    assert_eq!(r.decisions[0].decision.reset_after_ms, DAY - 10);
 }

@@ -4,6 +4,7 @@
 
 use redis::ScriptInvocation;
 
+use crate::limiter::algorithm::edges;
 use crate::limiter::{
     Algorithm, DecidedAt, Decision, Ident, Scope, ScopeCheck, Window, WindowDecision, WindowLimit,
 };
@@ -13,8 +14,9 @@ use crate::store::StoreError;
 pub const HEADER_ARGS: usize = 4;
 /// ARGV values per window: algorithm, window, limit, capacity, period_ms, offset_ms,
 /// current (refunds; settles: the admission time), want, then the lease to give back:
-/// ret, tag1, tag2, size.
-pub const ARGS_PER_WINDOW: usize = 12;
+/// ret, tag1, tag2, size, and a calendar window's edges around the gateway's now:
+/// prev_start, start, end, next_end (all 0: no calendar; see `algorithm::edges`).
+pub const ARGS_PER_WINDOW: usize = 16;
 /// Reply values before the windows: now, all_allowed.
 pub const REPLY_HEADER: usize = 2;
 /// Reply values per window: allowed, remaining, current, reset_after_ms, retry_after_ms,
@@ -119,43 +121,56 @@ pub fn push_header(
     inv.arg(now).arg(cost).arg(mode.as_str()).arg(lease_ms);
 }
 
-/// One window's values, in ARGV order.
+/// One window's values, in ARGV order; `at` is the gateway's now, for a calendar
+/// window's edges (the script cannot know the zone: the gateway computes them).
 pub fn window_args(
     w: &WindowLimit,
     ident: &Ident,
     current: u64,
     lease: &LeaseArgs,
+    at: u64,
 ) -> [u64; ARGS_PER_WINDOW] {
+    let offset = ident.offset_ms(w);
+    let [prev_start, start, end, next_end] = match w.calendar {
+        Some(cal) => edges(w.window, at, offset, Some(cal)),
+        None => [0; 4],
+    };
     [
         u64::from(algorithm_code(w.algorithm)),
         u64::from(window_code(w.window)),
         u64::from(w.limit),
         u64::from(w.capacity),
         w.window.period_ms(),
-        ident.offset_ms(w),
+        offset,
         current,
         lease.want,
         lease.ret,
         lease.from.tag1,
         lease.from.tag2,
         lease.from.granted,
+        prev_start,
+        start,
+        end,
+        next_end,
     ]
 }
 
 /// Adds `s`'s windows (a key and `ARGS_PER_WINDOW` values each) to `inv`; `currents`
-/// are the charges to give back (refunds), `leases` the lease arguments (else none).
+/// are the charges to give back (refunds), `leases` the lease arguments (else none),
+/// `now` the time calendar edges are computed at (the call's `now`).
 pub fn push_scope(
     inv: &mut ScriptInvocation<'_>,
     prefix: &str,
     s: &ScopeCheck<'_>,
     currents: Option<&[u64]>,
     leases: Option<&[LeaseArgs]>,
+    now: u64,
 ) {
     for (i, w) in s.limits.windows.iter().enumerate() {
         inv.key(key(prefix, s.scope, &s.ident, w.window));
         let current = currents.and_then(|c| c.get(i)).copied().unwrap_or(0);
         let lease = leases.and_then(|l| l.get(i)).copied().unwrap_or_default();
-        for v in window_args(w, &s.ident, current, &lease) {
+        for v in window_args(w, &s.ident, current, &lease, now) {
             inv.arg(v);
         }
     }
@@ -203,6 +218,15 @@ pub struct Win<'a> {
     pub lease: LeaseArgs,
 }
 
+/// The time a call's calendar edges are computed at: the call's `now` when it sends one,
+/// else the gateway's clock (Redis `TIME` is within a clock skew of it: the edges cover
+/// the windows on both sides of `now`, see `bounds` in lua/prelude.lua).
+fn gateway_now(now: &str) -> u64 {
+    use crate::clock::Clock;
+    now.parse()
+        .unwrap_or_else(|_| crate::clock::SystemClock.now_ms())
+}
+
 /// The one encoder of the script's calls: an `EVALSHA` with every key and value in one
 /// command buffer (a `ScriptInvocation` allocates per value). `sha` is the script's
 /// hash, `fourth` is `ARGV[4]` (lease_ms; settle: delta), `windows` the windows in order.
@@ -219,8 +243,12 @@ pub fn evalsha<'a>(
         cmd.arg(key(prefix, w.scope, w.ident, w.limit.window));
     }
     cmd.arg(now).arg(cost).arg(mode.as_str()).arg(fourth);
+    let at = match windows.clone().any(|w| w.limit.calendar.is_some()) {
+        true => gateway_now(now),
+        false => 0,
+    };
     for w in windows {
-        for v in window_args(w.limit, w.ident, w.current, &w.lease) {
+        for v in window_args(w.limit, w.ident, w.current, &w.lease, at) {
             cmd.arg(v);
         }
     }
