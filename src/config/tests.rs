@@ -710,6 +710,7 @@ fn tracing_section() {
     }
 }
 
+mod calendar;
 mod secrets;
 mod tables;
 mod tokens;

@@ -5,7 +5,7 @@ use super::*;
 use crate::limiter::{Base, Named, Scope};
 
 /// The 1-based line of the first occurrence of `needle` in `src`.
-fn line_of(src: &str, needle: &str) -> usize {
+pub(super) fn line_of(src: &str, needle: &str) -> usize {
     let at = src
         .find(needle)
         .unwrap_or_else(|| panic!("{needle:?} not in\n{src}"));
@@ -14,7 +14,7 @@ fn line_of(src: &str, needle: &str) -> usize {
 
 /// Every kind of scope table, with `{}` where its keys go and the text that starts it
 /// (where the error is placed).
-const TABLES: [(&str, &str, &str); 12] = [
+pub(super) const TABLES: [(&str, &str, &str); 12] = [
     ("[limits.ip]", "[limits.ip]\n{}\n", "[limits.ip]"),
     ("[limits.global]", "[limits.global]\n{}\n", "[limits.global]"),
     ("[limits.auth]", "[limits.auth]\n{}\n", "[limits.auth]"),
@@ -53,12 +53,12 @@ const NEVER_APPLY: [&[&str]; 9] = [
 ];
 
 /// `keys` as the table's body: lines for a `[...]` table, `a, b` for an inline one.
-fn fill(template: &str, keys: &[&str]) -> String {
+pub(super) fn fill(template: &str, keys: &[&str]) -> String {
     let inline = template.contains("{ {} }");
     template.replacen("{}", &keys.join(if inline { ", " } else { "\n" }), 1)
 }
 
-fn config(table: &str) -> String {
+pub(super) fn config(table: &str) -> String {
     format!("{table}{ROUTE}")
 }
 

@@ -115,7 +115,11 @@ pub(super) fn unaligned(key: &str, windows: &[WindowLimit], months: bool, table:
         .collect();
     let why = if other.is_empty() {
         let names: Vec<&str> = kinds.iter().map(|w| w.config_key()).collect();
-        format!("it has no {}", names.join(" or "))
+        match names.split_last() {
+            Some((last, [])) => format!("it has no {last}"),
+            Some((last, rest)) => format!("it has no {} or {last}", rest.join(", ")),
+            None => String::new(),
+        }
     } else {
         other.join(", ")
     };
