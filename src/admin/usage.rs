@@ -139,12 +139,15 @@ async fn read(core: &Core, row: &Row<'_>) -> Result<Vec<serde_json::Value>, Stri
         let mut check = Check::new(1);
         check.peek = true;
         check.push(row.entry.scope, row.entry.ident.clone(), &one);
+        // Read before the store's clock is: `now + reset_after_ms` is then at most the
+        // window's end, never a rounding second past it (a store's own `now` is later).
+        let now_ms = core.clock.now_ms();
         let verdict = decide(core, &check).await.map_err(|e| e.to_string())?;
         let Some(g) = verdict.governing else { continue };
         let d = g.decision;
         // A peek of one unit reports what is left after it: added back on a pass.
         let remaining = unspent(verdict.allowed, d.remaining, 1, d.limit);
-        let reset_ms = core.clock.now_ms().saturating_add(d.reset_after_ms);
+        let reset_ms = now_ms.saturating_add(d.reset_after_ms);
         let mut window = serde_json::json!({
             "scope": row.entry.scope.short_name(),
             "window": g.window.label(),
