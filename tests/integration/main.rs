@@ -19,6 +19,7 @@ mod admin_fuzz;
 mod admin_usage;
 mod bans;
 mod bounds;
+mod calendar;
 mod cli;
 mod client_ip_e2e;
 mod concurrency;
