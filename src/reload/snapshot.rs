@@ -371,6 +371,10 @@ impl Refusals<'_> {
 }
 
 #[cfg(test)]
+#[path = "snapshot_calendar.rs"]
+mod calendar_tests;
+
+#[cfg(test)]
 mod tests {
     use sha2::{Digest, Sha256};
 

@@ -156,3 +156,28 @@ pub(super) fn tenant_own_tier(
         .map(|t| Some(Arc::new(t)))
         .map_err(|e| cx.err(span, e.to_string()))
 }
+
+/// The tenants of the file and their tiers' names, with the tier made for each entry
+/// that has its own calendar (see `tenant_own_tier`).
+pub(super) type Tenants = (HashMap<String, String>, HashMap<String, Arc<Tier>>);
+
+/// `[[tenants]]`: each names a known tier; an entry with `calendar_tz` or
+/// `billing_anchor_day` gets a tier of its own.
+pub(super) fn tenants(
+    cx: &Ctx<'_>,
+    list: &[TenantFile],
+    tiers: &HashMap<String, Arc<Tier>>,
+) -> Result<Tenants, ConfigError> {
+    let mut names = HashMap::new();
+    let mut own = HashMap::new();
+    for t in list {
+        known_tier(cx, &t.tier, tiers)?;
+        names.insert(t.id.clone(), t.tier.get_ref().clone());
+        if let Some(tier) = tiers.get(t.tier.get_ref()) {
+            if let Some(derived) = tenant_own_tier(cx, t, tier)? {
+                own.insert(t.id.clone(), derived);
+            }
+        }
+    }
+    Ok((names, own))
+}

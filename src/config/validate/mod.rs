@@ -94,17 +94,7 @@ pub(super) fn validate(
         tiers,
     } = limits(&cx, &raw, store.on_failure)?;
     let keys = keys(&cx, &raw.keys, &tiers)?;
-    let mut tenants = HashMap::new();
-    let mut tenant_tiers = HashMap::new();
-    for t in &raw.tenants {
-        known_tier(&cx, &t.tier, &tiers)?;
-        tenants.insert(t.id.clone(), t.tier.get_ref().clone());
-        if let Some(own) = tiers.get(t.tier.get_ref()) {
-            if let Some(derived) = tenant_own_tier(&cx, t, own)? {
-                tenant_tiers.insert(t.id.clone(), derived);
-            }
-        }
-    }
+    let (tenants, tenant_tiers) = tenants(&cx, &raw.tenants, &tiers)?;
     let scopes = custom_scopes(&cx, &raw, store.on_failure)?;
     let mut routes = routes(&cx, &raw.routes)?;
     let builtin = builtin_scopes(&ip_limits, &global_limits, &tiers);
