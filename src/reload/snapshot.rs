@@ -289,6 +289,16 @@ pub fn policy_tier(
                 .map_err(|e| e.for_field(column))?,
         );
     }
+    // A window no column holds (`per_week`) stays the config's.
+    if let Some(t) = base {
+        let kept = t
+            .key
+            .windows
+            .iter()
+            .filter(|w| policies::column(w.window).is_empty());
+        windows.extend(kept.copied());
+        windows.sort_by_key(|w| Window::TABLE.iter().position(|x| *x == w.window));
+    }
     let key = ScopeLimits {
         concurrent: base.and_then(|t| t.key.concurrent),
         ban: base.and_then(|t| t.key.ban),

@@ -6,6 +6,7 @@ use std::collections::HashSet;
 
 use super::*;
 use crate::db::keys::ActiveKey;
+use crate::db::policies::PolicyRow;
 use crate::db::tenants::TenantRecord;
 
 const CONFIG: &str = r#"
@@ -103,4 +104,48 @@ fn a_tenant_is_counted_on_its_own_calendar() {
     }
     let own: HashSet<&str> = d.tenant_tiers.keys().map(String::as_str).collect();
     assert_eq!(own, HashSet::from(["row_la", "row_anchor", "file_kiwi"]));
+}
+
+/// A `rate_limit_policies` row replaces a config tier's key windows by its columns; a
+/// `per_week` window, which no column holds, stays the config's, on its calendar, in
+/// order; the row's windows keep the tier's calendar.
+#[test]
+fn a_policy_row_keeps_the_config_week() {
+    let cfg = CONFIG.replace(
+        "key = { per_day = 100 }",
+        "key = { per_day = 100, per_week = 500 }",
+    );
+    let c = crate::config::parse("t.toml", &cfg).unwrap();
+    let m = Metrics::new().unwrap();
+    let row = PolicyRow {
+        id: "pro".into(),
+        name: "pro".into(),
+        limits: [None, Some(60), None, Some(200), Some(3000)],
+        burst_multiplier: None,
+        algorithm: Some("fixed_window".into()),
+    };
+    let records = Records {
+        policies: vec![row],
+        keys: vec![key("k", "row_plain")],
+        ..Records::default()
+    };
+    let d = build(&c, records, &m, &HashSet::new());
+    let tier = &d.keys.lookup(b"k").unwrap().tier;
+    let got: Vec<_> = tier
+        .key
+        .windows
+        .iter()
+        .map(|w| (w.window, w.limit, w.calendar.map(|c| c.zone().to_string())))
+        .collect();
+    let berlin = || Some("Europe/Berlin".to_string());
+    use crate::limiter::Window;
+    assert_eq!(
+        got,
+        [
+            (Window::Minute, 60, None),
+            (Window::Day, 200, berlin()),
+            (Window::Week, 500, berlin()),
+            (Window::Month, 3000, berlin()),
+        ]
+    );
 }
