@@ -174,18 +174,21 @@ async fn dst_days_reset_at_the_next_local_midnight_redis() {
 /// 2026-03-31 00:00 CEST = 2026-03-30 22:00:00 UTC: the day after SPRING_NEXT_MIDNIGHT.
 const DAY_AFTER_MIDNIGHT: u64 = 1_774_908_000;
 
-/// A day's quota spent seconds before local midnight is refused until midnight and
+/// A day's quota of 20 spent seconds before local midnight is refused until midnight and
 /// admitted right after it: the admit carries the next day's reset, and came no earlier
-/// than the midnight (the gateway's clock cannot have passed it sooner).
+/// than the midnight (the gateway's clock cannot have passed it sooner). On Redis the
+/// quota is spent on leased tokens, across the edge.
 async fn spent_before_midnight(store: Store) {
     let up = Upstream::start("u").await;
     let cfg =
-        ip_config("per_day = 1\nalgorithm = \"fixed_window\"\ncalendar_tz = \"Europe/Berlin\"");
-    let lead = 6;
+        ip_config("per_day = 20\nalgorithm = \"fixed_window\"\ncalendar_tz = \"Europe/Berlin\"");
+    let lead = 10;
     let start = SPRING_NEXT_MIDNIGHT - lead;
     let (gw, t0) = gateway(&store, &cfg, &up, start).await;
-    let s = get(&gw, None).await;
-    assert_eq!((s.status, s.reset), (200, SPRING_NEXT_MIDNIGHT), "{s:?}");
+    for _ in 0..20 {
+        let s = get(&gw, None).await;
+        assert_eq!((s.status, s.reset), (200, SPRING_NEXT_MIDNIGHT), "{s:?}");
+    }
     let s = get(&gw, None).await;
     assert_points_at(&s, SPRING_NEXT_MIDNIGHT, start, t0);
     let admitted = eventually(
@@ -211,6 +214,16 @@ async fn spent_before_midnight(store: Store) {
     );
     assert_eq!(admitted.reset, DAY_AFTER_MIDNIGHT, "{admitted:?}");
     assert!(admitted.policy.contains(";w=86400"), "{admitted:?}");
+    if let Store::Redis(_) = store {
+        let leased = r#"throttle_local_decisions_total{reason="lease"}"#;
+        let m = gw.metrics().await;
+        let n: f64 = m
+            .lines()
+            .find_map(|l| l.strip_prefix(leased))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0.0);
+        assert!(n > 0.0, "no request admitted on a lease:\n{m}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -351,7 +364,7 @@ async fn tenants_at_their_own_midnights(store: Store) {
         "[[tenants]]\nid = \"kiwi\"\ntier = \"pro\"\ncalendar_tz = \"Pacific/Auckland\"\n\
          [[tenants]]\nid = \"la\"\ntier = \"pro\"\ncalendar_tz = \"America/Los_Angeles\"\n",
     );
-    let lead = 6;
+    let lead = 10;
     let start = AUCKLAND_MIDNIGHT - lead;
     let (gw, t0) = gateway(&store, &cfg, &up, start).await;
     for (key, midnight) in [(KIWI_KEY, AUCKLAND_MIDNIGHT), (LA_KEY, LA_MIDNIGHT)] {
