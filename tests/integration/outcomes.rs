@@ -582,8 +582,20 @@ const TABLE_KINDS: [(&str, &str, &str, Option<&str>); 10] = [
 /// scope `user` from `X-User`.
 fn kind_config(store: &str, upstream: &str, kind: &str) -> String {
     let table = "per_hour = 3\ncount_on = [\"401\"]";
-    let inline = "per_hour = 3, count_on = [\"401\"]";
-    let kind = kind.replace("{T}", table).replace("{I}", inline);
+    kind_config_with(store, upstream, kind, table, "")
+}
+
+/// As `kind_config`, with `table` (newline-separated `key = value` lines) in the table of
+/// `kind` and `route_extra` lines on the route.
+fn kind_config_with(
+    store: &str,
+    upstream: &str,
+    kind: &str,
+    table: &str,
+    route_extra: &str,
+) -> String {
+    let inline = table.replace('\n', ", ");
+    let kind = kind.replace("{T}", table).replace("{I}", &inline);
     let (top, route) = match kind.strip_prefix("[routes.") {
         Some(_) => (String::new(), kind.clone()),
         None => (kind.clone(), String::new()),
@@ -591,7 +603,7 @@ fn kind_config(store: &str, upstream: &str, kind: &str) -> String {
     let tier = if top.contains("[tiers.t]") {
         ""
     } else {
-        "[tiers.t]\nkey = { per_hour = 1000 }\n"
+        "[tiers.t]\nkey = { per_hour = 1000000 }\n"
     };
     format!(
         r#"{store}
@@ -608,9 +620,10 @@ tier = "t"
 
 [[routes]]
 name = "login"
-path_prefix = "/login"
+path_prefix = "/"
 upstreams = ["{upstream}"]
 auth = "optional"
+{route_extra}
 
 {route}
 "#
@@ -685,4 +698,65 @@ async fn a_check_counts_in_a_count_on_table() {
         assert_eq!(check().await.unwrap().status(), 200, "check {i}");
     }
     assert_eq!(check().await.unwrap().status(), 429);
+}
+
+/// `cost_from` settles every kind of table the request was admitted on: a 10000-byte
+/// daily quota in each table kind, 3000-byte responses reserving 1000: three pass and
+/// settle (9000), the fourth fits its reserve and settles past the quota (12000), and
+/// from then on the table refuses, on the memory store at once, on Redis with leases
+/// as soon as the settle is in (a settle is a script call after the response).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cost_from_settles_every_table_kind_on_every_store() {
+    let redis = RedisServer::start().await;
+    let up = LoginUpstream::start().await;
+    let table = "per_day = 10000\nalgorithm = \"fixed_window\"";
+    let route = "cost = 1000\ncost_from = \"response_bytes\"";
+    for (n, (label, kind, scope, route_name)) in TABLE_KINDS.into_iter().enumerate() {
+        let redis = redis_store(&redis, "lease_ms = 60000").replace(
+            "key_prefix = \"outcomes\"",
+            &format!("key_prefix = \"bytekinds{n}\""),
+        );
+        for (store, body) in [("memory", ""), ("redis", redis.as_str())] {
+            let label = format!("{label} on {store}");
+            let body = kind_config_with(body, &up.addr.to_string(), kind, table, route);
+            let gw = Gateway::start(&body, None).await;
+            let get = |path: String| {
+                client()
+                    .get(gw.url(&path))
+                    .header("x-api-key", "key-one-secret")
+                    .header("x-user", "u1")
+                    .send()
+            };
+            for i in 0..4 {
+                let r = get("/bytes/3000".into()).await.unwrap();
+                assert_eq!(r.status(), 200, "{label}: response {i}");
+                assert_eq!(r.bytes().await.unwrap().len(), 3000, "{label}");
+            }
+            let extra = std::sync::atomic::AtomicU32::new(0);
+            let refused = crate::support::eventually(
+                Duration::from_secs(5),
+                "the settled table to refuse",
+                || {
+                    let r = get("/bytes/1".into());
+                    let extra = &extra;
+                    async move {
+                        let r = r.await.ok()?;
+                        if r.status() == 429 {
+                            return Some(r);
+                        }
+                        extra.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        None
+                    }
+                },
+            )
+            .await;
+            let want = (scope.to_string(), route_name.map(str::to_string), 10_000);
+            assert_eq!(refused_by(refused).await, want, "{label}");
+            let extra = extra.into_inner();
+            eprintln!("{label}: {extra} admitted after the quota was spent");
+            if store == "memory" {
+                assert_eq!(extra, 0, "{label}: admitted after the quota was spent");
+            }
+        }
+    }
 }
