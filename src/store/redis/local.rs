@@ -12,8 +12,11 @@
 //!   part of each window's remaining quota to this gateway (charged in Redis at once, at
 //!   most half of what remains, none below 2 tokens; see `lua/check.lua`). While every
 //!   window a request needs holds enough leased tokens, it is admitted here (a peek is
-//!   answered from them too, spending nothing), and a refund of a fixed window paid from
-//!   a lease in hand goes back to it (`refund`). The size
+//!   answered from them too, spending nothing). A refund of a fixed or sliding window
+//!   paid from a lease in hand goes back to it (`refund`), and a debt (a settled cost
+//!   above the reserve) is spent from the leases in hand when they hold it, else ends
+//!   them in the settle call (`debit`): `count_on` and `cost_from` cost no round trip
+//!   while the leases last. The size
 //!   follows the identity's local rate over the lease length. Unused tokens go back when
 //!   a lease expires (`expired`) or at shutdown (`drain`), or with the next call for that
 //!   window.
@@ -404,11 +407,19 @@ impl Local {
 
     /// Gives `back` refunded tokens of a request of `s` charged at `granted_at` (its
     /// `decided_at`) to the leases in hand granted then (the one that paid it, or the one
-    /// its call took): `true` when every window of `s` is a fixed window holding one;
-    /// else nothing changes and the refund is Redis's. Redis ends with the same count
-    /// (leftovers go back), but the remaining the lease reports counts the refund.
+    /// its call took): `true` when every window of `s` is a fixed or sliding window
+    /// holding one; else nothing changes and the refund is Redis's. Redis ends with the
+    /// same count (leftovers go back to the window the lease was charged in, which is
+    /// where Redis's refund of a request charged then goes: `curr`, or `prev` once the
+    /// state moved on), but the remaining the lease reports counts the refund. A bucket
+    /// or a log refunds by time (refill, entries), so theirs are Redis's.
     pub fn refund(&self, s: &ScopeCheck<'_>, granted_at: u64, back: u32, now: u64) -> bool {
-        let fixed = |w: &WindowLimit| w.algorithm == Algorithm::FixedWindow;
+        let fixed = |w: &WindowLimit| {
+            matches!(
+                w.algorithm,
+                Algorithm::FixedWindow | Algorithm::SlidingWindow
+            )
+        };
         if granted_at == 0 || back == 0 || !s.limits.windows.iter().all(fixed) {
             return false;
         }

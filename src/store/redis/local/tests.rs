@@ -575,3 +575,44 @@ fn a_debt_spends_the_lease_or_ends_it() {
     let none = local.debit(s, 3, 10_400).unwrap_err();
     assert!(none.iter().all(|a| a.from.granted == 0 && a.ret == 0));
 }
+
+/// A refund of a request paid from a lease goes back to that lease for fixed and
+/// sliding windows (no call), and is Redis's for a bucket or a log.
+#[test]
+fn refunds_go_back_to_the_lease_of_counting_windows() {
+    for (alg, local_refund) in [
+        (Algorithm::FixedWindow, true),
+        (Algorithm::SlidingWindow, true),
+        (Algorithm::TokenBucket, false),
+        (Algorithm::SlidingLog, false),
+        (Algorithm::LeakyBucket, false),
+    ] {
+        let local = Local::new(1_000);
+        let mut l = limits(100, Admission::Auto);
+        l.windows = vec![WindowLimit::with_algorithm(Window::Minute, 100, alg)];
+        let c = check(&l, 1);
+        local.record(
+            &c.scopes,
+            1,
+            &[decision(true, 50, 0)],
+            &[grant(2, 1_500)],
+            10_000,
+            500,
+        );
+        let Outcome::Leased(v) = local.decide(&c, 10_100) else {
+            panic!("{alg:?}: not leased")
+        };
+        let at = v.decided_at.of(0);
+        assert_eq!(
+            local.refund(&c.scopes[0], at, 1, 10_200),
+            local_refund,
+            "{alg:?}"
+        );
+        // Refunded: the lease pays two more; else one.
+        let mut paid = 0;
+        while let Outcome::Leased(_) = local.decide(&c, 10_300) {
+            paid += 1;
+        }
+        assert_eq!(paid, if local_refund { 2 } else { 1 }, "{alg:?}");
+    }
+}
