@@ -293,7 +293,9 @@ async fn claim_key_limit_is_shared_by_two_gateways() {
         file.display()
     );
     let extra = format!(
-        "[tiers.five]\nkey = {{ per_hour = 5, admission = \"exact\" }}\n\n[store]\nbackend = \"redis\"\nurl = \"{}\"",
+        // A generous store deadline: under a loaded test run a 25 ms call can time out,
+        // and the local fallback would divide the limit between the two gateways.
+        "[tiers.five]\nkey = {{ per_hour = 5, admission = \"exact\" }}\n\n[store]\nbackend = \"redis\"\nurl = \"{}\"\ntimeout_ms = 2000",
         redis.url()
     );
     let cfg = body(&table, &extra);

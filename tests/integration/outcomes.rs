@@ -534,3 +534,229 @@ fn the_tower_layer_refuses_cost_from() {
     );
     assert!(e.to_string().contains("route \"files\": cost_from"), "{e}");
 }
+
+// === count_on in every table kind, on every store ===
+
+/// Where a `count_on` table can be: (label, the TOML that puts `per_hour = 3,
+/// count_on = ["401"]` there, the 429's `scope`, its `route`).
+const TABLE_KINDS: [(&str, &str, &str, Option<&str>); 10] = [
+    ("[limits.ip]", "[limits.ip]\n{T}\n", "ip", None),
+    ("[limits.global]", "[limits.global]\n{T}\n", "global", None),
+    ("[limits.user]", "[limits.user]\n{T}\n", "user", None),
+    ("tier key", "[tiers.t]\nkey = { {I} }\n", "key", None),
+    (
+        "tier tenant",
+        "[tiers.t]\ntenant = { {I} }\n",
+        "tenant",
+        None,
+    ),
+    ("route ip", "[routes.limits.ip]\n{T}\n", "ip", Some("login")),
+    (
+        "route key",
+        "[routes.limits.key]\n{T}\n",
+        "key",
+        Some("login"),
+    ),
+    (
+        "route tenant",
+        "[routes.limits.tenant]\n{T}\n",
+        "tenant",
+        Some("login"),
+    ),
+    (
+        "route global",
+        "[routes.limits.global]\n{T}\n",
+        "global",
+        Some("login"),
+    ),
+    (
+        "route user",
+        "[routes.limits.user]\n{T}\n",
+        "user",
+        Some("login"),
+    ),
+];
+
+/// A gateway config with the `count_on` table of `kind` (a `TABLE_KINDS` entry's TOML):
+/// one route `/login` (key optional), a key `k1` of tenant `acme` in tier `t`, a custom
+/// scope `user` from `X-User`.
+fn kind_config(store: &str, upstream: &str, kind: &str) -> String {
+    let table = "per_hour = 3\ncount_on = [\"401\"]";
+    kind_config_with(store, upstream, kind, table, "")
+}
+
+/// As `kind_config`, with `table` (newline-separated `key = value` lines) in the table of
+/// `kind` and `route_extra` lines on the route.
+fn kind_config_with(
+    store: &str,
+    upstream: &str,
+    kind: &str,
+    table: &str,
+    route_extra: &str,
+) -> String {
+    let inline = table.replace('\n', ", ");
+    let kind = kind.replace("{T}", table).replace("{I}", &inline);
+    let (top, route) = match kind.strip_prefix("[routes.") {
+        Some(_) => (String::new(), kind.clone()),
+        None => (kind.clone(), String::new()),
+    };
+    let tier = if top.contains("[tiers.t]") {
+        ""
+    } else {
+        "[tiers.t]\nkey = { per_hour = 1000000 }\n"
+    };
+    format!(
+        r#"{store}
+[scopes.user]
+from = "header:X-User"
+
+{top}
+{tier}
+[[keys]]
+id = "k1"
+key = "key-one-secret"
+tenant = "acme"
+tier = "t"
+
+[[routes]]
+name = "login"
+path_prefix = "/"
+upstreams = ["{upstream}"]
+auth = "optional"
+{route_extra}
+
+{route}
+"#
+    )
+}
+
+/// Six successes never count, three failures do, the next request (a failure or a
+/// success) is that table's 429.
+async fn kind_counts_failures_only(gw: &Gateway, label: &str, scope: &str, route: Option<&str>) {
+    let get = |path: &str| {
+        client()
+            .get(gw.url(path))
+            .header("x-api-key", "key-one-secret")
+            .header("x-user", "u1")
+            .send()
+    };
+    for i in 0..6 {
+        assert_eq!(
+            get("/login/200").await.unwrap().status(),
+            200,
+            "{label}: success {i}"
+        );
+    }
+    for i in 0..3 {
+        assert_eq!(
+            get("/login/401").await.unwrap().status(),
+            401,
+            "{label}: failure {i}"
+        );
+    }
+    for path in ["/login/401", "/login/200"] {
+        let r = get(path).await.unwrap();
+        let got = refused_by(r).await;
+        let want = (scope.to_string(), route.map(str::to_string), 3);
+        assert_eq!(got, want, "{label}: {path} after three failures");
+    }
+}
+
+/// `count_on` works in every kind of table it can appear in (global, custom, tier key
+/// and tenant, and each of a route's tables), on the memory store and on Redis with
+/// leases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn count_on_works_in_every_table_kind_on_every_store() {
+    let redis = RedisServer::start().await;
+    let up = LoginUpstream::start().await;
+    for (n, (label, kind, scope, route)) in TABLE_KINDS.into_iter().enumerate() {
+        let redis = redis_store(&redis, "lease_ms = 60000").replace(
+            "key_prefix = \"outcomes\"",
+            &format!("key_prefix = \"kinds{n}\""),
+        );
+        for (store, body) in [("memory", ""), ("redis", redis.as_str())] {
+            let gw = Gateway::start(&kind_config(body, &up.addr.to_string(), kind), None).await;
+            kind_counts_failures_only(&gw, &format!("{label} on {store}"), scope, route).await;
+        }
+    }
+}
+
+/// The decision API sees no outcome: an admitted `POST /v1/check` counts in a
+/// `count_on` table (three checks fill a table of three; the fourth is refused).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_check_counts_in_a_count_on_table() {
+    let up = LoginUpstream::start().await;
+    let body = kind_config("", &up.addr.to_string(), TABLE_KINDS[0].1);
+    let gw = Gateway::start(&body, None).await;
+    let check = || {
+        client()
+            .post(gw.admin_url("/v1/check"))
+            .json(&serde_json::json!({"ip": "198.51.100.9"}))
+            .send()
+    };
+    for i in 0..3 {
+        assert_eq!(check().await.unwrap().status(), 200, "check {i}");
+    }
+    assert_eq!(check().await.unwrap().status(), 429);
+}
+
+/// `cost_from` settles every kind of table the request was admitted on: a 10000-byte
+/// daily quota in each table kind, 3000-byte responses reserving 1000: three pass and
+/// settle (9000), the fourth fits its reserve and settles past the quota (12000), and
+/// from then on the table refuses, on the memory store at once, on Redis with leases
+/// as soon as the settle is in (a settle is a script call after the response).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cost_from_settles_every_table_kind_on_every_store() {
+    let redis = RedisServer::start().await;
+    let up = LoginUpstream::start().await;
+    let table = "per_day = 10000\nalgorithm = \"fixed_window\"";
+    let route = "cost = 1000\ncost_from = \"response_bytes\"";
+    for (n, (label, kind, scope, route_name)) in TABLE_KINDS.into_iter().enumerate() {
+        let redis = redis_store(&redis, "lease_ms = 60000").replace(
+            "key_prefix = \"outcomes\"",
+            &format!("key_prefix = \"bytekinds{n}\""),
+        );
+        for (store, body) in [("memory", ""), ("redis", redis.as_str())] {
+            let label = format!("{label} on {store}");
+            let body = kind_config_with(body, &up.addr.to_string(), kind, table, route);
+            let gw = Gateway::start(&body, None).await;
+            let get = |path: String| {
+                client()
+                    .get(gw.url(&path))
+                    .header("x-api-key", "key-one-secret")
+                    .header("x-user", "u1")
+                    .send()
+            };
+            for i in 0..4 {
+                let r = get("/bytes/3000".into()).await.unwrap();
+                assert_eq!(r.status(), 200, "{label}: response {i}");
+                assert_eq!(r.bytes().await.unwrap().len(), 3000, "{label}");
+            }
+            let extra = std::sync::atomic::AtomicU32::new(0);
+            let refused = crate::support::eventually(
+                Duration::from_secs(5),
+                "the settled table to refuse",
+                || {
+                    let r = get("/bytes/1".into());
+                    let extra = &extra;
+                    async move {
+                        let r = r.await.ok()?;
+                        if r.status() == 429 {
+                            return Some(r);
+                        }
+                        extra.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        None
+                    }
+                },
+            )
+            .await;
+            let want = (scope.to_string(), route_name.map(str::to_string), 10_000);
+            assert_eq!(refused_by(refused).await, want, "{label}");
+            let extra = extra.into_inner();
+            eprintln!("{label}: {extra} admitted after the quota was spent");
+            if store == "memory" {
+                assert_eq!(extra, 0, "{label}: admitted after the quota was spent");
+            }
+        }
+    }
+}

@@ -445,13 +445,44 @@ impl RedisStore {
         (rest.scopes.len() < check.scopes.len()).then_some((rest, at))
     }
 
+    /// A debt's scopes whose leases in hand hold it are charged there (`Local::debit`);
+    /// the others are settled in Redis (the rest of `check`, with its times), each
+    /// giving its ended leases back in the same call.
+    fn settle_debt(&self, check: &Check<'_>, delta: i64, decided_at: DecidedAt) {
+        let Some(local) = self.local.as_ref() else {
+            return self.spawn_settle(check, delta, decided_at, None);
+        };
+        let debt = delta.unsigned_abs();
+        let now = self.local_now();
+        let mut rest = check.clone();
+        rest.scopes.clear();
+        let mut at = DecidedAt::default();
+        let mut returns = Vec::new();
+        for (i, s) in check.scopes.iter().enumerate() {
+            if let Err(ended) = local.debit(s, debt, now) {
+                at.add(rest.scopes.len(), decided_at.of(i));
+                rest.scopes.push(s.clone());
+                returns.push(ended);
+            }
+        }
+        if !rest.scopes.is_empty() {
+            self.spawn_settle(&rest, delta, at, Some(&returns));
+        }
+    }
+
     /// Spawns the 'settle' calls of `check` (see `LimitStore::settle`): one on a single
     /// node or behind Sentinel, one per scope (one slot each) on Cluster, each within
     /// the deadline and counted as a store call. Built here, synchronously, so the task
     /// owns everything it sends. Skipped without a connection (none was made, or it was
     /// dropped after an error) or outside a Tokio runtime: the settle is lost, as a
     /// failed call's would be.
-    fn spawn_settle(&self, check: &Check<'_>, delta: i64, decided_at: DecidedAt) {
+    fn spawn_settle(
+        &self,
+        check: &Check<'_>,
+        delta: i64,
+        decided_at: DecidedAt,
+        returns: Option<&[smallvec::SmallVec<[wire::LeaseArgs; 2]>]>,
+    ) {
         let Some(conn) = self.conn.load_full() else {
             tracing::debug!("settle skipped: no connection to Redis");
             return;
@@ -460,15 +491,14 @@ impl RedisStore {
             return;
         };
         let now = self.now_arg();
-        let settle = |scopes: &[ScopeCheck<'_>], decided_at: DecidedAt| {
-            wire::settle_command(
+        let settle = |scopes: &[ScopeCheck<'_>], decided_at: DecidedAt, leases| {
+            wire::settle_returning(
                 self.script.get_hash(),
-                &now,
-                check.cost,
-                delta,
+                (&now, check.cost, delta),
                 decided_at,
                 &self.prefix,
                 scopes,
+                leases,
             )
         };
         let cmds: Vec<redis::Cmd> = if matches!(*conn, Conn::Cluster(_)) {
@@ -478,10 +508,13 @@ impl RedisStore {
                 .scopes
                 .iter()
                 .enumerate()
-                .map(|(i, s)| settle(std::slice::from_ref(s), one(i)))
+                .map(|(i, s)| {
+                    let leases = returns.and_then(|r| r.get(i..=i));
+                    settle(std::slice::from_ref(s), one(i), leases)
+                })
                 .collect()
         } else {
-            vec![settle(&check.scopes, decided_at)]
+            vec![settle(&check.scopes, decided_at, returns)]
         };
         for _ in &cmds {
             self.count_call();
@@ -537,9 +570,12 @@ impl LimitStore for RedisStore {
         if delta == 0 || check.is_empty() || check.peek {
             return;
         }
+        if delta > 0 {
+            return self.settle_debt(check, delta, decided_at);
+        }
         match self.refund_leased(check, delta, decided_at) {
-            None => self.spawn_settle(check, delta, decided_at),
-            Some((rest, at)) if !rest.is_empty() => self.spawn_settle(&rest, delta, at),
+            None => self.spawn_settle(check, delta, decided_at, None),
+            Some((rest, at)) if !rest.is_empty() => self.spawn_settle(&rest, delta, at, None),
             Some(_) => {}
         }
     }

@@ -319,7 +319,24 @@ pub fn settle_command(
     prefix: &str,
     scopes: &[ScopeCheck<'_>],
 ) -> redis::Cmd {
-    let at = move |i: usize, _| (decided_at.of(i), LeaseArgs::default());
+    settle_returning(sha, (now, cost, delta), decided_at, prefix, scopes, None)
+}
+
+/// As [`settle_command`], ending leases in the same call: `leases` (per scope, per
+/// window, like `scopes`) name the leftovers to give back before the settle (a debt
+/// the leases in hand could not hold: see `Local::debit`).
+pub fn settle_returning(
+    sha: &str,
+    (now, cost, delta): (&str, u32, i64),
+    decided_at: DecidedAt,
+    prefix: &str,
+    scopes: &[ScopeCheck<'_>],
+    leases: Option<&[smallvec::SmallVec<[LeaseArgs; 2]>]>,
+) -> redis::Cmd {
+    let at = move |i: usize, j: usize| {
+        let l = leases.and_then(|l| l.get(i)).and_then(|l| l.get(j));
+        (decided_at.of(i), l.copied().unwrap_or_default())
+    };
     let header = (now, cost, Mode::Settle);
     evalsha(sha, prefix, header, delta, scope_windows(scopes, at))
 }

@@ -520,3 +520,99 @@ fn the_expiry_pass_collects_what_is_due_only() {
     let second: Vec<u64> = local.expired(13_500).iter().map(|r| r.lease.ret).collect();
     assert_eq!(second, vec![7]);
 }
+
+/// A debt is charged to the lease in hand when it holds it (the next admissions see
+/// fewer tokens); a debt it cannot hold ends the lease and names its leftovers for the
+/// settle call to give back, so nothing more is admitted on it.
+#[test]
+fn a_debt_spends_the_lease_or_ends_it() {
+    let local = Local::new(1_000);
+    let l = limits(100, Admission::Auto);
+    let c = check(&l, 1);
+    // 10 tokens until 11_000 on our clock.
+    local.record(
+        &c.scopes,
+        1,
+        &[decision(true, 50, 0)],
+        &[grant(10, 1_500)],
+        10_000,
+        500,
+    );
+    let s = &c.scopes[0];
+    assert_eq!(local.debit(s, 4, 10_100), Ok(()), "held");
+    for remaining in [45, 44, 43, 42, 41, 40] {
+        let Outcome::Leased(v) = local.decide(&c, 10_200) else {
+            panic!("6 of the 10 tokens are left")
+        };
+        assert_eq!(v.governing.unwrap().decision.remaining, remaining);
+    }
+    assert_eq!(
+        local.decide(&c, 10_200),
+        Outcome::Remote,
+        "spent by the debt"
+    );
+    // A new lease of 10; a debt of 11 ends it: its 10 tokens go back with the settle.
+    local.record(
+        &c.scopes,
+        1,
+        &[decision(true, 50, 0)],
+        &[grant(10, 1_500)],
+        10_000,
+        500,
+    );
+    let ended = local.debit(s, 11, 10_300).unwrap_err();
+    assert_eq!(
+        (ended[0].ret, ended[0].from),
+        (10, grant(10, 1_500)),
+        "the leftovers named"
+    );
+    assert_eq!(
+        local.decide(&c, 10_300),
+        Outcome::Remote,
+        "nothing admitted on it"
+    );
+    // No lease in hand: the whole debt is Redis's, nothing to give back.
+    let none = local.debit(s, 3, 10_400).unwrap_err();
+    assert!(none.iter().all(|a| a.from.granted == 0 && a.ret == 0));
+}
+
+/// A refund of a request paid from a lease goes back to that lease for fixed and
+/// sliding windows (no call), and is Redis's for a bucket or a log.
+#[test]
+fn refunds_go_back_to_the_lease_of_counting_windows() {
+    for (alg, local_refund) in [
+        (Algorithm::FixedWindow, true),
+        (Algorithm::SlidingWindow, true),
+        (Algorithm::TokenBucket, false),
+        (Algorithm::SlidingLog, false),
+        (Algorithm::LeakyBucket, false),
+    ] {
+        let local = Local::new(1_000);
+        let mut l = limits(100, Admission::Auto);
+        l.windows = vec![WindowLimit::with_algorithm(Window::Minute, 100, alg)];
+        let c = check(&l, 1);
+        local.record(
+            &c.scopes,
+            1,
+            &[decision(true, 50, 0)],
+            &[grant(2, 1_500)],
+            10_000,
+            500,
+        );
+        let Outcome::Leased(v) = local.decide(&c, 10_100) else {
+            panic!("{alg:?}: not leased")
+        };
+        let at = v.decided_at.of(0);
+        assert_eq!(
+            local.refund(&c.scopes[0], at, 1, 10_200),
+            local_refund,
+            "{alg:?}"
+        );
+        // Refunded: the lease pays two more; else one.
+        let mut paid = 0;
+        while let Outcome::Leased(_) = local.decide(&c, 10_300) {
+            paid += 1;
+        }
+        assert_eq!(paid, if local_refund { 2 } else { 1 }, "{alg:?}");
+    }
+}
