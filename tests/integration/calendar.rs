@@ -2,7 +2,7 @@
 //! (`THROTTLE_CLOCK_START_MS`): days at local midnight across both DST changes (23 and 25
 //! hours), a quota spent before local midnight admitted again right after it, months
 //! ending on the last day (February of 2027 and of the leap year 2028), a billing anchor
-//! on the 15th, and tenants in Pacific/Auckland and America/Los_Angeles resetting at
+//! on the 15th, Monday weeks (in UTC without a zone), and tenants in Pacific/Auckland and America/Los_Angeles resetting at
 //! their own midnights (`[[tenants]]`, and the tenants table's columns through the admin
 //! API). `X-RateLimit-Reset`, `Retry-After`, the 429 body's `retry_after`, the IETF
 //! `w`, and `/v1/usage` all name the exact instant. On the memory store and on a private
@@ -261,9 +261,38 @@ const ANCHORED: [(u64, u64, u64); 2] = [
     (1_778_407_200, 1_778_796_000, 30 * 86_400),
 ];
 
+/// Weeks: (config, clock start, the week's end, its length in s).
+const WEEKS: [(&str, u64, u64, u64); 2] = [
+    // Without calendar_tz a Monday week in UTC: Wednesday 2026-03-04 12:00 UTC; the week
+    // ends Monday 2026-03-09 00:00:00 UTC (an epoch week would end on a Thursday).
+    ("per_week = 1", 1_772_625_600, 1_773_014_400, 604_800),
+    // In Berlin across the spring change: Wednesday 2026-03-25 12:00 UTC; the week ends
+    // Monday 2026-03-30 00:00 CEST = 2026-03-29 22:00 UTC, one hour short of 7 days.
+    (
+        "per_week = 1\ncalendar_tz = \"Europe/Berlin\"",
+        1_774_440_000,
+        1_774_821_600,
+        604_800 - 3_600,
+    ),
+];
+
+/// A Monday week ends at Monday's midnight (UTC without a zone, local with one).
+async fn weeks(store: &Store, up: &Upstream) {
+    for (table, start, end, len) in WEEKS {
+        let (gw, t0) = gateway(store, &ip_config(table), up, start).await;
+        let s = get(&gw, None).await;
+        assert_eq!((s.status, s.reset), (200, end), "{table}: {s:?}");
+        assert!(
+            s.policy.contains(&format!("\"ip-1w\";q=1;w={len}")),
+            "{table}: {s:?}"
+        );
+        assert_points_at(&get(&gw, None).await, end, start, t0);
+    }
+}
+
 /// A month ends at local midnight after its last day (January 31; February 28, and 29
 /// in 2028); with `billing_anchor_day = 15` the period ends at local midnight starting
-/// the 15th.
+/// the 15th. Then the weeks.
 async fn months(store: Store) {
     let up = Upstream::start("u").await;
     let plain = ip_config("per_month = 1\ncalendar_tz = \"Europe/Berlin\"");
@@ -283,15 +312,16 @@ async fn months(store: Store) {
         );
         assert_points_at(&get(&gw, None).await, end, start, t0);
     }
+    weeks(&store, &up).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn months_end_on_their_last_day_and_on_the_anchor_memory() {
+async fn months_and_weeks_end_on_their_calendar_edges_memory() {
     months(Store::Memory).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn months_end_on_their_last_day_and_on_the_anchor_redis() {
+async fn months_and_weeks_end_on_their_calendar_edges_redis() {
     months(Store::redis().await).await;
 }
 
