@@ -273,7 +273,7 @@ fn check(case: &Case) -> Figures {
 
 fn cases() -> Vec<Case> {
     let mut all = Vec::new();
-    for window_ms in [1_000, 60_000] {
+    for window_ms in [1_000, 12_000, 60_000] {
         for limit in [10, 100, 6_000] {
             for split in [[80, 10, 10], [34, 33, 33]] {
                 for delays in [[5, 5, 5], [50, 50, 50], [150, 150, 150], [5, 50, 150]] {
