@@ -97,6 +97,8 @@ mod state;
 mod sync;
 
 #[cfg(test)]
+mod adversary;
+#[cfg(test)]
 mod sim;
 #[cfg(test)]
 mod tests;

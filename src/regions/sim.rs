@@ -11,20 +11,22 @@ use std::collections::VecDeque;
 use super::{take_ack, Ack, Links, Params, SyncWrite, Verdict, WindowState};
 use super::{DEFAULT_PARTITION_MS, DEFAULT_SYNC_MS, DEFAULT_UNSYNCED_PPM};
 
-const R: usize = 3;
-const SYNC_MS: u64 = DEFAULT_SYNC_MS;
+pub(super) const R: usize = 3;
+pub(super) const SYNC_MS: u64 = DEFAULT_SYNC_MS;
 const RUN_MS: u64 = 180_000;
 /// Region 3 (index 2) is cut off from both others over `[CUT.0, CUT.1)`.
 const CUT: (u64, u64) = (60_500, 90_500);
 
 #[derive(Debug, Clone, Copy)]
-struct Case {
+pub(super) struct Case {
     window_ms: u64,
     limit: u64,
     /// Each region's share of the attack, in percent.
     split: [u64; R],
     /// One-way delays (ms): 1-2, 1-3, 2-3.
     delays: [u64; 3],
+    /// Attack arrivals not yet whole, per region (numerator over `100 x window_ms`).
+    carry: [u64; R],
 }
 
 impl Case {
@@ -58,6 +60,55 @@ impl Case {
     }
 }
 
+/// What a simulated run is made of: the limit, the links and the attack.
+pub(super) trait World {
+    fn window_ms(&self) -> u64;
+    fn params(&self) -> Params;
+    fn run_ms(&self) -> u64;
+    /// The one-way delay of a message sent at `t` from `from` to `to`.
+    fn delay(&mut self, t: u64, from: usize, to: usize) -> u64;
+    /// Whether the link between `a` and `b` passes nothing at `t`.
+    fn cut(&self, t: u64, a: usize, b: usize) -> bool;
+    /// The requests (cost 1) reaching `region` in the ms at `t`.
+    fn arrivals(&mut self, t: u64, region: usize) -> u64;
+    /// When to take the true counts and time how long each region takes to see them.
+    fn heal_at(&self) -> Option<u64>;
+}
+
+impl World for Case {
+    fn window_ms(&self) -> u64 {
+        self.window_ms
+    }
+
+    fn params(&self) -> Params {
+        Case::params(self)
+    }
+
+    fn run_ms(&self) -> u64 {
+        RUN_MS
+    }
+
+    fn delay(&mut self, _: u64, from: usize, to: usize) -> u64 {
+        Case::delay(self, from, to)
+    }
+
+    fn cut(&self, t: u64, a: usize, b: usize) -> bool {
+        (a == 2 || b == 2) && (CUT.0..CUT.1).contains(&t)
+    }
+
+    fn arrivals(&mut self, _: u64, region: usize) -> u64 {
+        let over = 100 * self.window_ms;
+        self.carry[region] += 10 * self.limit * self.split[region];
+        let n = self.carry[region] / over;
+        self.carry[region] %= over;
+        n
+    }
+
+    fn heal_at(&self) -> Option<u64> {
+        Some(CUT.1)
+    }
+}
+
 #[derive(Debug, Clone, Copy)]
 enum Msg {
     Write(SyncWrite),
@@ -67,22 +118,20 @@ enum Msg {
 struct Region {
     links: Links,
     state: WindowState,
-    /// Attack arrivals not yet whole (numerator over `100 x window_ms`).
-    carry: u64,
 }
 
 /// What one run measured.
 #[derive(Debug, Default)]
-struct Outcome {
+pub(super) struct Outcome {
     /// Admitted per window.
-    admitted: Vec<u64>,
+    pub(super) admitted: Vec<u64>,
     /// Per (seeing region, seen region): ms after the heal until the count the seen region
     /// had at the heal was known (None: never within the window).
-    heal_lag: [[Option<u64>; R]; R],
+    pub(super) heal_lag: [[Option<u64>; R]; R],
 }
 
-struct Sim {
-    case: Case,
+pub(super) struct Sim<W: World> {
+    world: W,
     params: Params,
     regions: Vec<Region>,
     /// In-flight messages per directed link `from * R + to`, in delivery order.
@@ -92,26 +141,22 @@ struct Sim {
     at_heal: Option<(u64, [u64; R])>,
 }
 
-fn cut(t: u64, a: usize, b: usize) -> bool {
-    (a == 2 || b == 2) && (CUT.0..CUT.1).contains(&t)
-}
-
-impl Sim {
-    fn new(case: Case) -> Self {
+impl<W: World> Sim<W> {
+    pub(super) fn new(world: W) -> Self {
         let regions = (0..R)
             .map(|i| Region {
                 links: Links::new(R, 0),
                 state: WindowState::new(i, R, 0),
-                carry: 0,
             })
             .collect();
+        let windows = world.run_ms().div_ceil(world.window_ms()) as usize;
         Self {
-            case,
-            params: case.params(),
+            params: world.params(),
+            world,
             regions,
             links: (0..R * R).map(|_| VecDeque::new()).collect(),
             out: Outcome {
-                admitted: vec![0; (RUN_MS / case.window_ms) as usize],
+                admitted: vec![0; windows],
                 ..Outcome::default()
             },
             at_heal: None,
@@ -119,9 +164,12 @@ impl Sim {
     }
 
     fn send(&mut self, t: u64, from: usize, to: usize, msg: Msg) {
-        if !cut(t, from, to) {
-            let at = t + self.case.delay(from, to);
-            self.links[from * R + to].push_back((at, msg));
+        if !self.world.cut(t, from, to) {
+            let queue = &mut self.links[from * R + to];
+            // One TCP connection per direction: what is sent later never arrives earlier.
+            let last = queue.back().map_or(0, |&(at, _)| at);
+            let at = (t + self.world.delay(t, from, to)).max(last);
+            queue.push_back((at, msg));
         }
     }
 
@@ -132,7 +180,7 @@ impl Sim {
                 let Some((_, msg)) = self.links[link].pop_front() else {
                     break;
                 };
-                if cut(t, from, to) {
+                if self.world.cut(t, from, to) {
                     continue;
                 }
                 let region = &mut self.regions[to];
@@ -160,15 +208,14 @@ impl Sim {
     }
 
     fn attack(&mut self, t: u64) {
-        let (w, window) = (self.case.window_ms, t / self.case.window_ms);
+        let w = self.world.window_ms();
+        let window = t / w;
         for i in 0..R {
+            let arrivals = self.world.arrivals(t, i);
             let region = &mut self.regions[i];
             if region.state.window() != window * w {
                 region.state = WindowState::new(i, R, window * w);
             }
-            region.carry += 10 * self.case.limit * self.case.split[i];
-            let arrivals = region.carry / (100 * w);
-            region.carry %= 100 * w;
             // Nothing changes the state between two requests of one ms but an admission,
             // so after the first refusal the rest of the ms is refused too.
             for _ in 0..arrivals {
@@ -181,27 +228,28 @@ impl Sim {
     }
 
     fn watch_heal(&mut self, t: u64) {
-        let window = t / self.case.window_ms * self.case.window_ms;
-        if t == CUT.1 {
+        let (w, heal) = (self.world.window_ms(), self.world.heal_at());
+        let window = t / w * w;
+        if heal == Some(t) {
             let counts = std::array::from_fn(|j| self.regions[j].state.own());
             self.at_heal = Some((window, counts));
         }
-        let Some((w, counts)) = self.at_heal.filter(|&(w, _)| w == window) else {
+        let (Some(heal), Some((_, counts))) = (heal, self.at_heal.filter(|&(at, _)| at == window))
+        else {
             return;
         };
-        debug_assert_eq!(w, window);
         for i in 0..R {
             for j in (0..R).filter(|&j| j != i) {
                 let lag = &mut self.out.heal_lag[i][j];
                 if lag.is_none() && self.regions[i].state.peer(j) >= counts[j] {
-                    *lag = Some(t - CUT.1);
+                    *lag = Some(t - heal);
                 }
             }
         }
     }
 
-    fn run(mut self) -> Outcome {
-        for t in 0..RUN_MS {
+    pub(super) fn run(mut self) -> Outcome {
+        for t in 0..self.world.run_ms() {
             self.deliver(t);
             self.tick(t);
             self.attack(t);
@@ -282,6 +330,7 @@ fn cases() -> Vec<Case> {
                         limit,
                         split,
                         delays,
+                        carry: [0; R],
                     });
                 }
             }

@@ -265,3 +265,75 @@ fn a_partition_declares_a_share_that_lasts_the_window() {
         ],
     );
 }
+
+/// Exchanges one write from `from` to `to` and its reply, delivered at `now`.
+fn sync_once(from: (&mut WindowState, &mut Links), to: &mut WindowState, now: u64) {
+    let ack = to.receive(&from.0.sync_write());
+    take_ack(from.1, from.0, &ack, now);
+}
+
+/// Admits cost-1 requests at `now` until one is refused; how many were admitted.
+fn admit_all(s: &mut WindowState, p: &Params, links: &Links, now: u64) -> u64 {
+    let mut n = 0;
+    while s.decide(p, links, now, 1) == Admit {
+        n += 1;
+    }
+    n
+}
+
+/// The worst case of the proof sketch, scripted: region 3 cut off from the start; region 1
+/// admits `b` the others never see before the cut, region 2 learns region 1's first `b`
+/// only after declaring, and region 1 admits `b` more between region 2's declaration and
+/// its own. What each declared region knew is then `2b` short within the group and `b`
+/// across the cut. With the budget kept back per live peer the fleet admits 305 <= 306;
+/// shares computed without it would let it admit 307.
+#[test]
+fn the_budget_kept_back_per_live_peer_is_what_keeps_the_worst_cut_in_bound() {
+    let p = Params::new(300, 3, DEFAULT_UNSYNCED_PPM, DEFAULT_PARTITION_MS);
+    assert_eq!((p.budget, p.bound()), (3, 306));
+    let mut s: Vec<WindowState> = (0..3).map(|i| WindowState::new(i, 3, 0)).collect();
+    let mut l: Vec<Links> = (0..3).map(|_| Links::new(3, 0)).collect();
+    let [s0, s1, s2] = &mut s[..] else {
+        unreachable!()
+    };
+    let [l0, l1, _] = &mut l[..] else {
+        unreachable!()
+    };
+
+    let early = s1.sync_write(); // region 2's count 0, acknowledged by region 1 at 500
+    assert_eq!(admit_all(s0, &p, l0, 0), 3);
+    let ack = s2.receive(&s0.sync_write()); // region 3 merges 3 before the cut...
+    take_ack(l0, s0, &ack, 50); // ...and region 1 hears of it at 50
+    assert_eq!(admit_all(s1, &p, l1, 0), 3);
+    assert_eq!(admit_all(s2, &p, &Links::new(3, 0), 0), 3);
+    let ack = s0.receive(&early);
+    take_ack(l1, s1, &ack, 500);
+
+    // 1000: regions 2 and 3 declare (region 3 at 0 + 1000 without acknowledgement).
+    let l2 = Links::new(3, 0);
+    assert_eq!(s1.decide(&p, l1, 1_000, 1), Unsynced { peer: 0 });
+    assert_eq!(s1.share(), Some(Share { base: 3, share: 98 })); // (300 - 3 - 3) / 3
+    assert_eq!(admit_all(s2, &p, &l2, 1_000), 98); // (300 - 6 - 0) / 3
+                                                   // 1001: region 2 learns region 1's first 3; region 1 admits 3 more before 1050.
+    sync_once((s0, l0), s1, 1_001);
+    assert_eq!(admit_all(s0, &p, l0, 1_010), 3);
+    assert_eq!(s0.decide(&p, l0, 1_050, 1), Unsynced { peer: 1 });
+    assert_eq!(s0.share(), Some(Share { base: 6, share: 97 })); // (300 - 6 - 3) / 3
+                                                                // Regions 1 and 2 spend their shares, syncing with each other.
+    for now in 1_051..1_200 {
+        sync_once((s0, l0), s1, now);
+        sync_once((s1, l1), s0, now);
+        admit_all(s0, &p, l0, now);
+        admit_all(s1, &p, l1, now);
+    }
+    let counts = [s0.own(), s1.own(), s2.own()];
+    assert_eq!(counts, [103, 101, 101]);
+    assert_eq!(counts.iter().sum::<u64>(), 305);
+    // The same schedule with shares that keep nothing back for live peers.
+    let without: u64 = [(6, 6), (3, 3), (3, 6)]
+        .iter()
+        .map(|&(own, merged)| own + Share::declare(&p, own, merged, 0).share)
+        .sum();
+    assert_eq!(without, 307);
+    assert!(without > p.bound());
+}
