@@ -119,3 +119,26 @@ async fn the_proxy_stops_on_drop() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn chunks_keep_their_order_through_the_delay() {
+    let (_redis, proxy) = redis_behind(20).await;
+    let mut s = TcpStream::connect(proxy.addr).await.unwrap();
+    let mut expected = Vec::new();
+    for i in 0..200 {
+        // One write per command, so the proxy sees many chunks in flight at once.
+        s.write_all(format!("ECHO e{i:03}\r\n").as_bytes())
+            .await
+            .unwrap();
+        expected.extend_from_slice(format!("$4\r\ne{i:03}\r\n").as_bytes());
+    }
+    let mut got = vec![0u8; expected.len()];
+    timeout(Duration::from_secs(10), s.read_exact(&mut got))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&got),
+        String::from_utf8_lossy(&expected)
+    );
+}
