@@ -14,7 +14,8 @@ use std::path::{Path, PathBuf};
 /// The layers, lowest first; a module may use modules of lower layers only.
 const LAYERS: &[&[&str]] = &[
     &["clock", "sharded"],
-    &["limiter"],
+    // `regions`: the cross-region rule as pure functions; it imports nothing of the gateway.
+    &["limiter", "regions"],
     &["adaptive"],
     // JWT verification: self-contained, it imports only `sharded` of the gateway; the config
     // builds its settings and identity reads its token shape.

@@ -10,7 +10,8 @@
 //!    verification: keys, JWKS refresh, the verified-token cache; of the gateway it
 //!    imports only `sharded`) and `descriptors` (envoyproxy/ratelimit's YAML descriptors,
 //!    loaded and matched; it imports nothing of the gateway), then `config`
-//!    (`gateway.toml`, validated once).
+//!    (`gateway.toml`, validated once). `regions` (one limit across regions: the rule,
+//!    the bound, the partition mode, as pure functions) sits beside `limiter`.
 //! 2. `metrics`, `client_ip` (trusted-proxy address resolution), `blocklist`, `bans`
 //!    (automatic temporary bans), `identity` (API key or JWT -> key id, tenant, tier),
 //!    `lifecycle` (connections and shutdown work), `demo` (the echo upstream), `top` (the
@@ -81,6 +82,7 @@ pub mod listener;
 pub mod metrics;
 pub mod otlp;
 pub mod proxy;
+pub mod regions;
 pub mod reload;
 pub mod reply;
 pub mod rls;

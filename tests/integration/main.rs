@@ -44,6 +44,7 @@ mod proxy_e2e;
 mod ratelimit_headers;
 mod ready;
 mod rediss;
+mod regions_harness;
 mod reload;
 mod request_edge;
 mod rls;

@@ -14,6 +14,7 @@ use tokio::time::Instant;
 use tempfile::TempDir;
 
 pub mod decoding;
+pub mod delay_proxy;
 pub mod jwt;
 pub mod nginx;
 pub mod postgres;
