@@ -1,7 +1,7 @@
 //! Tests of the lease table and the over-limit cache.
 
 use super::*;
-use crate::limiter::{Decision, Window};
+use crate::limiter::{Algorithm, Decision, Window};
 use crate::limiter::{OnFailure, ScopeLimits};
 
 fn limits(limit: u32, admission: Admission) -> ScopeLimits {
