@@ -91,8 +91,10 @@ pub struct Tables<'a> {
 pub struct Applied {
     entries: ArrayVec<Entry, MAX_SCOPES>,
     /// The entries' limits multiplied by the route's adaptive factor, by position (empty
-    /// when the factor is 1: the tables are read as configured).
-    scaled: ArrayVec<ScopeLimits, MAX_SCOPES>,
+    /// when the factor is 1: the tables are read as configured). A `Vec`, not inline:
+    /// an `Admission` is moved several times per request, and eight inline tables made
+    /// it 2 KB of copying each time for a copy only adaptive routes use.
+    scaled: Vec<ScopeLimits>,
     factor: Factor,
 }
 
@@ -163,7 +165,7 @@ impl Applied {
         }
         let mut applied = Applied {
             entries: list.entries,
-            scaled: ArrayVec::new(),
+            scaled: Vec::new(),
             factor,
         };
         applied.scale(tables);
@@ -273,13 +275,13 @@ impl Applied {
             return;
         }
         let factor = self.factor;
+        self.scaled.reserve_exact(self.entries.len());
         for e in &self.entries {
             let Some(l) = tables.get(e.table) else {
                 return; // unreachable: every entry was added with its table
             };
-            let _ = self
-                .scaled
-                .try_push(crate::limiter::scale::scaled(l, |n| factor.apply(n)));
+            self.scaled
+                .push(crate::limiter::scale::scaled(l, |n| factor.apply(n)));
         }
     }
 }
