@@ -216,8 +216,8 @@ outcome_run() { # NAME PATH IP-LINES KEY-FIELDS [ROUTE-LINES]
 if [[ $parts == *d* ]]; then
 count_on='count_on = ["401"]'
 fixed='algorithm = "fixed_window"'
-# The demo upstream's answer to these requests has a body of about BODY bytes: a reserve
-# of 1 unit (100 bytes) settles a debt; a reserve of 20 units (2,000 bytes), a refund.
+# The demo upstream's answer to these requests has a body of about 400 bytes (4 or 5
+# units of 100): a reserve of 1 unit settles a debt; a reserve of 20 units, a refund.
 debt=$'cost = 1\ncost_from = "response_bytes"\ncost_unit_bytes = 100'
 refund=$'cost = 20\ncost_from = "response_bytes"\ncost_unit_bytes = 100'
 outcome_run plain /bench "" ""
