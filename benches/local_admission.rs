@@ -3,19 +3,20 @@
 //!
 //! ```text
 //! local_admission --targets http://127.0.0.1:8080,... [--admins http://127.0.0.1:9090,...]
-//!                 --key NAME=RATE [--key NAME=RATE ...] --secs SECS
+//!                 --key NAME=RATE [--key NAME=RATE ...] --secs SECS [--path /bench]
 //! ```
 //!
 //! Each key sends RATE requests a second for SECS seconds (a fixed schedule: a request is
 //! sent at every tick whatever the previous ones are doing, at most 256 in flight per key),
-//! round-robin over the targets. Prints one JSON object: per key `sent`, `ok`, `limited`
-//! (429), `other`, `first_ms` / `last_ms` / `done_ms` (Unix ms of its first and last
-//! request and of its last answer);
+//! round-robin over the targets, to `--path` (default `/bench`; `throttle demo`'s upstream
+//! answers `/bench?status=401` with a 401). Prints one JSON object: per key `sent`, `ok`,
+//! `limited` (429), `other` (any other answer), `failed` (no answer), `first_ms` /
+//! `last_ms` / `done_ms` (Unix ms of its first and last request and of its last answer);
 //! `elapsed_secs`; and, with `--admins`, the change of every gateway's
 //! `throttle_store_calls_total`, `throttle_local_decisions_total`,
 //! `throttle_lease_tokens_returned_total` and `throttle_store_errors_total` over the run,
-//! summed. Without `--targets` (e.g.
-//! under a plain `cargo bench`) it prints how to run it and exits.
+//! summed. Without `--targets` (e.g. under a plain `cargo bench`) it prints how to run it
+//! and exits.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
@@ -54,6 +55,7 @@ struct Args {
     admins: Vec<String>,
     keys: Vec<(String, f64)>,
     secs: f64,
+    path: String,
 }
 
 #[derive(Default)]
@@ -62,6 +64,8 @@ struct Tally {
     ok: AtomicU64,
     limited: AtomicU64,
     other: AtomicU64,
+    /// No answer (a connection error or the 10 s timeout).
+    failed: AtomicU64,
     /// Unix ms of the first and the last request sent, and of the last answer.
     first_ms: AtomicU64,
     last_ms: AtomicU64,
@@ -78,6 +82,7 @@ fn args() -> Option<Args> {
         admins: Vec::new(),
         keys: Vec::new(),
         secs: 10.0,
+        path: "/bench".to_string(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -85,6 +90,7 @@ fn args() -> Option<Args> {
             "--targets" => a.targets = it.next()?.split(',').map(str::to_string).collect(),
             "--admins" => a.admins = it.next()?.split(',').map(str::to_string).collect(),
             "--secs" => a.secs = it.next()?.parse().ok()?,
+            "--path" => a.path = it.next()?,
             "--key" => {
                 let v = it.next()?;
                 let (name, rate) = v.split_once('=')?;
@@ -139,7 +145,7 @@ async fn run_key(
     for i in 0..n {
         tick.tick().await;
         let permit = inflight.clone().acquire_owned().await.unwrap();
-        let url = format!("{}/bench", targets[i as usize % targets.len()]);
+        let url = targets[i as usize % targets.len()].clone();
         let (c, k, t) = (client.clone(), key.clone(), tally.clone());
         if t.sent.fetch_add(1, Ordering::Relaxed) == 0 {
             t.first_ms.store(unix_ms(), Ordering::Relaxed);
@@ -156,6 +162,7 @@ async fn run_key(
             match status {
                 200 => &t.ok,
                 429 => &t.limited,
+                0 => &t.failed,
                 _ => &t.other,
             }
             .fetch_add(1, Ordering::Relaxed);
@@ -183,7 +190,9 @@ async fn main() {
         .build()
         .unwrap();
     let before = counters(&client, &a.admins).await;
-    let targets = Arc::new(a.targets.clone());
+    // Every request's URL: a target and the path.
+    let targets: Arc<Vec<String>> =
+        Arc::new(a.targets.iter().map(|t| format!("{t}{}", a.path)).collect());
     let tallies: Vec<Arc<Tally>> = a.keys.iter().map(|_| Arc::default()).collect();
     let start = Instant::now();
     let tasks: Vec<_> = a
@@ -219,6 +228,7 @@ async fn main() {
                     "ok": t.ok.load(Ordering::Relaxed),
                     "limited": t.limited.load(Ordering::Relaxed),
                     "other": t.other.load(Ordering::Relaxed),
+                    "failed": t.failed.load(Ordering::Relaxed),
                     "first_ms": t.first_ms.load(Ordering::Relaxed),
                     "last_ms": t.last_ms.load(Ordering::Relaxed),
                     "done_ms": t.done_ms.load(Ordering::Relaxed),

@@ -6,10 +6,16 @@
 #   (b) throughput through one gateway: Redis (auto), Redis (exact) and the memory store,
 #       same limits, keys far under them (wrk -t1 -c32);
 #   (c) fleet accuracy: 3 gateways on one Redis, clients of every algorithm at 1x, 1.5x and
-#       2x their limit: leased (auto) keys, then exact keys on the same schedules.
+#       2x their limit: leased (auto) keys, then exact keys on the same schedules;
+#   (d) counting by outcome and by bytes (issue 36): Redis round trips per admitted request
+#       with leases, plain ip + key limits against the same with `count_on` (answers
+#       outside the set: refunds; inside it) and with a route's `cost_from =
+#       "response_bytes"`; default algorithms, then fixed windows (whose refunds go back to
+#       a lease in hand). Round trips are the gateway's `throttle_store_calls_total`,
+#       checked against Redis's own count (`INFO commandstats`: EVALSHA).
 #
 #   benches/local_admission.sh          (SECS=10 per paced run, DURATION=8s per wrk run;
-#                                        PARTS=abc: which parts to run)
+#                                        PARTS=abcd: which parts to run)
 #
 # Starts its own redis-server on a free port and release builds of the gateway
 # (`throttle demo`: the gateway with its in-process upstream). Needs redis-server,
@@ -17,7 +23,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs="${SECS:-10}"
-parts="${PARTS:-abc}"
+parts="${PARTS:-abcd}"
 duration="${DURATION:-8s}"
 for t in redis-server redis-cli wrk curl python3; do
   command -v "$t" >/dev/null || { echo "local_admission: $t is missing"; exit 1; }
@@ -58,8 +64,8 @@ TOML
 }
 stop_last() { kill "${pids[-1]}" 2>/dev/null || true; wait "${pids[-1]}" 2>/dev/null || true; unset 'pids[-1]'; }
 redis_store() { printf 'backend = "redis"\nurl = "%s"\ntimeout_ms = 25\nkey_prefix = "%s"\n' "$redis_url" "$1"; }
-keys_toml() { # NAME:TIER ...
-  printf '\n[[routes]]\nname = "api"\npath_prefix = "/"\nupstreams = ["127.0.0.1:9"]\n'
+keys_toml() { # NAME:TIER ...  (ROUTE: more lines for the route)
+  printf '\n[[routes]]\nname = "api"\npath_prefix = "/"\nupstreams = ["127.0.0.1:9"]\n%s\n' "${ROUTE:-}"
   for kt in "$@"; do
     printf '\n[[keys]]\nid = "k_%s"\nkey = "%s"\ntenant = "t_%s"\ntier = "%s"\n' "${kt%%:*}" "${kt%%:*}" "${kt%%:*}" "${kt##*:}"
   done
@@ -172,6 +178,60 @@ for mode in auto exact; do
 done
 fi
 
+# --- (d) counting by outcome and by bytes: round trips per admitted request ----------
+# ip (1 s + 1 min) and key (1 s + 1 min) tables, the 4 keys of (a) at 50/s each, far under
+# every limit (a cost_from request spends several units). IP-LINES go into [limits.ip],
+# KEY-FIELDS into the tier's key table, ROUTE-LINES into the route.
+outcome_limits() { # IP-LINES KEY-FIELDS
+  cat <<TOML
+[limits.ip]
+per_second = 4000
+per_minute = 240000
+$1
+[tiers.half]
+key = { per_second = 1000, per_minute = 60000 $2 }
+TOML
+  keys_toml half1:half half2:half half3:half half4:half
+}
+settled() { # the gateway's settled tokens: "CHARGED REFUNDED"
+  curl -s "http://127.0.0.1:$ADMIN/metrics" | awk '
+    $1 == "throttle_cost_settled_total{direction=\"charge\"}" { c = $2 }
+    $1 == "throttle_cost_settled_total{direction=\"refund\"}" { r = $2 }
+    END { print c + 0, r + 0 }'
+}
+evalsha() { # EVALSHA calls Redis served since its last CONFIG RESETSTAT
+  redis-cli -p "$rport" INFO commandstats | sed -n 's/^cmdstat_evalsha:calls=\([0-9]*\).*/\1/p' | tr -d '\r'
+}
+outcome_run() { # NAME PATH IP-LINES KEY-FIELDS [ROUTE-LINES]
+  local base="http://127.0.0.1"
+  gateway "d-$1" "$(redis_store "la-d-$1")" "$(ROUTE=${5:-} outcome_limits "$3" "$4")"
+  "$gen" --targets "$base:$PORT" "${half_keys[@]}" --path "$2" --secs 1 >/dev/null # warm-up
+  redis-cli -p "$rport" CONFIG RESETSTAT >/dev/null
+  local before; before=$(settled)
+  "$gen" --targets "$base:$PORT" --admins "$base:$ADMIN" "${half_keys[@]}" --path "$2" \
+    --secs "$secs" > "$tmp/d_$1.json"
+  echo "$(evalsha) $before $(settled)" > "$tmp/d_$1.redis"
+  stop_last
+}
+if [[ $parts == *d* ]]; then
+count_on='count_on = ["401"]'
+fixed='algorithm = "fixed_window"'
+# The demo upstream's answer to these requests has a body of about 400 bytes (4 or 5
+# units of 100): a reserve of 1 unit settles a debt; a reserve of 20 units, a refund.
+debt=$'cost = 1\ncost_from = "response_bytes"\ncost_unit_bytes = 100'
+refund=$'cost = 20\ncost_from = "response_bytes"\ncost_unit_bytes = 100'
+outcome_run plain /bench "" ""
+outcome_run refund /bench "$count_on" ", $count_on"
+outcome_run counted '/bench?status=401' "$count_on" ", $count_on"
+outcome_run debt /bench "" "" "$debt"
+outcome_run bytesback /bench "" "" "$refund"
+outcome_run fplain /bench "$fixed" ", $fixed"
+outcome_run frefund /bench "$fixed
+$count_on" ", $fixed, $count_on"
+outcome_run fdebt /bench "$fixed" ", $fixed" "$debt"
+outcome_run fbytesback /bench "$fixed" ", $fixed" "$refund"
+fi
+
 # --- the table -----------------------------------------------------------------------
 python3 - "$tmp" "$secs" "$duration" <<'PY'
 import json, os, re, sys
@@ -244,7 +304,8 @@ def part_c():
             per = lambda k: k["ok"] / max((k["last_ms"] - k["first_ms"]) / 1000, 1e-9)
             over = f"{max(au['ok'] - bound(a, au), 0)} / {max(ex['ok'] - bound(a, ex), 0)}"
             diff = ex["ok"] - au["ok"]
-            other = "" if au["other"] + ex["other"] == 0 else f" (other statuses: {au['other']}/{ex['other']})"
+            bad = lambda k: k["other"] + k.get("failed", 0)  # another status, or no answer
+            other = "" if bad(au) + bad(ex) == 0 else f" (other statuses or no answer: {bad(au)}/{bad(ex)})"
             print(f"| {a} | {f}x | {au['sent']:,} | {bound(a, au):,} | {ex['ok']:,} ({per(ex)/L:.2f}x limit) | {au['ok']:,} ({per(au)/L:.2f}x limit) | {over} | {diff:+d} ({diff/max(ex['ok'],1)*100:+.1f}%){other} |")
     for name, r in [("leased", auto), ("exact", exact)]:
         g = r["gateways"]; tot = sum(k["sent"] for k in r["keys"].values())
@@ -252,7 +313,40 @@ def part_c():
               f"{g['leased']:,.0f} admitted on leases, {g['over_limit_cache']:,.0f} rejected by the over-limit cache, {g['tokens_returned']:,.0f} leased tokens returned, "
               f"{g['store_errors']:,.0f} store errors")
 
+def part_d():
+    print(f"\n(d) Counting by outcome and by bytes: Redis round trips per admitted request (one gateway, leases, "
+          f"4 keys at 50/s, {secs:.0f} s per run; ip 1 s + 1 min and key 1 s + 1 min tables far under their limits)")
+    print("| config | upstream answer | admitted | settled per request (charged / refunded tokens) | round trips (gateway) "
+          "| per admitted request | EVALSHA (Redis) per admitted request | admitted on leases | target: <= the plain row |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    rows = [("plain", "plain ip + key limits", "200", None),
+            ("refund", "the same, `count_on = [\"401\"]` on both tables", "200 (outside the set: refunded)", "plain"),
+            ("counted", "the same, `count_on = [\"401\"]` on both tables", "401 (in the set: counted)", "plain"),
+            ("debt", "plain + route `cost_from = \"response_bytes\"`, `cost = 1`, `cost_unit_bytes = 100`", "200 (settles above the reserve)", "plain"),
+            ("bytesback", "plain + route `cost_from = \"response_bytes\"`, `cost = 20`, `cost_unit_bytes = 100`", "200 (settles below the reserve)", "plain"),
+            ("fplain", "plain, `algorithm = \"fixed_window\"` on both tables", "200", None),
+            ("frefund", "fixed windows + `count_on = [\"401\"]`", "200 (refunded)", "fplain"),
+            ("fdebt", "fixed windows + `cost_from`, `cost = 1`", "200 (settles above)", "fplain"),
+            ("fbytesback", "fixed windows + `cost_from`, `cost = 20`", "200 (settles below)", "fplain")]
+    per = {}
+    for name, label, answer, ref in rows:
+        if not have(f"d_{name}.json"):
+            continue
+        r = load(f"d_{name}"); g = r["gateways"]; ks = r["keys"].values()
+        admitted = sum(k["ok"] + k["other"] for k in ks)
+        bad = sum(k["limited"] + k["failed"] for k in ks)
+        ev, c0, r0, c1, r1 = (float(x) for x in open(f"{tmp}/d_{name}.redis").read().split())
+        sent = sum(k["sent"] for k in ks)
+        per[name] = g["round_trips"] / max(admitted, 1)
+        verdict = ""
+        if ref in per:
+            verdict = f"{per[name]:.3f} vs {per[ref]:.3f}: " + ("**met**" if per[name] <= per[ref] else "**not met**")
+        note = f" ({bad} of {sent} limited or unanswered)" if bad else ""
+        print(f"| {label} | {answer}{note} | {admitted:,} | {(c1 - c0) / max(admitted, 1):.2f} / {(r1 - r0) / max(admitted, 1):.2f} "
+              f"| {g['round_trips']:,.0f} | **{per[name]:.3f}** | {ev / max(admitted, 1):.3f} | {g['leased']:,.0f} | {verdict} |")
+
 if have("a_half.json"): part_a()
 if have("wrk_memory-1.txt"): part_b()
 if have("c_auto.json"): part_c()
+if have("d_plain.json"): part_d()
 PY
