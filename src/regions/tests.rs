@@ -332,3 +332,39 @@ fn links_at(now: u64, cut: Option<usize>, p: &Params) -> Links {
     }
     l
 }
+
+/// Admits cost-1 requests until one is refused; how many were admitted.
+fn admit_all(s: &mut WindowState) -> u64 {
+    let mut n = 0;
+    while s.decide(1) == Verdict::Admit {
+        n += 1;
+    }
+    n
+}
+
+/// A grant caught by a cut is capacity nobody uses, never capacity counted twice: the
+/// donor's cap falls when it grants, the receiver's rises only when it hears, and a write
+/// held by the cut and delivered after the window is over changes nothing.
+#[test]
+fn a_grant_lost_in_a_cut_or_delivered_late_is_never_counted_twice() {
+    let p = params(100, 1_000);
+    let mut s: Vec<WindowState> = (0..3).map(|i| WindowState::new(i, &p, 0)).collect();
+    assert!(s[0].grant(2, 20));
+    let held = s[0].sync_write(&p, 2, 10); // the cut holds it
+    let counts: Vec<u64> = s.iter_mut().map(admit_all).collect();
+    assert_eq!(counts, [14, 33, 33]);
+    assert_eq!(counts.iter().sum::<u64>(), 80);
+    // Delivered in the window, the grant moves capacity, and the sum stays at L.
+    let mut heard = s[2].clone();
+    heard.receive(&held);
+    assert_eq!((heard.cap(), admit_all(&mut heard)), (53, 20));
+    // Delivered after the heal, in the next window: nothing changes there.
+    let mut next = s[2].next(&p, 1_000);
+    let ack = next.receive(&held);
+    assert_eq!((ack.count, next.cap(), next.heard(0)), (0, 33, 0));
+    // Replayed after a newer write of the same window: the max keeps the newer.
+    let mut late = s[2].clone();
+    late.receive(&held);
+    late.receive(&SyncWrite { granted: 5, ..held });
+    assert_eq!(late.heard(0), 20);
+}
