@@ -2,7 +2,8 @@
 //! jittered delays, attackers that come and go, cuts of any shape (one link: a partial
 //! partition; both links of a region: a region cut off; all three) and any length, many
 //! close to `partition_ms` so that a heal falls while regions decide to whom they grant,
-//! writes duplicated and replayed late (after newer ones), and in half the runs grants
+//! writes duplicated and replayed late (after newer ones), regions' clocks apart by up to
+//! 100 ms (a write then reaches a peer in another window), and in half the runs grants
 //! made at random (any amount, to any index, itself included) instead of by the policy:
 //! the bound must not depend on the policy. Every window is checked against the bound.
 
@@ -55,6 +56,8 @@ struct Adversary {
     random_grants: bool,
     /// The percentage of messages sent twice, the copy after the messages sent next.
     duplicates: u64,
+    /// How far ahead each region's clock runs (ms).
+    skew: [u64; R],
     rng: Rng,
 }
 
@@ -106,6 +109,10 @@ impl Adversary {
             switches,
             random_grants: rng.range(0, 1) == 1,
             duplicates: rng.pick(&[0, 10, 50]),
+            skew: {
+                let most = rng.pick(&[0, 5, 100]);
+                std::array::from_fn(|_| rng.range(0, most))
+            },
             rng,
         }
     }
@@ -166,6 +173,10 @@ impl World for Adversary {
         Some(grants)
     }
 
+    fn skew(&self, region: usize) -> u64 {
+        self.skew[region]
+    }
+
     fn duplicate(&mut self) -> Option<u64> {
         (self.rng.range(1, 100) <= self.duplicates).then(|| self.rng.range(1, 300))
     }
@@ -179,8 +190,8 @@ fn random_cuts_delays_and_bursts_stay_within_the_bound() {
         let world = Adversary::new(seed);
         let (bound, limit) = (world.params().bound(), world.limit);
         let shape = format!(
-            "{:?} {:?} random grants {}",
-            world.cuts, world.delays, world.random_grants
+            "{:?} {:?} skew {:?} random grants {}",
+            world.cuts, world.delays, world.skew, world.random_grants
         );
         let out = Sim::new(world).run();
         heard += out.grants_heard;

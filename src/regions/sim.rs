@@ -64,6 +64,11 @@ pub(super) trait World {
     fn duplicate(&mut self) -> Option<u64> {
         None
     }
+    /// How far ahead of the simulation's time `region`'s clock runs (ms): it decides its
+    /// windows, its grants and its links by its own clock.
+    fn skew(&self, _region: usize) -> u64 {
+        0
+    }
     /// When to take the true counts and time how long each region takes to see them.
     fn heal_at(&self) -> Option<u64>;
 }
@@ -149,7 +154,8 @@ impl<W: World> Sim<W> {
                 state: WindowState::new(i, &world.params(), 0),
             })
             .collect();
-        let windows = world.run_ms().div_ceil(world.window_ms()) as usize;
+        let ahead = (0..R).map(|i| world.skew(i)).max().unwrap_or(0);
+        let windows = (world.run_ms() + ahead).div_ceil(world.window_ms()) as usize;
         Self {
             params: world.params(),
             world,
@@ -209,7 +215,7 @@ impl<W: World> Sim<W> {
                 self.out.grants_heard += region.state.heard(from) - before;
                 self.send(t, to, from, Msg::Ack(ack));
             }
-            Msg::Ack(a) => take_ack(&mut region.links, &a, t),
+            Msg::Ack(a) => take_ack(&mut region.links, &a, t + self.world.skew(to)),
         }
     }
 
@@ -228,22 +234,24 @@ impl<W: World> Sim<W> {
                     }
                 }
                 None => {
-                    region.state.donate(&self.params, &region.links, t);
+                    let now = t + self.world.skew(i);
+                    region.state.donate(&self.params, &region.links, now);
                 }
             }
             for j in (0..R).filter(|&j| j != i) {
-                let w = self.regions[i].state.sync_write(&self.params, j, t);
+                let now = t + self.world.skew(i);
+                let w = self.regions[i].state.sync_write(&self.params, j, now);
                 self.send(t, i, j, Msg::Write(w));
             }
         }
     }
 
-    /// Moves every region to the window of `t`: the next one keeps the last one's demands
-    /// as its priors.
+    /// Moves every region to the window its own clock is in at `t`: the next one keeps the
+    /// last one's demands as its priors.
     fn roll(&mut self, t: u64) {
         let w = self.world.window_ms();
-        let window = t / w * w;
-        for region in &mut self.regions {
+        for (i, region) in self.regions.iter_mut().enumerate() {
+            let window = (t + self.world.skew(i)) / w * w;
             let s = &region.state;
             if s.window() == window {
                 continue;
@@ -257,8 +265,9 @@ impl<W: World> Sim<W> {
     }
 
     fn attack(&mut self, t: u64) {
-        let window = (t / self.world.window_ms()) as usize;
         for i in 0..R {
+            // Counted in the window the region is in, by its own clock.
+            let window = ((t + self.world.skew(i)) / self.world.window_ms()) as usize;
             let arrivals = self.world.arrivals(t, i);
             self.out.demand[window] += arrivals;
             let state = &mut self.regions[i].state;
