@@ -1,5 +1,6 @@
 //! A deterministic discrete-event simulation of three regions (1 ms steps, no real time):
-//! demand at 10x the limit (or exactly 1x), one-way delays between the regions, a sync
+//! demand at 10x the limit (or exactly 1x, with the heavy region fixed or moving every
+//! `ROTATE` windows), one-way delays between the regions, a sync
 //! write (with its grants) every `sync_ms` from each region to each peer, and region 3 cut
 //! off for 30 s mid-run.
 //!
@@ -14,6 +15,8 @@ use super::{take_ack, Ack, Links, Params, SyncWrite, Verdict, WindowState, DEFAU
 pub(super) const R: usize = 3;
 pub(super) const SYNC_MS: u64 = DEFAULT_SYNC_MS;
 const RUN_MS: u64 = 180_000;
+/// How many windows the heavy region stays heavy in the rotating cases.
+const ROTATE: u64 = 5;
 /// Region 3 (index 2) is cut off from both others over `[CUT.0, CUT.1)`.
 const CUT: (u64, u64) = (60_500, 90_500);
 
@@ -25,6 +28,9 @@ pub(super) struct Case {
     split: [u64; R],
     /// The demand, in multiples of the limit per window.
     times: u64,
+    /// Every `ROTATE` windows the split moves one region over (region `i` takes what
+    /// region `i - 1` had): the heavy region changes.
+    rotate: bool,
     /// One-way delays (ms): 1-2, 1-3, 2-3.
     delays: [u64; 3],
     /// Attack arrivals not yet whole, per region (numerator over `100 x window_ms`).
@@ -42,6 +48,11 @@ impl Case {
 
     fn params(&self) -> Params {
         Params::new(self.limit, R, self.window_ms)
+    }
+
+    /// Whether window `k` is the first after the heavy region changed.
+    fn shifts(&self, k: usize) -> bool {
+        self.rotate && k > 0 && k as u64 % ROTATE == 0
     }
 }
 
@@ -94,9 +105,15 @@ impl World for Case {
         (a == 2 || b == 2) && (CUT.0..CUT.1).contains(&t)
     }
 
-    fn arrivals(&mut self, _: u64, region: usize) -> u64 {
+    fn arrivals(&mut self, t: u64, region: usize) -> u64 {
         let over = 100 * self.window_ms;
-        self.carry[region] += self.times * self.limit * self.split[region];
+        let turn = if self.rotate {
+            (t / self.window_ms / ROTATE) as usize
+        } else {
+            0
+        };
+        let share = self.split[(region + R - turn % R) % R];
+        self.carry[region] += self.times * self.limit * share;
         let n = self.carry[region] / over;
         self.carry[region] %= over;
         n
@@ -323,16 +340,31 @@ struct Figures {
     util: (f64, f64),
     /// The lowest admitted / L among windows the cut touches, and their mean.
     cut_util: (f64, f64),
+    /// The lowest and the mean admitted / L in the windows where the heavy region changes
+    /// (outside the cut), which are not held to `UTILISATION`.
+    shifted: (f64, f64),
     worst_heal_lag: u64,
     /// The windows where the demand reached the limit and the fleet admitted less than
     /// `UTILISATION` of it.
     short: Vec<String>,
 }
 
-/// The lowest and the mean of `xs` (`(MAX, 0)` when empty).
+/// The lowest and the mean of `xs` (`(MAX, NaN)` when empty).
 fn low_mean(xs: &[f64]) -> (f64, f64) {
+    if xs.is_empty() {
+        return (f64::MAX, f64::NAN);
+    }
     let low = xs.iter().copied().fold(f64::MAX, f64::min);
-    (low, xs.iter().sum::<f64>() / xs.len().max(1) as f64)
+    (low, xs.iter().sum::<f64>() / xs.len() as f64)
+}
+
+/// A figure with three decimals, or `-` when there was nothing to measure.
+fn show(x: f64) -> String {
+    if x == f64::MAX || x.is_nan() {
+        "-".into()
+    } else {
+        format!("{x:.3}")
+    }
 }
 
 /// Utilisation asserted wherever the demand is at or above the limit, outside the cut.
@@ -343,7 +375,7 @@ fn check(case: &Case) -> Figures {
     let (p, w) = (case.params(), case.window_ms);
     let name = format!("{case:?}");
     let (mut clear, mut cut, mut worst) = (Vec::new(), Vec::new(), 0.0f64);
-    let mut short = Vec::new();
+    let (mut short, mut shifted) = (Vec::new(), Vec::new());
     for (k, &admitted) in out.admitted.iter().enumerate() {
         let (from, to) = (k as u64 * w, (k as u64 + 1) * w);
         assert!(
@@ -354,9 +386,13 @@ fn check(case: &Case) -> Figures {
         let util = admitted as f64 / p.limit as f64;
         worst = worst.max(util);
         if to <= CUT.0 || from > CUT.1 {
-            clear.push(util);
             let demand = out.demand[k];
-            if demand >= p.limit && util < UTILISATION {
+            if case.shifts(k) {
+                shifted.push(util);
+            } else {
+                clear.push(util);
+            }
+            if !case.shifts(k) && demand >= p.limit && util < UTILISATION {
                 short.push(format!("{name}: window {k}: {admitted} of {demand}"));
             }
         } else {
@@ -378,6 +414,7 @@ fn check(case: &Case) -> Figures {
     Figures {
         worst_over_limit: worst,
         util: low_mean(&clear),
+        shifted: low_mean(&shifted),
         cut_util: low_mean(&cut),
         worst_heal_lag,
         short,
@@ -388,13 +425,20 @@ fn cases() -> Vec<Case> {
     let mut all = Vec::new();
     for window_ms in [1_000, 12_000, 60_000] {
         for limit in [10, 100, 6_000] {
-            for (split, times) in [([80, 10, 10], 10), ([34, 33, 33], 10), ([80, 10, 10], 1)] {
+            let demands = [
+                ([80, 10, 10], 10, false),
+                ([34, 33, 33], 10, false),
+                ([80, 10, 10], 1, false),
+                ([80, 10, 10], 1, true),
+            ];
+            for (split, times, rotate) in demands {
                 for delays in [[5, 5, 5], [50, 50, 50], [150, 150, 150], [5, 50, 150]] {
                     all.push(Case {
                         window_ms,
                         limit,
                         split,
                         times,
+                        rotate,
                         delays,
                         carry: [0; R],
                     });
@@ -407,23 +451,25 @@ fn cases() -> Vec<Case> {
 
 #[test]
 fn three_regions_stay_within_the_limit_and_fill_it_under_attack_and_through_a_cut() {
-    eprintln!("window  L     split      x  delays         max/L  util-min util-mean cut-min cut-mean heal-lag");
+    eprintln!("window  L     split      x  delays         max/L  util-min util-mean cut-min cut-mean shift-min shift-mean heal-lag");
     let mut short = Vec::new();
     for case in cases() {
         let mut f = check(&case);
         short.append(&mut f.short);
         eprintln!(
-            "{:>6} {:>5} {:>11} {:>2} {:>13} {:>6.3} {:>8.3} {:>9.3} {:>7.3} {:>8.3} {:>5}ms",
+            "{:>6} {:>5} {:>11} {:>2} {:>13} {:>6.3} {:>8.3} {:>9.3} {:>7} {:>8} {:>9} {:>10} {:>5}ms",
             case.window_ms,
             case.limit,
             format!("{:?}", case.split),
-            case.times,
+            format!("{}{}", case.times, if case.rotate { "r" } else { "" }),
             format!("{:?}", case.delays),
             f.worst_over_limit,
             f.util.0,
             f.util.1,
-            f.cut_util.0,
-            f.cut_util.1,
+            show(f.cut_util.0),
+            show(f.cut_util.1),
+            show(f.shifted.0),
+            show(f.shifted.1),
             f.worst_heal_lag,
         );
     }
