@@ -10,8 +10,8 @@
 //!    verification: keys, JWKS refresh, the verified-token cache; of the gateway it
 //!    imports only `sharded`) and `descriptors` (envoyproxy/ratelimit's YAML descriptors,
 //!    loaded and matched; it imports nothing of the gateway), then `config`
-//!    (`gateway.toml`, validated once). `regions` (one limit across regions: the rule,
-//!    the bound, the partition mode, as pure functions) sits beside `limiter`.
+//!    (`gateway.toml`, validated once). `regions` (one limit across regions: allotments,
+//!    grants and the bound, as pure functions) sits beside `limiter`.
 //! 2. `metrics`, `client_ip` (trusted-proxy address resolution), `blocklist`, `bans`
 //!    (automatic temporary bans), `identity` (API key or JWT -> key id, tenant, tier),
 //!    `lifecycle` (connections and shutdown work), `demo` (the echo upstream), `top` (the

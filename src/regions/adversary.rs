@@ -1,12 +1,14 @@
 //! Randomised adversarial runs of the simulation (deterministic seeds, no real time):
-//! jittered delays, attackers that come and go, and cuts of any shape (one link: a partial
+//! jittered delays, attackers that come and go, cuts of any shape (one link: a partial
 //! partition; both links of a region: a region cut off; all three) and any length, many
-//! close to `partition_secs`, so that a heal often falls between two regions'
-//! declarations. These are the cases the proof sketch does not cover; every window is
-//! checked against the bound.
+//! close to `partition_ms` so that a heal falls while regions decide to whom they grant,
+//! writes duplicated and replayed late (after newer ones), regions' clocks apart by up to
+//! 100 ms (a write then reaches a peer in another window), and in half the runs grants
+//! made at random (any amount, to any index, itself included) instead of by the policy:
+//! the bound must not depend on the policy. Every window is checked against the bound.
 
 use super::sim::{Sim, World, R};
-use super::{Params, DEFAULT_PARTITION_MS, DEFAULT_UNSYNCED_PPM};
+use super::{Params, DEFAULT_PARTITION_MS};
 
 /// xorshift64*: enough for reproducible schedules.
 #[derive(Debug)]
@@ -50,6 +52,12 @@ struct Adversary {
     /// Per region: requests per ms while on, and the times its attack switches on or off.
     rate: [u64; R],
     switches: [Vec<u64>; R],
+    /// Grants at random instead of the policy's.
+    random_grants: bool,
+    /// The percentage of messages sent twice, the copy after the messages sent next.
+    duplicates: u64,
+    /// How far ahead each region's clock runs (ms).
+    skew: [u64; R],
     rng: Rng,
 }
 
@@ -99,6 +107,12 @@ impl Adversary {
             cuts,
             rate: std::array::from_fn(|_| rng.range(1, 6)),
             switches,
+            random_grants: rng.range(0, 1) == 1,
+            duplicates: rng.pick(&[0, 10, 50]),
+            skew: {
+                let most = rng.pick(&[0, 5, 100]);
+                std::array::from_fn(|_| rng.range(0, most))
+            },
             rng,
         }
     }
@@ -110,7 +124,7 @@ impl World for Adversary {
     }
 
     fn params(&self) -> Params {
-        Params::new(self.limit, R, DEFAULT_UNSYNCED_PPM, DEFAULT_PARTITION_MS)
+        Params::new(self.limit, R, self.window_ms)
     }
 
     fn run_ms(&self) -> u64 {
@@ -142,17 +156,45 @@ impl World for Adversary {
     fn heal_at(&self) -> Option<u64> {
         None
     }
+
+    fn grants(&mut self, _: u64, _: usize, room: u64) -> Option<Vec<(usize, u64)>> {
+        if !self.random_grants {
+            return None;
+        }
+        // Up to the room and a little past it (refused), to any index but one past the
+        // regions, at most two a tick.
+        let n = self.rng.range(0, 2);
+        let grants = (0..n)
+            .map(|_| {
+                let peer = self.rng.range(0, R as u64) as usize;
+                (peer, self.rng.range(0, room + 2))
+            })
+            .collect();
+        Some(grants)
+    }
+
+    fn skew(&self, region: usize) -> u64 {
+        self.skew[region]
+    }
+
+    fn duplicate(&mut self) -> Option<u64> {
+        (self.rng.range(1, 100) <= self.duplicates).then(|| self.rng.range(1, 300))
+    }
 }
 
 #[test]
 fn random_cuts_delays_and_bursts_stay_within_the_bound() {
-    let (mut worst, mut worst_seed, mut windows) = (0.0f64, 0, 0);
+    let (mut worst, mut worst_seed, mut windows, mut heard) = (0.0f64, 0, 0, 0);
     let mut over = Vec::new();
     for seed in 0..200 {
         let world = Adversary::new(seed);
         let (bound, limit) = (world.params().bound(), world.limit);
-        let shape = format!("{:?} {:?}", world.cuts, world.delays);
+        let shape = format!(
+            "{:?} {:?} skew {:?} random grants {}",
+            world.cuts, world.delays, world.skew, world.random_grants
+        );
         let out = Sim::new(world).run();
+        heard += out.grants_heard;
         for (k, &admitted) in out.admitted.iter().enumerate() {
             windows += 1;
             let ratio = admitted as f64 / bound as f64;
@@ -166,7 +208,11 @@ fn random_cuts_delays_and_bursts_stay_within_the_bound() {
             }
         }
     }
-    eprintln!("{windows} windows, worst admitted / bound {worst:.3} (seed {worst_seed})");
+    eprintln!("{windows} windows, worst admitted / bound {worst:.3} (seed {worst_seed}), {heard} granted tokens heard");
+    assert!(
+        heard > 0,
+        "no grant ever crossed: the runs tested nothing of the grants"
+    );
     assert!(
         over.is_empty(),
         "{} windows over the bound:\n{}",

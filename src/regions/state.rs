@@ -1,43 +1,29 @@
 //! What one region keeps for one key and one window, and the admission rule over it.
 
-use super::{Links, Params};
-
-/// The share mode of one window: declared once, kept until the window ends.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Share {
-    /// `own` when the share was declared.
-    pub base: u64,
-    /// What the region may admit beyond `base` in this window.
-    pub share: u64,
-}
-
-impl Share {
-    /// The share of a region whose merged total is `merged` while `live` peers still
-    /// acknowledge: `floor(max(0, L - merged - b x live) / R)`.
-    pub fn declare(params: &Params, own: u64, merged: u64, live: usize) -> Self {
-        let reserved = params.budget.saturating_mul(live as u64);
-        let left = params.limit.saturating_sub(merged).saturating_sub(reserved);
-        Self {
-            base: own,
-            share: left / (params.regions.max(1) as u64),
-        }
-    }
-}
+use super::{allotment, Params};
 
 /// A decision on a request of some cost.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
     /// Admitted and counted in `own`.
     Admit,
-    /// Rule 1: the merged total plus the cost would pass the limit.
-    OverLimit,
-    /// Rule 2: the admissions `peer` has not acknowledged plus the cost would pass `b`.
-    Unsynced {
-        /// The region whose acknowledgements are missing.
-        peer: usize,
-    },
-    /// Rule 3: the window's share (partition mode) is spent.
-    ShareSpent,
+    /// `own + x` would pass the cap.
+    OverCap,
+}
+
+/// What a region knows of one peer in one window, from the peer's writes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct Peer {
+    /// The peer's count (max of what arrived).
+    pub(super) count: u64,
+    /// The peer's demand (max of what arrived).
+    pub(super) demand: u64,
+    /// What the peer last said it wants beyond its cap (None: no write yet this window).
+    pub(super) want: Option<u64>,
+    /// What the peer has heard of this region's grants to it (max of what arrived).
+    pub(super) heard_from_me: u64,
+    /// The peer's demand in the previous window as this region last knew it.
+    pub(super) prior: Option<u64>,
 }
 
 /// One region's state for one key in one window.
@@ -47,27 +33,48 @@ pub struct WindowState {
     me: usize,
     /// The window's identity (its start, Unix ms).
     window: u64,
+    /// `a_i`: this region's allotment.
+    allotment: u64,
     /// What this region admitted in the window.
     own: u64,
-    /// The last count received from each region (this region's own slot stays 0).
-    peers: Vec<u64>,
-    /// The highest `own` each region acknowledged (own slot unused).
-    acked: Vec<u64>,
-    /// The share mode, once declared in this window.
-    share: Option<Share>,
+    /// What this region was asked in the window, admitted or not.
+    demand: u64,
+    /// This region's demand in the previous window (None: not known).
+    prior: Option<u64>,
+    /// What this region granted to each region (own slot stays 0).
+    pub(super) given: Vec<u64>,
+    /// What each region granted to this one, as heard (own slot stays 0).
+    heard: Vec<u64>,
+    /// What this region knows of each peer (own slot unused).
+    pub(super) peers: Vec<Peer>,
 }
 
 impl WindowState {
-    /// An empty state of region `me` of `regions` for `window`.
-    pub fn new(me: usize, regions: usize, window: u64) -> Self {
+    /// An empty state of region `me` for `window`, nothing known of the previous one.
+    pub fn new(me: usize, params: &Params, window: u64) -> Self {
+        let r = params.regions;
         Self {
             me,
             window,
+            allotment: allotment(params.limit, r, me),
             own: 0,
-            peers: vec![0; regions],
-            acked: vec![0; regions],
-            share: None,
+            demand: 0,
+            prior: None,
+            given: vec![0; r],
+            heard: vec![0; r],
+            peers: vec![Peer::default(); r],
         }
+    }
+
+    /// The state for the window that follows this one, at `window`: empty, with this
+    /// window's demands (own and the peers' as heard) as the priors of the grant policy.
+    pub fn next(&self, params: &Params, window: u64) -> Self {
+        let mut s = Self::new(self.me, params, window);
+        s.prior = Some(self.demand);
+        for (p, old) in s.peers.iter_mut().zip(&self.peers) {
+            p.prior = old.want.map(|_| old.demand);
+        }
+        s
     }
 
     /// This region's index.
@@ -85,67 +92,88 @@ impl WindowState {
         self.own
     }
 
+    /// What this region was asked in the window.
+    pub fn demand(&self) -> u64 {
+        self.demand
+    }
+
+    /// This region's demand in the previous window, if known.
+    pub fn prior(&self) -> Option<u64> {
+        self.prior
+    }
+
     /// The last count received from `peer` (0 for this region itself).
     pub fn peer(&self, peer: usize) -> u64 {
-        self.peers.get(peer).copied().unwrap_or(0)
+        self.peers.get(peer).map_or(0, |p| p.count)
+    }
+
+    /// What this region has granted to `peer` in this window.
+    pub fn given(&self, peer: usize) -> u64 {
+        self.given.get(peer).copied().unwrap_or(0)
+    }
+
+    /// What `peer` has granted to this region, as heard.
+    pub fn heard(&self, peer: usize) -> u64 {
+        self.heard.get(peer).copied().unwrap_or(0)
     }
 
     /// `own + sum of the last peer counts`: the fleet's count as this region knows it.
     pub fn merged(&self) -> u64 {
         self.peers
             .iter()
-            .fold(self.own, |s, &c| s.saturating_add(c))
+            .fold(self.own, |s, p| s.saturating_add(p.count))
     }
 
-    /// What `peer` has not acknowledged of `own`.
-    pub fn unacked(&self, peer: usize) -> u64 {
-        self.own
-            .saturating_sub(self.acked.get(peer).copied().unwrap_or(0))
+    /// `cap = a + sum heard - sum given`: the most this region may admit in the window.
+    pub fn cap(&self) -> u64 {
+        let heard = self.heard.iter().fold(0u64, |s, &h| s.saturating_add(h));
+        let given = self.given.iter().fold(0u64, |s, &g| s.saturating_add(g));
+        self.allotment.saturating_add(heard).saturating_sub(given)
     }
 
-    /// The share mode, if declared in this window.
-    pub fn share(&self) -> Option<Share> {
-        self.share
+    /// What is left under the cap: `cap - own`.
+    pub fn room(&self) -> u64 {
+        self.cap().saturating_sub(self.own)
     }
 
-    /// Decides a request of `cost` at `now_ms` and counts it when admitted. The first
-    /// decision taken while a peer is partitioned declares the window's share.
-    pub fn decide(&mut self, params: &Params, links: &Links, now_ms: u64, cost: u64) -> Verdict {
-        let (me, regions) = (self.me, self.peers.len());
-        let live_peer = |p: &usize| *p != me && !links.partitioned(*p, now_ms, params.partition_ms);
-        let live = (0..regions).filter(live_peer).count();
-        if self.share.is_none() && live < regions.saturating_sub(1) {
-            self.share = Some(Share::declare(params, self.own, self.merged(), live));
+    /// Decides a request of `cost`: admitted (and counted) when `own + cost <= cap`. The
+    /// demand counts it either way.
+    pub fn decide(&mut self, cost: u64) -> Verdict {
+        self.demand = self.demand.saturating_add(cost);
+        if cost > self.room() {
+            return Verdict::OverCap;
         }
-        if self.merged().saturating_add(cost) > params.limit {
-            return Verdict::OverLimit;
-        }
-        for peer in (0..regions).filter(live_peer) {
-            if self.unacked(peer).saturating_add(cost) > params.budget {
-                return Verdict::Unsynced { peer };
-            }
-        }
-        if let Some(s) = self.share {
-            if self.own.saturating_add(cost) > s.base.saturating_add(s.share) {
-                return Verdict::ShareSpent;
-            }
-        }
-        self.own = self.own.saturating_add(cost);
+        self.own += cost;
         Verdict::Admit
     }
 
-    /// Max-merges `count` as `peer`'s count (a write already checked to be this window's).
-    pub(super) fn merge_peer(&mut self, peer: usize, count: u64) {
-        if let Some(c) = self.peers.get_mut(peer).filter(|_| peer != self.me) {
-            *c = (*c).max(count);
-        }
+    /// Counts `cost` of demand refused without a decision (the rest of a burst once one
+    /// request of it was refused: nothing in between could have changed the answer).
+    pub fn refused(&mut self, cost: u64) {
+        self.demand = self.demand.saturating_add(cost);
     }
 
-    /// Raises what `peer` acknowledged to `count` (never above `own`, never down).
-    pub(super) fn merge_ack(&mut self, peer: usize, count: u64) {
-        let own = self.own;
-        if let Some(a) = self.acked.get_mut(peer).filter(|_| peer != self.me) {
-            *a = (*a).max(count.min(own));
+    /// Grants `amount` to `peer`: only from the room under the cap (so the cap never falls
+    /// below `own`), never to itself. Whether it was granted.
+    pub fn grant(&mut self, peer: usize, amount: u64) -> bool {
+        if peer == self.me || peer >= self.given.len() || amount > self.room() {
+            return false;
+        }
+        self.given[peer] = self.given[peer].saturating_add(amount);
+        true
+    }
+
+    /// Max-merges what `peer` said in a write already checked to be this window's.
+    pub(super) fn merge_peer(&mut self, peer: usize, from: &Peer, granted: u64) {
+        if peer == self.me {
+            return;
+        }
+        if let (Some(p), Some(h)) = (self.peers.get_mut(peer), self.heard.get_mut(peer)) {
+            p.count = p.count.max(from.count);
+            p.demand = p.demand.max(from.demand);
+            p.want = from.want;
+            p.heard_from_me = p.heard_from_me.max(from.heard_from_me);
+            *h = (*h).max(granted);
         }
     }
 }
