@@ -33,6 +33,15 @@ impl Admission {
             key: self.key.as_deref(),
             route: self.route.as_deref().map(|r| &r.route),
         };
+        // Most requests meet no `count_on` table: that is known without the check.
+        let counts_on = (0..self.applied.entries().len()).any(|i| {
+            self.applied
+                .limits(tables, i)
+                .is_some_and(|l| l.count_on.is_some())
+        });
+        if !counts_on || reserved == 0 {
+            return;
+        }
         let check = self.applied.check(tables, reserved);
         let mut mask = 0u32;
         for (i, s) in check.scopes.iter().enumerate() {

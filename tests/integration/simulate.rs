@@ -399,3 +399,44 @@ async fn gateway_decides_as_simulated_sliding_window() {
 async fn gateway_decides_as_simulated_sliding_log() {
     gateway_decides_as_simulated("sliding_log").await;
 }
+
+/// `simulate` follows a table's calendar: a day quota of 2 in Los Angeles, three requests
+/// in the last minute of 2026-03-07 (local) and one ten seconds into 2026-03-08: the
+/// fourth starts a new local day (3 allowed, 1 rejected). Counted in UTC days, all four
+/// fall on 2026-03-08 and two are rejected.
+#[test]
+fn simulate_follows_the_calendar() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("trace.csv");
+    std::fs::write(
+        &trace,
+        "time,ip,path\n\
+         2026-03-08T07:59:00Z,198.51.100.7,/a\n\
+         2026-03-08T07:59:30Z,198.51.100.7,/a\n\
+         2026-03-08T07:59:50Z,198.51.100.7,/a\n\
+         2026-03-08T08:00:10Z,198.51.100.7,/a\n",
+    )
+    .unwrap();
+    let table = "[limits.ip]\nper_day = 2\nalgorithm = \"fixed_window\"\n";
+    for (zone, allowed, rejected) in [
+        ("calendar_tz = \"America/Los_Angeles\"\n", 3, 1),
+        ("", 2, 2),
+    ] {
+        let config = dir.path().join("gateway.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "{table}{zone}\n[[routes]]\nname = \"all\"\npath_prefix = \"/\"\nupstreams = [\"127.0.0.1:9\"]\nauth = \"none\"\n"
+            ),
+        )
+        .unwrap();
+        let out = throttle_simulate(config.to_str().unwrap(), trace.to_str().unwrap(), true);
+        let report: serde_json::Value = serde_json::from_str(&stdout_ok(&out)).unwrap();
+        let ip = &report["scopes"]["ip"];
+        assert_eq!(
+            (ip["allowed"].as_u64(), ip["rejected"].as_u64()),
+            (Some(allowed), Some(rejected)),
+            "{zone:?}: {report}"
+        );
+    }
+}

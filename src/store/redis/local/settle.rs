@@ -13,30 +13,37 @@ use crate::store::redis::wire::LeaseArgs;
 impl Local {
     /// Gives `back` refunded tokens of a request of `s` charged at `granted_at` (its
     /// `decided_at`) to the leases in hand granted then (the one that paid it, or the one
-    /// its call took): `true` when every window of `s` is a fixed or sliding window
-    /// holding one; else nothing changes and the refund is Redis's. Redis ends with the
-    /// same count (leftovers go back to the window the lease was charged in, which is
-    /// where Redis's refund of a request charged then goes: `curr`, or `prev` once the
-    /// state moved on), but the remaining the lease reports counts the refund. A bucket
-    /// or a log refunds by time (refill, entries), so theirs are Redis's.
+    /// its call took, charged at the same instant): `true` when every window of `s`
+    /// holds one that can take them; else nothing changes and the refund is Redis's.
+    ///
+    /// A refunded request paid from a lease is, for the lease rule, tokens of the lease
+    /// never used: they go back with its leftovers, to the window (or bucket, or log
+    /// entry) the lease was charged in, which is where Redis's refund of a request
+    /// charged then goes. A counter (fixed or sliding window) takes any give-back, so its
+    /// lease takes the refund of the call's own charge too; a bucket's or a log's lease
+    /// never holds more than it was granted (a give-back is at most its size), so a
+    /// refund that would not fit is Redis's. The remaining the lease reports counts it.
     pub fn refund(&self, s: &ScopeCheck<'_>, granted_at: u64, back: u32, now: u64) -> bool {
-        let fixed = |w: &WindowLimit| {
+        if granted_at == 0 || back == 0 {
+            return false;
+        }
+        let counter = |w: &WindowLimit| {
             matches!(
                 w.algorithm,
                 Algorithm::FixedWindow | Algorithm::SlidingWindow
             )
         };
-        if granted_at == 0 || back == 0 || !s.limits.windows.iter().all(fixed) {
-            return false;
-        }
+        let fits = |l: &Held, w: &WindowLimit| {
+            counter(w) || l.tokens.saturating_add(u64::from(back)) <= l.grant.granted
+        };
         let mut m = self.shard(s.scope, &s.ident);
         let Some(e) = m.map.get_mut(&(s.scope, s.ident.clone())) else {
             return false;
         };
         let paid_by = |slot: &super::entry::Slot, w: &WindowLimit| {
-            slot.leases
-                .iter()
-                .position(|l| l.granted_at == granted_at && l.limit == *w && now < l.until)
+            slot.leases.iter().position(|l| {
+                l.granted_at == granted_at && l.limit == *w && now < l.until && fits(l, w)
+            })
         };
         let mut found: SmallVec<[usize; 2]> = SmallVec::new();
         for w in &s.limits.windows {
