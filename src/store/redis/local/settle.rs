@@ -12,17 +12,19 @@ use crate::store::redis::wire::LeaseArgs;
 
 impl Local {
     /// Gives `back` refunded tokens of a request of `s` charged at `granted_at` (its
-    /// `decided_at`) to the leases in hand granted then (the one that paid it, or the one
-    /// its call took, charged at the same instant): `true` when every window of `s`
-    /// holds one that can take them; else nothing changes and the refund is Redis's.
+    /// `decided_at`: for a scope of several windows, the earliest of their charges) to
+    /// the leases in hand: `true` when every window of `s` holds one that can take them;
+    /// else nothing changes and the refund is Redis's.
     ///
     /// A refunded request paid from a lease is, for the lease rule, tokens of the lease
     /// never used: they go back with its leftovers, to the window (or bucket, or log
     /// entry) the lease was charged in, which is where Redis's refund of a request
-    /// charged then goes. A counter (fixed or sliding window) takes any give-back, so its
-    /// lease takes the refund of the call's own charge too; a bucket's or a log's lease
-    /// never holds more than it was granted (a give-back is at most its size), so a
-    /// refund that would not fit is Redis's. The remaining the lease reports counts it.
+    /// charged then goes. A counter (fixed or sliding window) takes any give-back into
+    /// its window: any live lease of it takes the refund of a request charged in the
+    /// current window (the call's own charge too). A bucket's or a log's refund depends
+    /// on when it was charged: only the lease granted at `granted_at` takes it, never
+    /// beyond what it was granted (a give-back is at most its size). The remaining the
+    /// lease reports counts it.
     pub fn refund(&self, s: &ScopeCheck<'_>, granted_at: u64, back: u32, now: u64) -> bool {
         if granted_at == 0 || back == 0 {
             return false;
@@ -33,16 +35,24 @@ impl Local {
                 Algorithm::FixedWindow | Algorithm::SlidingWindow
             )
         };
-        let fits = |l: &Held, w: &WindowLimit| {
-            counter(w) || l.tokens.saturating_add(u64::from(back)) <= l.grant.granted
-        };
+        let fits = |l: &Held| l.tokens.saturating_add(u64::from(back)) <= l.grant.granted;
+        let off = |w: &WindowLimit| s.ident.offset_ms(w);
         let mut m = self.shard(s.scope, &s.ident);
         let Some(e) = m.map.get_mut(&(s.scope, s.ident.clone())) else {
             return false;
         };
         let paid_by = |slot: &super::entry::Slot, w: &WindowLimit| {
             slot.leases.iter().position(|l| {
-                l.granted_at == granted_at && l.limit == *w && now < l.until && fits(l, w)
+                let paid = match counter(w) {
+                    // A counter's lease is of the window of its grant (it ends with it):
+                    // the refund belongs there when the request was charged in that
+                    // window too (its scope's windows may have been paid by leases
+                    // granted at other times; `granted_at` is the earliest). Both times
+                    // are the script's clock.
+                    true => w.bounds(granted_at, off(w)) == w.bounds(l.granted_at, off(w)),
+                    false => l.granted_at == granted_at && fits(l),
+                };
+                paid && l.limit == *w && now < l.until
             })
         };
         let mut found: SmallVec<[usize; 2]> = SmallVec::new();
