@@ -361,7 +361,7 @@ impl Admission {
         // less those an outcome already refunded.
         let all = self.applied.check(tables, reserved);
         let uncounted = self.uncounted.unwrap_or(0);
-        let (check, at) = outcome::part(&all, self.decided_at, |i| uncounted & (1 << i) == 0);
+        let (check, at) = all.part(self.decided_at, |i| uncounted & (1 << i) == 0);
         l.store.settle(&check, delta, at);
         l.held.cost = actual;
         metrics.cost_settled(delta);

@@ -3,7 +3,6 @@
 //! table's). A request whose client left before the answer has no outcome: it counts.
 
 use super::{Admission, Tables};
-use crate::limiter::{Check, DecidedAt};
 use crate::metrics::Metrics;
 
 // === impl Admission ===
@@ -52,30 +51,11 @@ impl Admission {
         if mask == 0 || reserved == 0 {
             return;
         }
-        let (refunded, at) = part(&check, self.decided_at, |i| mask & (1 << i) != 0);
+        let (refunded, at) = check.part(self.decided_at, |i| mask & (1 << i) != 0);
         let delta = -i64::from(reserved);
         l.store.settle(&refunded, delta, at);
         metrics.cost_settled(delta);
         self.uncounted = Some(mask);
         super::settle_rate(&mut self.rate, &refunded, delta);
     }
-}
-
-/// The scopes of `check` at the positions `keep` takes, with their decision times
-/// (`decided_at` re-indexed to the part's positions).
-pub(super) fn part<'a>(
-    check: &Check<'a>,
-    decided_at: DecidedAt,
-    keep: impl Fn(usize) -> bool,
-) -> (Check<'a>, DecidedAt) {
-    let mut out = check.clone();
-    out.scopes.clear();
-    let mut at = DecidedAt::default();
-    for (i, s) in check.scopes.iter().enumerate() {
-        if keep(i) {
-            at.add(out.scopes.len(), decided_at.of(i));
-            out.scopes.push(s.clone());
-        }
-    }
-    (out, at)
 }

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use arrayvec::ArrayVec;
 
+use super::decision::DecidedAt;
 use super::policy::{Scope, ScopeLimits, WindowLimit};
 
 /// The identity a scope counts. Cheap to clone: an address, or a shared name.
@@ -180,6 +181,21 @@ impl std::fmt::Display for Ident {
 // === impl Check ===
 
 impl<'a> Check<'a> {
+    /// The scopes at the positions `keep` takes, with their decision times (`decided_at`
+    /// re-indexed to the part's positions): what a settle of some of the scopes sends.
+    pub fn part(&self, decided_at: DecidedAt, keep: impl Fn(usize) -> bool) -> (Self, DecidedAt) {
+        let mut out = self.clone();
+        out.scopes.clear();
+        let mut at = DecidedAt::default();
+        for (i, s) in self.scopes.iter().enumerate() {
+            if keep(i) {
+                at.add(out.scopes.len(), decided_at.of(i));
+                out.scopes.push(s.clone());
+            }
+        }
+        (out, at)
+    }
+
     /// An empty check of `cost`.
     pub fn new(cost: u32) -> Self {
         Self {

@@ -18,16 +18,11 @@ impl RedisStore {
         let local = self.local.as_ref().filter(|_| delta < 0)?;
         let back = u32::try_from(delta.unsigned_abs()).map_or(check.cost, |b| b.min(check.cost));
         let now = self.local_now();
-        let mut rest = check.clone();
-        rest.scopes.clear();
-        let mut at = DecidedAt::default();
-        for (i, s) in check.scopes.iter().enumerate() {
-            if !local.refund(s, decided_at.of(i), back, now) {
-                at.add(rest.scopes.len(), decided_at.of(i));
-                rest.scopes.push(s.clone());
-            }
-        }
-        (rest.scopes.len() < check.scopes.len()).then_some((rest, at))
+        let missed: u32 = (check.scopes.iter().enumerate())
+            .filter(|(i, s)| !local.refund(s, decided_at.of(*i), back, now))
+            .fold(0, |m, (i, _)| m | 1 << i);
+        let remote = missed.count_ones() as usize;
+        (remote < check.scopes.len()).then(|| check.part(decided_at, |i| missed & (1 << i) != 0))
     }
 
     /// A debt's scopes whose leases in hand hold it are charged there (`Local::debit`);
@@ -37,20 +32,17 @@ impl RedisStore {
         let Some(local) = self.local.as_ref() else {
             return self.spawn_settle(check, delta, decided_at, None);
         };
-        let debt = delta.unsigned_abs();
-        let now = self.local_now();
-        let mut rest = check.clone();
-        rest.scopes.clear();
-        let mut at = DecidedAt::default();
+        let (debt, now) = (delta.unsigned_abs(), self.local_now());
+        let mut missed = 0u32;
         let mut returns = Vec::new();
         for (i, s) in check.scopes.iter().enumerate() {
             if let Err(ended) = local.debit(s, debt, now) {
-                at.add(rest.scopes.len(), decided_at.of(i));
-                rest.scopes.push(s.clone());
+                missed |= 1 << i;
                 returns.push(ended);
             }
         }
-        if !rest.scopes.is_empty() {
+        if missed != 0 {
+            let (rest, at) = check.part(decided_at, |i| missed & (1 << i) != 0);
             self.spawn_settle(&rest, delta, at, Some(&returns));
         }
     }
