@@ -26,8 +26,8 @@ pub use limits::{
 pub use model::{
     method_forwarded, AccessLogTarget, Attribute, Auth, Backend, BlockEntry, BlockTarget,
     ClientIpHeader, Config, Counts, CustomScope, HealthCheck, Jwt, KeyEntry, KeySources, Missing,
-    Mode, PathParameters, RateLimitHeaders, Rls, RlsDescriptors, Route, RouteLimit, Secret, Server,
-    Store, Tier, Tls, Tracing, DEFAULT_MAX_STATES,
+    Mode, PathParameters, Peer, RateLimitHeaders, Regions, Rls, RlsDescriptors, Route, RouteLimit,
+    Secret, Server, Store, Tier, Tls, Tracing, DEFAULT_MAX_STATES,
 };
 pub use net::{parse_net, parse_net_as_written};
 pub use text::{cap, cap_in_place};

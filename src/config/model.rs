@@ -62,6 +62,56 @@ pub struct Config {
     pub rls: Rls,
     /// `[tracing]` (None: off). Read at start: a change needs a restart.
     pub tracing: Option<Tracing>,
+    /// `[regions]` (None: this gateway's region is the whole fleet). Read at start.
+    pub regions: Option<Regions>,
+}
+
+/// `[regions]`: this gateway's region and its peers, for `fleet = "regions"` and
+/// `fleet = "home"` tables (see `src/regions`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Regions {
+    /// `name`: this region.
+    pub name: String,
+    /// `peers`: every other region, its name and its Redis URL (`${VAR}` expanded),
+    /// sorted by name.
+    pub peers: Vec<Peer>,
+    /// `sync_ms` (default 50): how often this region writes to each peer.
+    pub sync: Duration,
+    /// `partition_secs` (default 1): a peer that acknowledged no write for this long is
+    /// cut off (no grants go to it).
+    pub partition: Duration,
+}
+
+/// One peer of `[regions] peers`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Peer {
+    /// The peer region's name.
+    pub name: String,
+    /// Its Redis URL (the forms `[store] url` takes).
+    pub url: String,
+}
+
+// === impl Regions ===
+
+impl Regions {
+    /// Every region's name (this one's and the peers'), sorted: a region's index is its
+    /// place here, so every region numbers them alike.
+    pub fn names(&self) -> Vec<&str> {
+        let mut names: Vec<&str> = self.peers.iter().map(|p| p.name.as_str()).collect();
+        names.push(&self.name);
+        names.sort_unstable();
+        names
+    }
+
+    /// How many regions share a `fleet = "regions"` limit.
+    pub fn count(&self) -> usize {
+        self.peers.len() + 1
+    }
+
+    /// This region's index in `names`.
+    pub fn index(&self) -> usize {
+        self.peers.iter().filter(|p| p.name < self.name).count()
+    }
 }
 
 /// `[tracing]`: a span per proxied request, exported over OTLP/gRPC.

@@ -180,6 +180,7 @@ mod tests {
                 jitter_ms: 0,
                 admission: crate::limiter::Admission::Auto,
                 calendar: None,
+                fleet: crate::limiter::Fleet::Local,
             }],
             on_failure: crate::limiter::OnFailure::Local,
             message: None,

@@ -23,6 +23,6 @@ pub use check::{
 pub use decision::{DecidedAt, Decision, Verdict, WindowDecision};
 pub use outcome::StatusSet;
 pub use policy::{
-    Admission, Algorithm, BanRule, Base, Named, OnFailure, Scope, ScopeLimits, Window, WindowLimit,
-    MAX_NAMED,
+    Admission, Algorithm, BanRule, Base, Fleet, Named, OnFailure, Scope, ScopeLimits, Window,
+    WindowLimit, MAX_NAMED,
 };

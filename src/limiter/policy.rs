@@ -77,6 +77,21 @@ pub enum Admission {
     Exact,
 }
 
+/// `fleet`: which gateways share a window's limit (issue 37, `[regions]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+pub enum Fleet {
+    /// Every gateway on this region's store: the limit is this store's (the default).
+    #[default]
+    Local,
+    /// `fleet = "regions"`: one limit across every region of `[regions]`, each region
+    /// admitting within its allotment and the grants its peers sent it (`src/regions`).
+    /// Fixed windows only (`throttle check` refuses the rest).
+    Regions,
+    /// `fleet = "home"`: every request is decided in the Redis of the identity's home
+    /// region (one cross-region round trip, exact).
+    Home,
+}
+
 /// What a scope does when its store cannot answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum OnFailure {
@@ -110,6 +125,8 @@ pub struct WindowLimit {
     /// window-aligned algorithms start at local midnight there (None: UTC, the 1st, and
     /// epoch-aligned weeks).
     pub calendar: Option<&'static Calendar>,
+    /// `fleet`: who shares the limit (default: this region's store alone).
+    pub fleet: Fleet,
 }
 
 /// The windows of one scope table, with its failure policy and 429 message.
@@ -379,6 +396,7 @@ impl WindowLimit {
             jitter_ms: 0,
             admission: Admission::Auto,
             calendar: None,
+            fleet: Fleet::Local,
         }
     }
 

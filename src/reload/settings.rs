@@ -74,6 +74,7 @@ pub fn settings(started: &Config, new: &Config) -> Vec<Setting> {
         blocks,
         rls,
         tracing,
+        regions,
     } = started;
     server_settings(&mut out, server, &new.server);
     out.applied("client_ip.trusted_proxies", trusted_proxies);
@@ -96,6 +97,8 @@ pub fn settings(started: &Config, new: &Config) -> Vec<Setting> {
     out.applied("blocks", blocks);
     rls_settings(&mut out, rls);
     tracing_settings(&mut out, tracing.as_ref(), new.tracing.as_ref());
+    // The sync loop and the peers' connections start with the process.
+    out.restart("regions", *regions != new.regions);
     out.0
 }
 

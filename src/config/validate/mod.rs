@@ -149,6 +149,7 @@ pub(super) fn validate(
         blocks,
         rls,
         tracing,
+        regions: None,
     })
 }
 
