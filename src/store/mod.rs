@@ -8,6 +8,7 @@
 
 pub mod bans;
 pub mod breaker;
+pub mod home;
 pub mod memory;
 pub mod redis;
 pub mod slots;

@@ -20,6 +20,7 @@ use throttle::metrics::Metrics;
 use throttle::store::MemoryStore;
 use tower::{Layer, ServiceExt};
 
+use crate::support::kinds::{kind_config_with, TABLE_KINDS};
 use crate::support::redis::RedisServer;
 use crate::support::{client, header, Gateway};
 
@@ -537,97 +538,12 @@ fn the_tower_layer_refuses_cost_from() {
 
 // === count_on in every table kind, on every store ===
 
-/// Where a `count_on` table can be: (label, the TOML that puts `per_hour = 3,
-/// count_on = ["401"]` there, the 429's `scope`, its `route`).
-const TABLE_KINDS: [(&str, &str, &str, Option<&str>); 10] = [
-    ("[limits.ip]", "[limits.ip]\n{T}\n", "ip", None),
-    ("[limits.global]", "[limits.global]\n{T}\n", "global", None),
-    ("[limits.user]", "[limits.user]\n{T}\n", "user", None),
-    ("tier key", "[tiers.t]\nkey = { {I} }\n", "key", None),
-    (
-        "tier tenant",
-        "[tiers.t]\ntenant = { {I} }\n",
-        "tenant",
-        None,
-    ),
-    ("route ip", "[routes.limits.ip]\n{T}\n", "ip", Some("login")),
-    (
-        "route key",
-        "[routes.limits.key]\n{T}\n",
-        "key",
-        Some("login"),
-    ),
-    (
-        "route tenant",
-        "[routes.limits.tenant]\n{T}\n",
-        "tenant",
-        Some("login"),
-    ),
-    (
-        "route global",
-        "[routes.limits.global]\n{T}\n",
-        "global",
-        Some("login"),
-    ),
-    (
-        "route user",
-        "[routes.limits.user]\n{T}\n",
-        "user",
-        Some("login"),
-    ),
-];
-
 /// A gateway config with the `count_on` table of `kind` (a `TABLE_KINDS` entry's TOML):
 /// one route `/login` (key optional), a key `k1` of tenant `acme` in tier `t`, a custom
 /// scope `user` from `X-User`.
 fn kind_config(store: &str, upstream: &str, kind: &str) -> String {
     let table = "per_hour = 3\ncount_on = [\"401\"]";
     kind_config_with(store, upstream, kind, table, "")
-}
-
-/// As `kind_config`, with `table` (newline-separated `key = value` lines) in the table of
-/// `kind` and `route_extra` lines on the route.
-fn kind_config_with(
-    store: &str,
-    upstream: &str,
-    kind: &str,
-    table: &str,
-    route_extra: &str,
-) -> String {
-    let inline = table.replace('\n', ", ");
-    let kind = kind.replace("{T}", table).replace("{I}", &inline);
-    let (top, route) = match kind.strip_prefix("[routes.") {
-        Some(_) => (String::new(), kind.clone()),
-        None => (kind.clone(), String::new()),
-    };
-    let tier = if top.contains("[tiers.t]") {
-        ""
-    } else {
-        "[tiers.t]\nkey = { per_hour = 1000000 }\n"
-    };
-    format!(
-        r#"{store}
-[scopes.user]
-from = "header:X-User"
-
-{top}
-{tier}
-[[keys]]
-id = "k1"
-key = "key-one-secret"
-tenant = "acme"
-tier = "t"
-
-[[routes]]
-name = "login"
-path_prefix = "/"
-upstreams = ["{upstream}"]
-auth = "optional"
-{route_extra}
-
-{route}
-"#
-    )
 }
 
 /// Six successes never count, three failures do, the next request (a failure or a

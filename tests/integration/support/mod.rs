@@ -16,6 +16,7 @@ use tempfile::TempDir;
 pub mod decoding;
 pub mod delay_proxy;
 pub mod jwt;
+pub mod kinds;
 pub mod nginx;
 pub mod postgres;
 pub mod redis;
