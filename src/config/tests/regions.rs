@@ -499,3 +499,44 @@ fn the_documented_examples_pass_the_check() {
         assert!(c.warnings().is_empty(), "{:?}", c.warnings());
     }
 }
+
+/// The shipped file's commented `[regions]` example and tier `fleet` line, uncommented
+/// on a Redis store, pass the check: the pro tier becomes one limit across regions.
+#[test]
+fn the_shipped_regions_example_passes_when_uncommented() {
+    let mut text = SHIPPED.replacen(
+        "backend = \"memory\"",
+        "backend = \"redis\"\nurl = \"redis://127.0.0.1:6379\"",
+        1,
+    );
+    let lines = [
+        "# [regions]",
+        "# name = \"eu\"",
+        "# peers = {",
+        "# sync_ms = 50",
+        "# partition_secs = 1",
+        "# fleet = \"regions\"",
+    ];
+    for line in lines {
+        let at = text
+            .find(line)
+            .unwrap_or_else(|| panic!("{line:?} not shipped"));
+        text.replace_range(at..at + 2, "");
+    }
+    let env = |var: &str| match var {
+        "US_REDIS" | "AP_REDIS" => Ok(format!("redis://{var}.example:6379")),
+        _ => Err(std::env::VarError::NotPresent),
+    };
+    let c = parse_with("gateway.toml", &text, &env).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.regions.as_ref().map(Regions::count), Some(3));
+    let pro = &c.tiers["pro"];
+    let all = pro.key.windows.iter().chain(&pro.tenant.windows);
+    assert!(all.clone().count() > 0);
+    assert!(all.clone().all(|w| w.fleet == Fleet::Regions), "{pro:?}");
+    assert!(all.clone().all(|w| w.algorithm == Algorithm::FixedWindow));
+    assert!(c.tiers["free"]
+        .key
+        .windows
+        .iter()
+        .all(|w| w.fleet == Fleet::Local));
+}
