@@ -35,6 +35,30 @@ pub(crate) struct File {
     pub(crate) blocks: Vec<BlockFile>,
     pub(crate) rls: Option<RlsFile>,
     pub(crate) tracing: Option<TracingFile>,
+    pub(crate) regions: Option<Spanned<RegionsFile>>,
+}
+
+/// `[regions]`: this gateway's region and its peers' Redis (issue 37).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RegionsFile {
+    pub(crate) name: Spanned<String>,
+    /// Region name -> Redis URL (`"${VAR}"` expanded as `[store] url` is).
+    pub(crate) peers: Spanned<BTreeMap<String, Spanned<String>>>,
+    pub(crate) sync_ms: Option<Spanned<u64>>,
+    pub(crate) partition_secs: Option<Spanned<u64>>,
+    /// The first contract's budget: accepted, unused (the allotments + grants rule has
+    /// none), warned about.
+    pub(crate) unsynced: Option<Spanned<f64>>,
+}
+
+/// `fleet = "regions" | "home" | "local"` on a scope table or a tier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum FleetFile {
+    Local,
+    Regions,
+    Home,
 }
 
 /// `[tracing]`: OTLP export of a span per proxied request.
@@ -205,7 +229,7 @@ pub(crate) enum MissingFile {
     Reject,
 }
 
-#[derive(Debug, Clone, Copy, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub(crate) enum AlgorithmFile {
     TokenBucket,
@@ -225,7 +249,7 @@ pub(crate) struct ScopeFile {
     pub(crate) per_day: Option<Spanned<u64>>,
     pub(crate) per_week: Option<Spanned<u64>>,
     pub(crate) per_month: Option<Spanned<u64>>,
-    pub(crate) algorithm: Option<AlgorithmFile>,
+    pub(crate) algorithm: Option<Spanned<AlgorithmFile>>,
     pub(crate) burst_multiplier: Option<Spanned<f64>>,
     pub(crate) on_failure: Option<OnFailureFile>,
     pub(crate) reset_jitter_secs: Option<u64>,
@@ -238,6 +262,8 @@ pub(crate) struct ScopeFile {
     pub(crate) calendar_tz: Option<Spanned<String>>,
     /// `billing_anchor_day = 1..28`: the day of the month a month window starts on.
     pub(crate) billing_anchor_day: Option<Spanned<i64>>,
+    /// `fleet = "regions" | "home"`: who shares the table's windows (needs `[regions]`).
+    pub(crate) fleet: Option<Spanned<FleetFile>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -268,6 +294,8 @@ pub(crate) struct TierFile {
     pub(crate) calendar_tz: Option<Spanned<String>>,
     /// The default `billing_anchor_day` of the tier's `key` and `tenant` tables.
     pub(crate) billing_anchor_day: Option<Spanned<i64>>,
+    /// The default `fleet` of the tier's `key` and `tenant` tables.
+    pub(crate) fleet: Option<Spanned<FleetFile>>,
 }
 
 #[derive(Debug, Clone, Copy, Default, Deserialize)]

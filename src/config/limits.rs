@@ -3,7 +3,7 @@
 //! passes here is exact in Rust and in Redis' Lua (doubles), and bounded in memory.
 
 use crate::limiter::algorithm::{Calendar, MAX_EXACT_PRODUCT};
-use crate::limiter::{Admission, Algorithm, ScopeLimits, Window, WindowLimit};
+use crate::limiter::{Admission, Algorithm, Fleet, ScopeLimits, Window, WindowLimit};
 
 /// Largest accepted limit: keeps Redis' Lua numbers (doubles) exact.
 pub const MAX_LIMIT: u64 = 1_000_000_000;
@@ -97,6 +97,15 @@ pub enum LimitError {
         /// The field.
         field: String,
     },
+    /// A window of a `fleet = "regions"` table counted by another algorithm than
+    /// `fixed_window` (a database policy row's `algorithm`).
+    #[error("{field}: fleet = \"regions\" counts fixed_window windows only, not {}: only a fixed window has a start every region agrees on, to carry allotments and grants across regions", algorithm.as_str())]
+    FleetAlgorithm {
+        /// The field.
+        field: String,
+        /// The algorithm asked for.
+        algorithm: Algorithm,
+    },
 }
 
 /// How a scope builds its windows beyond their limits: the burst, the algorithm and the
@@ -115,6 +124,9 @@ pub struct WindowSettings {
     /// `calendar_tz` / `billing_anchor_day`: where day, week and month windows start
     /// (None: UTC, the 1st).
     pub calendar: Option<&'static Calendar>,
+    /// `fleet`: who shares the windows. Windows the database adds later (a policy row,
+    /// a key's override) take the tier's, so no column is needed for it.
+    pub fleet: Fleet,
 }
 
 // === impl LimitError ===
@@ -132,12 +144,13 @@ impl LimitError {
             | LimitError::BelowCost { field, .. }
             | LimitError::UnknownField { field }
             | LimitError::UnknownAlgorithm { field, .. }
+            | LimitError::FleetAlgorithm { field, .. }
             | LimitError::NotAnObject { field } => field,
         }
     }
 
     /// The same error about the field `to` (e.g. a table column `req_per_minute` for the
-    /// window `per_minute`).
+    /// window `per_minute`); a `FleetAlgorithm` error stays about `algorithm`.
     #[must_use]
     pub fn for_field(mut self, to: impl Into<String>) -> Self {
         let to = to.into();
@@ -152,6 +165,8 @@ impl LimitError {
             | LimitError::UnknownField { field }
             | LimitError::UnknownAlgorithm { field, .. }
             | LimitError::NotAnObject { field } => *field = to,
+            // About the algorithm, whichever window met it first.
+            LimitError::FleetAlgorithm { .. } => {}
         }
         self
     }
@@ -167,30 +182,48 @@ impl Default for WindowSettings {
             jitter_ms: 0,
             admission: Admission::Auto,
             calendar: None,
+            fleet: Fleet::Local,
         }
     }
 }
 
 impl WindowSettings {
-    /// The algorithm of `window` under these settings.
+    /// The algorithm of `window` under these settings: the scope's, else `fixed_window`
+    /// for a `fleet = "regions"` table (the only one that carries across regions, so
+    /// `per_second = 100, fleet = "regions"` needs nothing more), else the window's
+    /// default.
     pub fn algorithm_of(&self, window: Window) -> Algorithm {
-        self.algorithm.unwrap_or(window.default_algorithm())
+        match (self.algorithm, self.fleet) {
+            (Some(a), _) => a,
+            (None, Fleet::Regions) => Algorithm::FixedWindow,
+            (None, _) => window.default_algorithm(),
+        }
     }
 
-    /// `limit` per `window` with these settings, validated (`window_limit`).
+    /// `limit` per `window` with these settings, validated (`window_limit`); a
+    /// `fleet = "regions"` window counted by another algorithm than `fixed_window` is
+    /// refused.
     ///
     /// # Errors
     /// `LimitError` naming the window's field.
     pub fn window(&self, window: Window, limit: u64) -> Result<WindowLimit, LimitError> {
+        let algorithm = self.algorithm_of(window);
+        if self.fleet == Fleet::Regions && algorithm != Algorithm::FixedWindow {
+            return Err(LimitError::FleetAlgorithm {
+                field: "algorithm".into(),
+                algorithm,
+            });
+        }
         window_limit(
             window,
             limit,
-            self.algorithm_of(window),
+            algorithm,
             self.burst_multiplier,
             self.jitter_ms,
         )
-        .map(|w| {
-            w.with_admission(self.admission)
+        .map(|w| WindowLimit {
+            fleet: self.fleet,
+            ..w.with_admission(self.admission)
                 .with_calendar(self.calendar)
         })
     }

@@ -64,6 +64,9 @@ pub struct Config {
     pub tracing: Option<Tracing>,
     /// `[regions]` (None: this gateway's region is the whole fleet). Read at start.
     pub regions: Option<Regions>,
+    /// Warnings about values of the file, each at its `file:line:col`, found while
+    /// validating (`warnings` returns them with the others). Not a setting.
+    pub file_warnings: Vec<String>,
 }
 
 /// `[regions]`: this gateway's region and its peers, for `fleet = "regions"` and
@@ -230,9 +233,12 @@ impl Config {
     /// What `throttle check` (and the start) warns about without failing: a decision API
     /// (the admin listener's `POST /v1/check`, the RLS) listening beyond loopback without
     /// `check_token`, where anyone who reaches it can spend other clients' limits; a
-    /// `cost_header` route without `max_cost` feeding a shared window.
+    /// `cost_header` route without `max_cost` feeding a shared window; the warnings placed
+    /// at a value (`file_warnings`: `[regions] unsynced`, a `fleet = "regions"` limit below
+    /// the number of regions).
     pub fn warnings(&self) -> Vec<String> {
-        let mut out = super::warnings::unbounded_cost(self);
+        let mut out = self.file_warnings.clone();
+        out.extend(super::warnings::unbounded_cost(self));
         if self.server.check_token.is_some() {
             return out;
         }

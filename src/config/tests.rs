@@ -711,6 +711,7 @@ fn tracing_section() {
 }
 
 mod calendar;
+mod regions;
 mod secrets;
 mod tables;
 mod tokens;

@@ -1,7 +1,17 @@
 //! What `throttle check` (and the start) warns about without failing, besides the
-//! decision APIs' `check_token` (`Config::warnings`).
+//! decision APIs' `check_token` (`Config::warnings`). Warnings about a value found while
+//! validating (`[regions]`, `fleet`) are placed at its `file:line:col` there and kept in
+//! `Config::file_warnings`; their texts are here.
 
 use super::{Config, Counts};
+
+/// `[regions] unsynced`: the first contract's budget, accepted so its configs still load.
+pub(super) const UNSYNCED_UNUSED: &str = "[regions] unsynced is not used: the allotments + grants rule keeps admitted <= L in every window with no budget of unacknowledged admissions (docs/src/features/regions.md); remove it";
+
+/// A `fleet = "regions"` window whose limit is below the number of regions.
+pub(super) fn below_regions(field: &str, limit: u32, regions: usize) -> String {
+    format!("{field} = {limit} with fleet = \"regions\" is below the {regions} regions: every window, some regions start with an allotment of 0 and serve only what their peers grant them (a grant takes up to sync_ms and a one-way delay); fleet = \"home\" suits small limits")
+}
 
 /// A route with `cost_header` and no `max_cost` that feeds a shared window (`[limits.global]`,
 /// or its own `global` table): one upstream response reporting a huge usage settles it

@@ -75,6 +75,7 @@ pub fn settings(started: &Config, new: &Config) -> Vec<Setting> {
         rls,
         tracing,
         regions,
+        file_warnings: _, // not a setting: what `throttle check` says of the file
     } = started;
     server_settings(&mut out, server, &new.server);
     out.applied("client_ip.trusted_proxies", trusted_proxies);

@@ -578,6 +578,12 @@ const TABLE: &[(&str, &str, &str, bool)] = &[
         "sample_ratio = 0.5",
         true,
     ),
+    (
+        "regions",
+        "[tracing]",
+        "[regions]\nname = \"eu\"\npeers = { us = \"redis://127.0.0.1:2\" }\n[tracing]",
+        true,
+    ),
 ];
 
 /// Files the base config reads: two certificate pairs, two JWKS, two admin tokens, an

@@ -272,6 +272,7 @@ pub fn policy_tier(
         jitter_ms: base.map_or(0, |t| t.key_settings.jitter_ms),
         admission: base.map_or_else(Default::default, |t| t.key_settings.admission),
         calendar: base.and_then(|t| t.key_settings.calendar),
+        fleet: base.map_or_else(Default::default, |t| t.key_settings.fleet),
     };
     let mut windows = Vec::new();
     for (window, limit) in Window::ALL.into_iter().zip(row.limits) {

@@ -57,6 +57,117 @@ fn check_names_file_line_and_column() {
     assert!(String::from_utf8_lossy(&out.stderr).starts_with("/nonexistent.toml: cannot read"));
 }
 
+/// `throttle check` on a region of a three-region fleet (issue 37): the file passes with
+/// its peers' URLs in the environment and says what it warns about; a bad `fleet`, a
+/// missing variable and a memory store each fail naming file:line:col.
+#[test]
+fn check_a_three_region_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = r#"[store]
+backend = "redis"
+url = "redis://127.0.0.1:6379"
+
+[regions]
+name = "eu"
+peers = { us = "${US_REDIS}", ap = "${AP_REDIS}" }
+
+[tiers.pro]
+fleet = "regions"
+key = { per_second = 100, per_day = 1000000 }
+tenant = { per_minute = 2 }
+
+[scopes.user]
+from = "header:X-User-Id"
+
+[limits.user]
+per_minute = 5
+fleet = "home"
+
+[[keys]]
+id = "k1"
+key = "a-long-enough-test-key-for-the-check"
+tenant = "acme"
+tier = "pro"
+
+[[routes]]
+name = "api"
+path_prefix = "/"
+upstreams = ["127.0.0.1:9000"]
+"#;
+    let write = |name: &str, text: &str| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        p.to_str().unwrap().to_string()
+    };
+    let check = |path: &str, env: &[(&str, &str)]| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_throttle"));
+        cmd.args(["check", "--config", path])
+            .env_remove("US_REDIS")
+            .env_remove("AP_REDIS");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let out = cmd.output().unwrap();
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        (out.status.code(), text(&out.stdout), text(&out.stderr))
+    };
+    let peers = [
+        ("US_REDIS", "redis://us.example:6379"),
+        ("AP_REDIS", "rediss://ap.example:6380"),
+    ];
+    let path = write("eu.toml", good);
+    let (code, stdout, stderr) = check(&path, &peers);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        stdout.starts_with(&format!("{path}: ok (1 routes, 1 tiers, 1 keys")),
+        "{stdout}"
+    );
+    // The tenant's 2 a minute across 3 regions: passes, with a warning at its value.
+    assert!(
+        stderr.starts_with(&format!(
+            "{path}:12:25: warning: per_minute = 2 with fleet = \"regions\" is below the 3 regions"
+        )),
+        "{stderr}"
+    );
+    // Without the peers' variables: the first one read is named.
+    let (code, _, stderr) = check(&path, &peers[..1]);
+    assert_eq!(code, Some(1));
+    assert!(
+        stderr.starts_with(&format!(
+            "{path}:7:36: [regions] peers.ap: environment variable AP_REDIS is not set"
+        )),
+        "{stderr}"
+    );
+    // A token bucket cannot be one limit across regions.
+    let bad = good.replace(
+        "key = { per_second = 100, per_day = 1000000 }",
+        "key = { per_second = 100, per_day = 1000000, algorithm = \"token_bucket\" }",
+    );
+    let path = write("bucket.toml", &bad);
+    let (code, _, stderr) = check(&path, &peers);
+    assert_eq!(code, Some(1));
+    assert!(
+        stderr.starts_with(&format!(
+            "{path}:11:58: algorithm = \"token_bucket\" with fleet = \"regions\" (the tier's)"
+        )),
+        "{stderr}"
+    );
+    // Each region keeps its own Redis.
+    let memory = good.replace(
+        "backend = \"redis\"\nurl = \"redis://127.0.0.1:6379\"",
+        "backend = \"memory\"",
+    );
+    let path = write("memory.toml", &memory);
+    let (code, _, stderr) = check(&path, &peers);
+    assert_eq!(code, Some(1));
+    assert!(
+        stderr.starts_with(&format!(
+            "{path}:4:1: [regions] needs [store] backend = \"redis\""
+        )),
+        "{stderr}"
+    );
+}
+
 /// `throttle demo` serves the shipped routes from its own upstream: 200s, then a 429.
 #[tokio::test(flavor = "multi_thread")]
 async fn demo_gives_200_then_429() {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use crate::limiter::{ScopeLimits, WindowLimit};
 
 /// The 1-based line and column of the first occurrence of `needle` in `src`.
-fn pos_of(src: &str, needle: &str) -> (usize, usize) {
+pub(super) fn pos_of(src: &str, needle: &str) -> (usize, usize) {
     let at = src
         .find(needle)
         .unwrap_or_else(|| panic!("{needle:?} not in\n{src}"));
@@ -21,7 +21,7 @@ fn pos_of(src: &str, needle: &str) -> (usize, usize) {
 }
 
 /// The scope table a template of `TABLES` builds, from the parsed config.
-fn table_of(c: &Config, label: &str) -> Arc<ScopeLimits> {
+pub(super) fn table_of(c: &Config, label: &str) -> Arc<ScopeLimits> {
     let route = || &c.routes[0].limits[0].limits;
     match label {
         "[limits.ip]" => c.ip_limits.clone().unwrap(),

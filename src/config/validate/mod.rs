@@ -26,6 +26,7 @@ mod calendar;
 mod client_ip;
 mod jwt;
 mod keys;
+mod regions;
 mod rls;
 mod routes;
 mod scopes;
@@ -40,6 +41,7 @@ use self::client_ip::*;
 use self::jwt::*;
 use self::keys::*;
 pub use self::keys::{format_rfc3339, rfc3339_ms};
+use self::regions::*;
 use self::rls::*;
 use self::routes::*;
 use self::scopes::*;
@@ -70,11 +72,26 @@ struct Ctx<'a> {
     name: &'a str,
     source: &'a str,
     env: EnvLookup<'a>,
+    /// How many regions share a `fleet = "regions"` limit (None: no `[regions]`).
+    regions: Option<usize>,
+    /// Warnings placed at a value, in the order found (`Config::file_warnings`).
+    warnings: std::cell::RefCell<Vec<String>>,
 }
 
 impl Ctx<'_> {
     fn err(&self, span: Range<usize>, msg: impl Into<String>) -> ConfigError {
         ConfigError::at(self.name, self.source, Some(span), msg)
+    }
+
+    /// A warning at `span`: `file:line:col: warning: msg`.
+    fn warn(&self, span: Range<usize>, msg: &str) {
+        let at = ConfigError::at(
+            self.name,
+            self.source,
+            Some(span),
+            format!("warning: {msg}"),
+        );
+        self.warnings.borrow_mut().push(at.to_string());
     }
 }
 
@@ -84,9 +101,21 @@ pub(super) fn validate(
     raw: File,
     env: EnvLookup<'_>,
 ) -> Result<Config, ConfigError> {
-    let cx = Ctx { name, source, env };
+    let cx = Ctx {
+        name,
+        source,
+        env,
+        regions: None,
+        warnings: Default::default(),
+    };
     let server = server(&cx, &raw.server)?;
     let store = store(&cx, &raw.store)?;
+    let regions = regions(&cx, raw.regions.as_ref(), &store)?;
+    // The tables' `fleet` is checked against it.
+    let cx = Ctx {
+        regions: regions.as_ref().map(Regions::count),
+        ..cx
+    };
     let Limits {
         ip_limits,
         global_limits,
@@ -149,7 +178,8 @@ pub(super) fn validate(
         blocks,
         rls,
         tracing,
-        regions: None,
+        regions,
+        file_warnings: cx.warnings.into_inner(),
     })
 }
 

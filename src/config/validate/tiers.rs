@@ -110,6 +110,8 @@ pub(super) struct Inherit<'a> {
     pub(super) message: Option<&'a String>,
     /// The tier's `calendar_tz` and `billing_anchor_day`.
     pub(super) calendar: CalendarKeys<'a>,
+    /// The tier's `fleet`.
+    pub(super) fleet: Option<&'a Spanned<FleetFile>>,
     /// The table's windows may also come from the database (a tier's key table with
     /// `[database]`): its calendar keys are not refused for want of a window here.
     pub(super) windows_elsewhere: bool,
@@ -126,13 +128,14 @@ pub(super) fn settings(
             Some(b) => burst(cx, b)?,
             None => inherit.burst.unwrap_or(1.0),
         },
-        algorithm: s.algorithm.map(algorithm),
+        algorithm: s.algorithm.as_ref().map(|a| algorithm(*a.get_ref())),
         jitter_ms: s.reset_jitter_secs.unwrap_or(0).saturating_mul(1000),
         admission: match s.admission {
             Some(AdmissionFile::Exact) => Admission::Exact,
             Some(AdmissionFile::Auto) | None => Admission::Auto,
         },
         calendar: CalendarKeys::of(s, inherit.calendar).calendar(cx)?,
+        fleet: fleet(cx, s, inherit.fleet)?,
     })
 }
 
@@ -168,7 +171,9 @@ pub(super) fn scope(
     }
     if !inherit.windows_elsewhere {
         refuse_unaligned(cx, s, &windows)?;
+        refuse_windowless(cx, s.fleet.as_ref(), &windows, "this table")?;
     }
+    warn_small(cx, s, &windows);
     let concurrent = match &s.concurrent {
         None => None,
         Some(c) => match u32::try_from(*c.get_ref()) {
@@ -263,6 +268,7 @@ pub(super) fn tier(
         burst: b,
         message: t.message.as_ref(),
         calendar,
+        fleet: t.fleet.as_ref(),
         windows_elsewhere: false,
     };
     let table = |s: Option<&Spanned<ScopeFile>>, which: &str, any_windows: bool| {
@@ -283,7 +289,9 @@ pub(super) fn tier(
     let tenant = table(t.tenant.as_ref(), "tenant", false)?;
     if !windows_elsewhere {
         let both: Vec<WindowLimit> = key.windows.iter().chain(&tenant.windows).copied().collect();
-        calendar.refuse_unaligned(cx, &both, &format!("[tiers.{name}] (key and tenant)"))?;
+        let table = format!("[tiers.{name}] (key and tenant)");
+        calendar.refuse_unaligned(cx, &both, &table)?;
+        refuse_windowless(cx, t.fleet.as_ref(), &both, &table)?;
     }
     let empty = ScopeFile::default();
     let key_file = t.key.as_ref().map_or(&empty, Spanned::get_ref);
