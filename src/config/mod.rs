@@ -9,6 +9,7 @@ mod file;
 mod limits;
 mod model;
 mod net;
+mod regions;
 mod secret;
 mod text;
 mod validate;

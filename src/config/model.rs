@@ -9,6 +9,7 @@ use std::time::Duration;
 use ipnet::IpNet;
 
 use super::limits::WindowSettings;
+pub use super::regions::{Peer, Regions};
 use crate::limiter::{OnFailure, Scope, ScopeLimits};
 
 /// The whole validated `gateway.toml`.
@@ -67,54 +68,6 @@ pub struct Config {
     /// Warnings about values of the file, each at its `file:line:col`, found while
     /// validating (`warnings` returns them with the others). Not a setting.
     pub file_warnings: Vec<String>,
-}
-
-/// `[regions]`: this gateway's region and its peers, for `fleet = "regions"` and
-/// `fleet = "home"` tables (see `src/regions`).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Regions {
-    /// `name`: this region.
-    pub name: String,
-    /// `peers`: every other region, its name and its Redis URL (`${VAR}` expanded),
-    /// sorted by name.
-    pub peers: Vec<Peer>,
-    /// `sync_ms` (default 50): how often this region writes to each peer.
-    pub sync: Duration,
-    /// `partition_secs` (default 1): a peer that acknowledged no write for this long is
-    /// cut off (no grants go to it).
-    pub partition: Duration,
-}
-
-/// One peer of `[regions] peers`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Peer {
-    /// The peer region's name.
-    pub name: String,
-    /// Its Redis URL (the forms `[store] url` takes).
-    pub url: String,
-}
-
-// === impl Regions ===
-
-impl Regions {
-    /// Every region's name (this one's and the peers'), sorted: a region's index is its
-    /// place here, so every region numbers them alike.
-    pub fn names(&self) -> Vec<&str> {
-        let mut names: Vec<&str> = self.peers.iter().map(|p| p.name.as_str()).collect();
-        names.push(&self.name);
-        names.sort_unstable();
-        names
-    }
-
-    /// How many regions share a `fleet = "regions"` limit.
-    pub fn count(&self) -> usize {
-        self.peers.len() + 1
-    }
-
-    /// This region's index in `names`.
-    pub fn index(&self) -> usize {
-        self.peers.iter().filter(|p| p.name < self.name).count()
-    }
 }
 
 /// `[tracing]`: a span per proxied request, exported over OTLP/gRPC.
@@ -228,35 +181,6 @@ pub enum AccessLogTarget {
 }
 
 pub use super::secret::Secret;
-
-impl Config {
-    /// What `throttle check` (and the start) warns about without failing: a decision API
-    /// (the admin listener's `POST /v1/check`, the RLS) listening beyond loopback without
-    /// `check_token`, where anyone who reaches it can spend other clients' limits; a
-    /// `cost_header` route without `max_cost` feeding a shared window; the warnings placed
-    /// at a value (`file_warnings`: `[regions] unsynced`, a `fleet = "regions"` limit below
-    /// the number of regions).
-    pub fn warnings(&self) -> Vec<String> {
-        let mut out = self.file_warnings.clone();
-        out.extend(super::warnings::unbounded_cost(self));
-        if self.server.check_token.is_some() {
-            return out;
-        }
-        let s = &self.server;
-        let listeners = [
-            ("admin_listen", Some(s.admin_listen), "POST /v1/check"),
-            ("rls_listen", s.rls_listen, "the rate-limit service"),
-        ];
-        out.extend(listeners.into_iter().filter_map(|(key, addr, what)| {
-                let addr = addr.filter(|a| !a.ip().to_canonical().is_loopback())?;
-                Some(format!(
-                    "{}: warning: {key} {addr} listens beyond loopback and [server] check_token is not set: anyone who reaches it can spend any client's limits through {what}",
-                    self.source
-                ))
-            }));
-        out
-    }
-}
 
 /// `[server] rate_limit_headers`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

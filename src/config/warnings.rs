@@ -38,6 +38,37 @@ pub(super) fn unbounded_cost(config: &Config) -> Vec<String> {
         .collect()
 }
 
+// === impl Config ===
+
+impl Config {
+    /// What `throttle check` (and the start) warns about without failing: a decision API
+    /// (the admin listener's `POST /v1/check`, the RLS) listening beyond loopback without
+    /// `check_token`, where anyone who reaches it can spend other clients' limits; a
+    /// `cost_header` route without `max_cost` feeding a shared window; the warnings placed
+    /// at a value (`file_warnings`: `[regions] unsynced`, a `fleet = "regions"` limit below
+    /// the number of regions).
+    pub fn warnings(&self) -> Vec<String> {
+        let mut out = self.file_warnings.clone();
+        out.extend(unbounded_cost(self));
+        if self.server.check_token.is_some() {
+            return out;
+        }
+        let s = &self.server;
+        let listeners = [
+            ("admin_listen", Some(s.admin_listen), "POST /v1/check"),
+            ("rls_listen", s.rls_listen, "the rate-limit service"),
+        ];
+        out.extend(listeners.into_iter().filter_map(|(key, addr, what)| {
+                let addr = addr.filter(|a| !a.ip().to_canonical().is_loopback())?;
+                Some(format!(
+                    "{}: warning: {key} {addr} listens beyond loopback and [server] check_token is not set: anyone who reaches it can spend any client's limits through {what}",
+                    self.source
+                ))
+            }));
+        out
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use crate::config::parse;

@@ -78,7 +78,25 @@ struct Ctx<'a> {
     warnings: std::cell::RefCell<Vec<String>>,
 }
 
-impl Ctx<'_> {
+impl<'a> Ctx<'a> {
+    fn new(name: &'a str, source: &'a str, env: EnvLookup<'a>) -> Self {
+        Self {
+            name,
+            source,
+            env,
+            regions: None,
+            warnings: Default::default(),
+        }
+    }
+
+    /// The same, with `regions` to check the tables' `fleet` against.
+    fn with_regions(self, regions: Option<&Regions>) -> Self {
+        Self {
+            regions: regions.map(Regions::count),
+            ..self
+        }
+    }
+
     fn err(&self, span: Range<usize>, msg: impl Into<String>) -> ConfigError {
         ConfigError::at(self.name, self.source, Some(span), msg)
     }
@@ -101,21 +119,11 @@ pub(super) fn validate(
     raw: File,
     env: EnvLookup<'_>,
 ) -> Result<Config, ConfigError> {
-    let cx = Ctx {
-        name,
-        source,
-        env,
-        regions: None,
-        warnings: Default::default(),
-    };
+    let cx = Ctx::new(name, source, env);
     let server = server(&cx, &raw.server)?;
     let store = store(&cx, &raw.store)?;
     let regions = regions(&cx, raw.regions.as_ref(), &store)?;
-    // The tables' `fleet` is checked against it.
-    let cx = Ctx {
-        regions: regions.as_ref().map(Regions::count),
-        ..cx
-    };
+    let cx = cx.with_regions(regions.as_ref());
     let Limits {
         ip_limits,
         global_limits,
