@@ -17,7 +17,8 @@
 --   read   KEYS[i]; start, prev_start (the previous window's start, 0: none).
 --          Reply per key: own cap demand prior, then per region j: given heard count
 --          demand want heard_of_mine prior (-1: absent; a prior is a demand of the
---          previous window: this region's, or j's when j wrote in it).
+--          previous window: this region's when its hash exists, or j's when j wrote in
+--          it).
 --   grant  KEYS[i]; start, end, allot, peer, amount, keep: if cap - own >= amount (the
 --          rule) and cap - amount >= keep (the policy's forecast need: two gateways of
 --          one region planning alike do not both give the same spare away), adds it to
@@ -55,7 +56,7 @@ if op == 'read' then
     local b = 6 + (i - 1) * 2
     local s, prev = tonumber(ARGV[b]), tonumber(ARGV[b + 1])
     local fields = { 'cap', 'demand' }
-    local pfields = { 'demand' }
+    local pfields = { 'demand', 'cap' }
     for j = 0, R - 1 do
       local t = tostring(j)
       for _, f in ipairs({ 'given:', 'heard:', 'c:', 'd:', 'w:', 'h:' }) do
@@ -70,15 +71,18 @@ if op == 'read' then
     out[#out + 1] = fmt(own_of(KEYS[i], s))
     out[#out + 1] = fmt(num(v[1]))
     out[#out + 1] = fmt(num(v[2]))
-    out[#out + 1] = fmt(num(p[1]))
+    -- The previous window's hash exists (its cap is made first): its demand, 0 if none.
+    local prior = -1
+    if p[2] then prior = tonumber(p[1]) or 0 end
+    out[#out + 1] = fmt(prior)
     for j = 0, R - 1 do
       local at = 3 + j * 6
       for k = 0, 5 do
         out[#out + 1] = fmt(num(v[at + k]))
       end
-      local prior = -1
-      if p[3 + j * 2] then prior = tonumber(p[2 + j * 2]) or 0 end
-      out[#out + 1] = fmt(prior)
+      local peer_prior = -1
+      if p[4 + j * 2] then peer_prior = tonumber(p[3 + j * 2]) or 0 end
+      out[#out + 1] = fmt(peer_prior)
     end
   end
 elseif op == 'grant' then

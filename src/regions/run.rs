@@ -68,12 +68,18 @@ impl RegionSync {
     /// key prefix (every region uses the same `[store] key_prefix`).
     ///
     /// # Errors
-    /// When `own` has no live set (it was not made `with_regions`).
+    /// When `own` has no live set (it was not made `with_regions`), or is a Redis
+    /// Cluster (the loop's calls span slots: single node or Sentinel only, for now).
     pub fn new(
         regions: &crate::config::Regions,
         own: Arc<RedisStore>,
         clock: Arc<dyn Clock>,
     ) -> Result<Self, String> {
+        if own.is_cluster() {
+            return Err(
+                "fleet = \"regions\" syncs on a single node or Sentinel, not on Cluster".into(),
+            );
+        }
         let live = own
             .regions_live()
             .cloned()

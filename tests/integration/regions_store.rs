@@ -12,6 +12,7 @@ use throttle::config::{Peer, Regions};
 use throttle::limiter::{
     Admission, Algorithm, Check, Fleet, Ident, OnFailure, Scope, ScopeLimits, Window, WindowLimit,
 };
+use throttle::metrics::Metrics;
 use throttle::regions::run::RegionSync;
 use throttle::regions::store as rwire;
 use throttle::regions::{Live, LiveWindow, SyncWrite};
@@ -50,6 +51,7 @@ struct Fleet3 {
     redis: Vec<RedisServer>,
     stores: Vec<Arc<RedisStore>>,
     syncs: Vec<Arc<RegionSync>>,
+    metrics: Vec<Arc<Metrics>>,
     links: Vec<Vec<Option<DelayProxy>>>,
     stop: Arc<AtomicBool>,
     prefix: String,
@@ -76,6 +78,7 @@ impl Fleet3 {
         }
         let mut stores = Vec::new();
         let mut syncs = Vec::new();
+        let mut metrics = Vec::new();
         for i in 0..R {
             let store = RedisStore::new(
                 Target::Single(redis[i].url()),
@@ -101,7 +104,11 @@ impl Fleet3 {
                 partition: Duration::from_secs(1),
             };
             assert_eq!(regions.index(), i);
-            let sync = RegionSync::new(&regions, store.clone(), Arc::new(SystemClock)).unwrap();
+            let m = Arc::new(Metrics::new().unwrap());
+            let sync = RegionSync::new(&regions, store.clone(), Arc::new(SystemClock))
+                .unwrap()
+                .with_metrics(m.clone());
+            metrics.push(m);
             stores.push(store);
             syncs.push(Arc::new(sync));
         }
@@ -109,6 +116,7 @@ impl Fleet3 {
             redis,
             stores,
             syncs,
+            metrics,
             links,
             stop: Arc::new(AtomicBool::new(false)),
             prefix: prefix.to_string(),
@@ -175,6 +183,21 @@ impl Fleet3 {
     }
 }
 
+impl Fleet3 {
+    /// `throttle_region_granted_total{peer}` and `throttle_region_heard_total{peer}` of
+    /// region `i`, and its `throttle_region_partitioned{peer}`.
+    fn counted(&self, i: usize, peer: usize) -> (u64, u64, i64) {
+        let m = &self.metrics[i];
+        let label = [name(peer)];
+        let label: [&str; 1] = [label[0].as_str()];
+        (
+            m.region_granted_total.with_label_values(&label).get(),
+            m.region_heard_total.with_label_values(&label).get(),
+            m.region_partitioned.with_label_values(&label).get(),
+        )
+    }
+}
+
 impl Drop for Fleet3 {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
@@ -205,6 +228,20 @@ where
 async fn a_region_admits_its_allotment_at_once() {
     let fleet = Fleet3::start("rga", 0).await;
     let l = limits(Window::Hour, 100);
+    // A peek decides under the cap and writes nothing, demand included.
+    let mut peek = Check::new(1);
+    peek.peek = true;
+    peek.push(Scope::Key, Ident::Name("k".into()), &l);
+    let v = fleet.stores[0].check(&peek).await.unwrap();
+    assert!(v.allowed);
+    assert_eq!(v.governing.unwrap().decision.remaining, 33);
+    let mut c = fleet.redis[0].client().await;
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("rga:*")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert!(keys.is_empty(), "{keys:?}");
     // No sync loop: each region admits its allotment (34, 33, 33), nothing more, and the
     // headers keep the configured limit.
     for (i, allot) in [(0, 34), (1, 33), (2, 33)] {
@@ -353,6 +390,15 @@ async fn at_the_limit_split_80_10_10_the_grants_fill_the_window() {
         assert!(a.iter().sum::<u64>() <= 100, "window ending {end}: {a:?}");
     }
     let (_, util) = report("1x 80/10/10", &per_window, 100);
+    // The light regions granted to the heavy one, which heard it.
+    let (granted, _, _) = fleet.counted(1, 0);
+    let (_, heard, cut) = fleet.counted(0, 1);
+    eprintln!("region 2 granted region 1 {granted}, region 1 heard {heard}");
+    assert!(
+        granted > 0 && heard > 0 && heard <= granted,
+        "{granted} {heard}"
+    );
+    assert_eq!(cut, 0);
     // The light regions' slack must reach the heavy one (34 + grants), far above what
     // the allotments alone admit (34 + 10 + 10 = 54).
     assert!(util >= 0.8, "utilisation {util}");

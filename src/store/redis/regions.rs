@@ -37,6 +37,13 @@ impl RedisStore {
         self.live.as_ref()
     }
 
+    /// Whether the store is a Redis Cluster: the sync loop's calls name keys of many
+    /// slots (and the index of live windows), so `fleet = "regions"` syncs on a single
+    /// node or behind Sentinel only.
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.target, super::Target::Cluster(_))
+    }
+
     /// The key prefix (`[store] key_prefix`).
     pub fn prefix(&self) -> &str {
         &self.prefix
