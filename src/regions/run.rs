@@ -271,13 +271,13 @@ impl RegionSync {
         self.peers.iter().find(|p| p.index == index)
     }
 
-    /// Writes every state to every peer not already waiting on a write; how many peers
-    /// a write went to.
+    /// Writes every state to every peer not already waiting on a write (an empty batch
+    /// when there is none); how many peers a write went to.
     fn send(&self, states: &[(LiveWindow, WindowState)]) -> usize {
         let now = self.clock.now_ms();
         let mut sent = 0;
         for peer in &self.peers {
-            if states.is_empty() || peer.busy.swap(true, Ordering::AcqRel) {
+            if peer.busy.swap(true, Ordering::AcqRel) {
                 continue;
             }
             let writes: Vec<(LiveWindow, SyncWrite)> = states
@@ -290,7 +290,14 @@ impl RegionSync {
             tokio::spawn(async move {
                 let index = wire::index_key(peer.store.prefix());
                 let mut merged = false;
-                for chunk in writes.chunks(BATCH) {
+                // With no live window an empty batch still goes: it keeps the link alive
+                // (and the partition metric true), so grants go out with the first
+                // window after an idle spell.
+                let batches: Vec<&[(LiveWindow, SyncWrite)]> = match writes.is_empty() {
+                    true => vec![&[]],
+                    false => writes.chunks(BATCH).collect(),
+                };
+                for chunk in batches {
                     let batch: Vec<(&LiveWindow, SyncWrite)> =
                         chunk.iter().map(|(w, s)| (w, *s)).collect();
                     let cmd = wire::merge_cmd(

@@ -570,3 +570,66 @@ async fn with_region_3_cut_off_the_bound_holds_and_after_the_heal_they_agree() {
     .await;
     assert!(agreed, "regions 1 and 2 did not see region 3's count");
 }
+
+/// A lease on a regions window is an admission of its tokens: leased and single
+/// admissions together never pass the region's cap.
+#[tokio::test(flavor = "multi_thread")]
+async fn leases_are_admissions_under_the_cap() {
+    let redis = RedisServer::start().await;
+    let store = RedisStore::new(
+        Target::Single(redis.url()),
+        Duration::from_millis(250),
+        "rgl",
+    )
+    .with_local_admission(1_000)
+    .with_regions(RegionArgs { index: 1, count: R }, Arc::new(Live::new(100)));
+    let mut l = limits(Window::Hour, 100);
+    l.windows[0].admission = Admission::Auto;
+    let mut admitted = 0;
+    for _ in 0..200 {
+        let mut check = Check::new(1);
+        check.push(Scope::Key, Ident::Name("l".into()), &l);
+        let v = match store.decide_locally(&check) {
+            Some(v) => v,
+            None => store.check(&check).await.unwrap(),
+        };
+        admitted += u32::from(v.allowed);
+    }
+    assert_eq!(admitted, 33, "region 2's allotment of 100, leases included");
+    let now = SystemClock.now_ms();
+    let start = now - now % 3_600_000;
+    let mut c = redis.client().await;
+    let own: String = redis::cmd("GET")
+        .arg("rgl:{key:l}:1h")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(own, format!("{start}:33"));
+    // The live set holds the window for the sync loop.
+    let live = store.regions_live().unwrap().windows(now);
+    assert_eq!(live.len(), 1);
+    assert_eq!((live[0].start, live[0].limit), (start, 100));
+}
+
+/// With no live window the loops still write (an empty batch): past `partition_secs`
+/// of idleness no link is taken for cut, so grants go out with the first window.
+#[tokio::test(flavor = "multi_thread")]
+async fn idle_links_stay_alive() {
+    let fleet = Fleet3::start("rgi", 5).await;
+    fleet.run();
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let now = SystemClock.now_ms();
+    for i in 0..R {
+        for j in (0..R).filter(|&j| j != i) {
+            assert!(!fleet.syncs[i].partitioned(j, now), "{i} -> {j}");
+            assert_eq!(fleet.counted(i, j).2, 0);
+        }
+    }
+    // And a cut one is seen as cut after partition_secs.
+    fleet.cut(0);
+    let cut = until(Duration::from_secs(3), || async {
+        fleet.syncs[1].partitioned(0, SystemClock.now_ms())
+    })
+    .await;
+    assert!(cut);
+}
