@@ -9,7 +9,9 @@
 //! the loop for what it saw (see `Live` for why several writers per region are safe).
 //!
 //! A peer's write goes out only when its previous one has come back (or missed its
-//! deadline, `[store] timeout_ms`): a cut peer holds one write, not one per tick.
+//! deadline, `partition_secs`: a round trip between regions often takes longer than the
+//! local `[store] timeout_ms`): a cut peer holds one write, not one per tick. Calls to
+//! this region's own Redis keep `[store] timeout_ms`.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -64,8 +66,8 @@ pub struct Tick {
 
 impl RegionSync {
     /// The loop of region `regions.index()` whose store is `own` (made `with_regions`,
-    /// so it has the live set); one connection per peer URL, with `own`'s deadline and
-    /// key prefix (every region uses the same `[store] key_prefix`).
+    /// so it has the live set); one connection per peer URL, with `own`'s key prefix
+    /// (every region uses the same `[store] key_prefix`).
     ///
     /// # Errors
     /// When `own` has no live set (it was not made `with_regions`), or is a Redis
@@ -90,8 +92,12 @@ impl RegionSync {
             .iter()
             .filter_map(|p| {
                 let index = names.iter().position(|n| *n == p.name)?;
-                let store =
-                    RedisStore::new(Target::Single(p.url.clone()), own.timeout(), own.prefix());
+                // A peer is a round trip between regions away (often more than the
+                // local `[store] timeout_ms`, 25 ms by default): a write may take up to
+                // `partition_secs`, past which the peer counts as cut anyway. Writes
+                // never wait on each other (one in flight per peer).
+                let deadline = regions.partition.max(own.timeout());
+                let store = RedisStore::new(Target::Single(p.url.clone()), deadline, own.prefix());
                 Some(Arc::new(PeerLink {
                     index,
                     name: p.name.clone(),
