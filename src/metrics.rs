@@ -118,19 +118,8 @@ pub struct Metrics {
     /// `throttle_connections_refused_total{listener,reason}`: connections refused by a cap
     /// (`proxy`, `admin`, `rls`; `max_connections`, `per_ip`).
     pub connections_refused_total: IntCounterVec,
-    /// `throttle_region_sync_lag_seconds{peer}`: since the peer region last acknowledged
-    /// a sync write (`fleet = "regions"`; the label is a configured region name).
-    pub region_sync_lag_seconds: GaugeVec,
-    /// `throttle_region_partitioned{peer}`: 1 while the peer acknowledged nothing for
-    /// `partition_secs` (no grants go to it), else 0.
-    pub region_partitioned: IntGaugeVec,
-    /// `throttle_region_unsynced{peer}`: grants in flight to the peer (granted in the
-    /// live windows, less what the peer said it heard).
-    pub region_unsynced: IntGaugeVec,
-    /// `throttle_region_granted_total{peer}`: tokens this region granted to the peer.
-    pub region_granted_total: IntCounterVec,
-    /// `throttle_region_heard_total{peer}`: tokens of the peer's grants this region heard.
-    pub region_heard_total: IntCounterVec,
+    /// The `throttle_region_*` metrics of `fleet = "regions"`, by peer region.
+    pub regions: regions::RegionMetrics,
 }
 
 // === impl Outcome ===
@@ -233,11 +222,7 @@ impl Metrics {
             rls_descriptor_total: r
                 .counter_vec(&RLS_DESCRIPTOR_TOTAL, &["domain", "descriptor", "code"])?,
             connections_refused_total: refused,
-            region_sync_lag_seconds: r.add(GaugeVec::new(REGION_SYNC_LAG.opts(), &["peer"])?)?,
-            region_partitioned: r.add(IntGaugeVec::new(REGION_PARTITIONED.opts(), &["peer"])?)?,
-            region_unsynced: r.add(IntGaugeVec::new(REGION_UNSYNCED.opts(), &["peer"])?)?,
-            region_granted_total: r.counter_vec(&REGION_GRANTED_TOTAL, &["peer"])?,
-            region_heard_total: r.counter_vec(&REGION_HEARD_TOTAL, &["peer"])?,
+            regions: regions::RegionMetrics::register(&r)?,
             registry: r.0,
         })
     }
@@ -545,31 +530,6 @@ const UPSTREAM_HEALTHY: Def = Def {
     help: "1 while an upstream passes its route's health check, 0 while it fails.",
 };
 
-const REGION_SYNC_LAG: Def = Def {
-    name: "throttle_region_sync_lag_seconds",
-    help: "Seconds since the peer region last acknowledged a sync write (fleet = \"regions\"), by peer.",
-};
-
-const REGION_PARTITIONED: Def = Def {
-    name: "throttle_region_partitioned",
-    help: "1 while the peer region acknowledged no sync write for partition_secs (no grants go to it), else 0.",
-};
-
-const REGION_UNSYNCED: Def = Def {
-    name: "throttle_region_unsynced",
-    help: "Tokens granted to the peer region in the live windows that it has not said it heard, by peer.",
-};
-
-const REGION_GRANTED_TOTAL: Def = Def {
-    name: "throttle_region_granted_total",
-    help: "Tokens this region granted to the peer region, by peer.",
-};
-
-const REGION_HEARD_TOTAL: Def = Def {
-    name: "throttle_region_heard_total",
-    help: "Tokens of the peer region's grants this region heard, by peer.",
-};
-
 /// The registry being filled by `Metrics::new`: each metric is registered as it is made.
 struct Reg(Registry);
 
@@ -612,6 +572,7 @@ impl Reg {
     }
 }
 
+mod regions;
 mod status;
 #[cfg(test)]
 mod tests;

@@ -60,7 +60,6 @@
 mod grant;
 mod link;
 mod live;
-pub mod run;
 mod state;
 pub mod store;
 mod sync;

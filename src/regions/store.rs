@@ -137,12 +137,14 @@ pub fn merge_cmd(
     cmd
 }
 
-/// The integers of a reply (an empty reply: none).
+/// The integers of a reply, separated by spaces (an empty reply: none; anything else
+/// that is not an integer: None).
 pub fn ints(raw: &[u8]) -> Option<Vec<i64>> {
-    if raw.is_empty() {
+    let text = std::str::from_utf8(raw).ok()?;
+    if text.is_empty() {
         return Some(Vec::new());
     }
-    crate::store::redis::wire::ints(raw).ok()
+    text.split(' ').map(|f| f.parse().ok()).collect()
 }
 
 fn known(v: i64) -> Option<u64> {
@@ -248,5 +250,7 @@ mod tests {
         assert_eq!(parse_flags(&[1, 0], 2), Some(vec![true, false]));
         assert!(parse_flags(&[1], 2).is_none());
         assert_eq!(ints(b""), Some(vec![]));
+        assert_eq!(ints(b"1 -1 0"), Some(vec![1, -1, 0]));
+        assert!(ints(b"1  2").is_none() && ints(b"1 x").is_none());
     }
 }

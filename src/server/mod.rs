@@ -260,7 +260,7 @@ impl Stores {
     fn region_sync(&self, config: &Config, metrics: &Arc<Metrics>) -> Option<Every> {
         let (redis, regions) = (self.redis.clone()?, config.regions.as_ref()?);
         let clock = Arc::new(crate::clock::SystemClock);
-        match crate::regions::run::RegionSync::new(regions, redis, clock) {
+        match crate::store::redis::region_sync::RegionSync::new(regions, redis, clock) {
             Ok(sync) => Some(services::region_sync(Arc::new(
                 sync.with_metrics(metrics.clone()),
             ))),

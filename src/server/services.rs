@@ -48,8 +48,8 @@ pub(crate) fn heartbeat(
 }
 
 /// `fleet = "regions"`: every `[regions] sync_ms`, this gateway's live regions windows
-/// are read, granted from and written to every peer region (see `regions::run`).
-pub(crate) fn region_sync(sync: Arc<crate::regions::run::RegionSync>) -> Every {
+/// are read, granted from and written to every peer region (see `store::redis::region_sync`).
+pub(crate) fn region_sync(sync: Arc<crate::store::redis::region_sync::RegionSync>) -> Every {
     every(sync.period(), move || {
         let sync = sync.clone();
         async move {

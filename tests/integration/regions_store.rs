@@ -1,5 +1,5 @@
 //! `fleet = "regions"` at the store level: three regions, each a real redis-server with a
-//! `RedisStore` and a sync loop (`regions::run::RegionSync`), no gateway. The loops reach
+//! `RedisStore` and a sync loop (`store::redis::region_sync`), no gateway. The loops reach
 //! their peers' Redis through `DelayProxy`s, so a region can be cut off and healed.
 
 use std::net::SocketAddr;
@@ -13,9 +13,9 @@ use throttle::limiter::{
     Admission, Algorithm, Check, Fleet, Ident, OnFailure, Scope, ScopeLimits, Window, WindowLimit,
 };
 use throttle::metrics::Metrics;
-use throttle::regions::run::RegionSync;
 use throttle::regions::store as rwire;
 use throttle::regions::{Live, LiveWindow, SyncWrite};
+use throttle::store::redis::region_sync::RegionSync;
 use throttle::store::redis::wire::RegionArgs;
 use throttle::store::redis::Target;
 use throttle::store::{LimitStore, RedisStore};
@@ -191,9 +191,9 @@ impl Fleet3 {
         let label = [name(peer)];
         let label: [&str; 1] = [label[0].as_str()];
         (
-            m.region_granted_total.with_label_values(&label).get(),
-            m.region_heard_total.with_label_values(&label).get(),
-            m.region_partitioned.with_label_values(&label).get(),
+            m.regions.granted_total.with_label_values(&label).get(),
+            m.regions.heard_total.with_label_values(&label).get(),
+            m.regions.partitioned.with_label_values(&label).get(),
         )
     }
 }

@@ -33,7 +33,7 @@ pub const CHECK_LUA: &str = concat!(
     lua!("check.lua"),
 );
 
-/// The sync loop's script of `fleet = "regions"` (src/regions/run.rs): the prelude and
+/// The sync loop's script of `fleet = "regions"` (src/store/redis/region_sync.rs): the prelude and
 /// the fixed window's regions helpers, then its entry point.
 pub const REGIONS_LUA: &str = concat!(
     lua!("prelude.lua"),
@@ -241,7 +241,7 @@ pub(super) async fn eval(conn: &mut Conn, inv: &ScriptInvocation<'_>) -> RedisRe
     }
 }
 
-pub(super) async fn query(conn: &mut Conn, cmd: &redis::Cmd) -> RedisResult<Vec<u8>> {
+async fn query(conn: &mut Conn, cmd: &redis::Cmd) -> RedisResult<Vec<u8>> {
     match conn {
         Conn::Single(c) => cmd.query_async(c).await,
         Conn::Cluster(c) => cmd.query_async(c).await,

@@ -37,6 +37,7 @@ pub mod concurrency;
 mod conn;
 mod late;
 pub mod local;
+pub mod region_sync;
 mod regions;
 mod remote;
 mod settle;

@@ -1,4 +1,4 @@
-//! The sync loop of `fleet = "regions"`: every `sync_ms`, read this region's live windows
+//! The sync loop of `fleet = "regions"` (the rule is `crate::regions`): every `sync_ms`, read this region's live windows
 //! from its Redis, run the grant policy, grant (atomically in the store, checked against
 //! the cap there), then write one batched merge into each peer's Redis; the reply is the
 //! acknowledgement that keeps the link alive (`Links`).
@@ -17,12 +17,11 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use super::store::{self as wire, GrantArgs};
-use super::{allotment, Links, Live, LiveWindow, Params, SyncWrite, WindowState};
+use super::{RedisStore, Target};
 use crate::clock::Clock;
 use crate::metrics::Metrics;
-use crate::store::redis::Target;
-use crate::store::RedisStore;
+use crate::regions::store::{self as wire, GrantArgs};
+use crate::regions::{allotment, Links, Live, LiveWindow, Params, SyncWrite, WindowState};
 
 /// At most this many windows per script call.
 const BATCH: usize = 256;
@@ -263,7 +262,8 @@ impl RegionSync {
                 if ok && states[at].1.grant(peer, amount) {
                     total += amount;
                     if let (Some(m), Some(p)) = (&self.metrics, self.peer(peer)) {
-                        m.region_granted_total
+                        m.regions
+                            .granted_total
                             .with_label_values(&[&p.name])
                             .inc_by(amount);
                     }
@@ -361,18 +361,23 @@ impl RegionSync {
         for p in &self.peers {
             let label = [p.name.as_str()];
             let lag = links.lag_ms(p.index, now) as f64 / 1000.0;
-            m.region_sync_lag_seconds.with_label_values(&label).set(lag);
+            m.regions
+                .sync_lag_seconds
+                .with_label_values(&label)
+                .set(lag);
             let cut = links.partitioned(p.index, now, self.partition_ms);
-            m.region_partitioned
+            m.regions
+                .partitioned
                 .with_label_values(&label)
                 .set(i64::from(cut));
             let u = unsynced.get(p.index).copied().unwrap_or(0);
-            m.region_unsynced
+            m.regions
+                .unsynced
                 .with_label_values(&label)
                 .set(i64::try_from(u).unwrap_or(i64::MAX));
             let h = heard_new.get(p.index).copied().unwrap_or(0);
             if h > 0 {
-                m.region_heard_total.with_label_values(&label).inc_by(h);
+                m.regions.heard_total.with_label_values(&label).inc_by(h);
             }
         }
     }
