@@ -18,7 +18,7 @@
 --           period; fixed and sliding windows end theirs at the window's end); 0: none.
 --           'settle': delta = true cost - reserved cost instead (signed; > 0 a debt
 --           charged at now past the limit if need be, < 0 a refund).
--- Then 16 values per window i (all integers, times in ms):
+-- Then 18 values per window i (all integers, times in ms):
 --           algorithm (1 token_bucket, 2 sliding_window, 3 fixed_window, 4 sliding_log,
 --           5 leaky_bucket), window (1 s, 2 min, 3 h, 4 d, 5 mo, and the rate-limit
 --           service's 6 week, 7 30 days, 8 365 days: all but 5, the calendar month,
@@ -29,7 +29,10 @@
 --           ret, tag1, tag2, size (end the lease `tag1`, `tag2` of `size` tokens, as a
 --           'take' answered them, giving back `ret` unused tokens; size 0: no lease),
 --           cal_prev, cal_start, cal_end, cal_next: a calendar window's edges around
---           the gateway's now (see `bounds` in prelude.lua; all 0: no calendar).
+--           the gateway's now (see `bounds` in prelude.lua; all 0: no calendar),
+--           regions, allot: a `fleet = "regions"` fixed window's number of regions R
+--           and this region's allotment of its limit (regions 0: not a regions window;
+--           see fixed_window.lua).
 --
 -- Reply: one string of integers separated by spaces: now, all_allowed, then per window:
 --          allowed, remaining, current, reset_after_ms, retry_after_ms, granted,
@@ -38,8 +41,9 @@
 -- Leases: a window leases min(want, remaining / 2) tokens, none below 2, charged at once,
 -- so a fleet never admits more than the limit; unused tokens come back through `ret`.
 -- Writes: only when every window allows ('check'), or a settle's (a debt charges past the
--- limit), each key with a TTL that ends when its state is back to the initial value, so
--- idle state expires by itself.
+-- limit), and a regions window's demand on every 'check', admitted or not; each key
+-- with a TTL that ends when its state is back to the initial value, so idle state
+-- expires by itself.
 
 local now = now_ms()
 local cost = tonumber(ARGV[2])
@@ -47,7 +51,7 @@ local mode = ARGV[3]
 local lease_ms = tonumber(ARGV[4])
 local ws = {}
 for i = 1, #KEYS do
-  local b = 5 + (i - 1) * 16
+  local b = 5 + (i - 1) * 18
   ws[i] = {
     alg = tonumber(ARGV[b]), window = tonumber(ARGV[b + 1]), limit = tonumber(ARGV[b + 2]),
     capacity = tonumber(ARGV[b + 3]), period = tonumber(ARGV[b + 4]), offset = tonumber(ARGV[b + 5]),
@@ -55,6 +59,7 @@ for i = 1, #KEYS do
     tag1 = tonumber(ARGV[b + 9]), tag2 = tonumber(ARGV[b + 10]), size = tonumber(ARGV[b + 11]),
     cal_prev = tonumber(ARGV[b + 12]), cal_start = tonumber(ARGV[b + 13]),
     cal_end = tonumber(ARGV[b + 14]), cal_next = tonumber(ARGV[b + 15]),
+    regions = tonumber(ARGV[b + 16]), allot = tonumber(ARGV[b + 17]),
   }
 end
 
@@ -90,6 +95,13 @@ local ds, nexts, all = {}, {}, 1
 for i = 1, #KEYS do
   ds[i], nexts[i] = ALG[ws[i].alg].decide(KEYS[i], ws[i], now, cost)
   if ds[i].allowed == 0 then all = 0 end
+end
+if mode == 'check' then
+  -- A regions window's demand counts every request asked, refused or not: the grant
+  -- policy forecasts from it (src/regions).
+  for i = 1, #KEYS do
+    if ws[i].regions > 0 then rg_demand(KEYS[i], ws[i], now, cost) end
+  end
 end
 local leases = {}
 if all == 1 and mode == 'check' then

@@ -118,6 +118,8 @@ pub struct Metrics {
     /// `throttle_connections_refused_total{listener,reason}`: connections refused by a cap
     /// (`proxy`, `admin`, `rls`; `max_connections`, `per_ip`).
     pub connections_refused_total: IntCounterVec,
+    /// The `throttle_region_*` metrics of `fleet = "regions"`, by peer region.
+    pub regions: regions::RegionMetrics,
 }
 
 // === impl Outcome ===
@@ -220,6 +222,7 @@ impl Metrics {
             rls_descriptor_total: r
                 .counter_vec(&RLS_DESCRIPTOR_TOTAL, &["domain", "descriptor", "code"])?,
             connections_refused_total: refused,
+            regions: regions::RegionMetrics::register(&r)?,
             registry: r.0,
         })
     }
@@ -569,6 +572,7 @@ impl Reg {
     }
 }
 
+mod regions;
 mod status;
 #[cfg(test)]
 mod tests;

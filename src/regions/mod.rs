@@ -59,7 +59,9 @@
 
 mod grant;
 mod link;
+mod live;
 mod state;
+pub mod store;
 mod sync;
 
 #[cfg(test)]
@@ -71,7 +73,8 @@ mod tests;
 
 pub use grant::forecast_remaining;
 pub use link::Links;
-pub use state::{Verdict, WindowState};
+pub use live::{Live, LiveWindow};
+pub use state::{Stored, StoredRegion, Verdict, WindowState};
 pub use sync::{take_ack, Ack, SyncWrite};
 
 /// How often a region writes its counts and grants to each peer (ms).

@@ -26,6 +26,39 @@ pub(super) struct Peer {
     pub(super) prior: Option<u64>,
 }
 
+/// What a region's store holds of one region in one window (lua/regions.lua 'read').
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StoredRegion {
+    /// What this region granted to that one.
+    pub given: u64,
+    /// What this region heard of that one's grants to it.
+    pub heard: u64,
+    /// That region's count, as it last wrote it (max).
+    pub count: u64,
+    /// That region's demand (max).
+    pub demand: u64,
+    /// What it last said it wants (None: no write yet this window).
+    pub want: Option<u64>,
+    /// What it heard of this region's grants to it (max).
+    pub heard_from_me: u64,
+    /// Its demand in the previous window, when it wrote in that window.
+    pub prior: Option<u64>,
+}
+
+/// What a region's store holds for one key in one window: the admission script's counts
+/// and the sync loop's grants and peers' reports, read back for the grant policy.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Stored {
+    /// What this region admitted.
+    pub own: u64,
+    /// What it was asked, admitted or not.
+    pub demand: u64,
+    /// Its demand in the previous window (None: not known).
+    pub prior: Option<u64>,
+    /// Per region index (this region's own slot unused).
+    pub regions: Vec<StoredRegion>,
+}
+
 /// One region's state for one key in one window.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WindowState {
@@ -64,6 +97,35 @@ impl WindowState {
             heard: vec![0; r],
             peers: vec![Peer::default(); r],
         }
+    }
+
+    /// The state region `me` keeps for `window` in its store (`stored`): the cap follows
+    /// from the allotment and the grants given and heard, as the store's does.
+    pub fn from_stored(me: usize, params: &Params, window: u64, stored: &Stored) -> Self {
+        let mut s = Self::new(me, params, window);
+        s.own = stored.own;
+        s.demand = stored.demand;
+        s.prior = stored.prior;
+        for (j, r) in stored.regions.iter().enumerate().take(params.regions) {
+            if j == me {
+                continue;
+            }
+            s.given[j] = r.given;
+            s.heard[j] = r.heard;
+            s.peers[j] = Peer {
+                count: r.count,
+                demand: r.demand,
+                want: r.want,
+                heard_from_me: r.heard_from_me,
+                prior: r.prior,
+            };
+        }
+        s
+    }
+
+    /// What `peer` said it heard of this region's grants to it (max of its writes).
+    pub fn heard_by(&self, peer: usize) -> u64 {
+        self.peers.get(peer).map_or(0, |p| p.heard_from_me)
     }
 
     /// The state for the window that follows this one, at `window`: empty, with this

@@ -368,3 +368,74 @@ fn a_grant_lost_in_a_cut_or_delivered_late_is_never_counted_twice() {
     late.receive(&SyncWrite { granted: 5, ..held });
     assert_eq!(late.heard(0), 20);
 }
+
+/// A state read back from the store is the state the rule kept: the same cap, room,
+/// wants and plan as one built by the rule's own steps.
+#[test]
+fn a_stored_state_is_the_state_the_rule_kept() {
+    let p = params(100, 1_000);
+    let links = Links::new(3, 0);
+    // Built by the rule: region 1 admitted 20 of 25 asked, granted 5 to region 0, heard
+    // 4 from region 2; region 0 wrote count 30, demand 80, want 40, heard 3.
+    let mut rule = WindowState::new(1, &p, 0);
+    for _ in 0..25 {
+        rule.decide(1);
+    }
+    assert!(rule.grant(0, 5));
+    rule.receive(&SyncWrite {
+        from: 2,
+        window: 0,
+        count: 1,
+        demand: 1,
+        want: 0,
+        granted: 4,
+        heard: 0,
+    });
+    rule.receive(&SyncWrite {
+        from: 0,
+        window: 0,
+        count: 30,
+        demand: 80,
+        want: 40,
+        granted: 0,
+        heard: 3,
+    });
+    let stored = Stored {
+        own: 25,
+        demand: 25,
+        prior: None,
+        regions: vec![
+            StoredRegion {
+                given: 5,
+                heard: 0,
+                count: 30,
+                demand: 80,
+                want: Some(40),
+                heard_from_me: 3,
+                prior: None,
+            },
+            StoredRegion::default(),
+            StoredRegion {
+                given: 0,
+                heard: 4,
+                count: 1,
+                demand: 1,
+                want: Some(0),
+                heard_from_me: 0,
+                prior: None,
+            },
+        ],
+    };
+    let read = WindowState::from_stored(1, &p, 0, &stored);
+    assert_eq!(read, rule);
+    assert_eq!(read.cap(), 33 + 4 - 5);
+    assert_eq!(read.heard_by(0), 3);
+    for now in [0, 60, 500, 999] {
+        assert_eq!(
+            read.plan(&p, &links, now),
+            rule.plan(&p, &links, now),
+            "at {now}"
+        );
+        assert_eq!(read.want(&p, now), rule.want(&p, now), "at {now}");
+    }
+}

@@ -127,6 +127,7 @@ pub fn build(mut config: Config, extras: Extras) -> Result<Built, StartError> {
     let metrics = Arc::new(Metrics::new()?);
     let stores = Stores::new(&config, extras.store, &metrics)?;
     let heartbeat = stores.heartbeat(&config);
+    let region_sync = stores.region_sync(&config, &metrics);
     let listeners = Listeners::of(&config);
     let db = Arc::new(Database::new(config.database_url.clone()));
     let events = db.configured().then(|| {
@@ -152,6 +153,9 @@ pub fn build(mut config: Config, extras: Extras) -> Result<Built, StartError> {
     };
     add_listeners(&mut server, &parts, &listeners, max_connections)?;
     add_background(&mut server, &parts, stores.memory, heartbeat);
+    if let Some(sync) = region_sync {
+        server.add_service(background_service("region sync", sync));
+    }
     add_rls(&mut server, &parts, &listeners, extras.upgrade)?;
     if let Some(listener) = extras.demo_upstream {
         server.add_service(background_service(
@@ -195,6 +199,9 @@ impl Listeners {
     }
 }
 
+/// The most keys a gateway syncs with its peer regions at once (`regions::Live`).
+const REGIONS_LIVE_KEYS: usize = 100_000;
+
 /// The limit store the gateway decides on, with the memory store (swept, and the
 /// fallback of Redis) and Redis itself when configured.
 struct Stores {
@@ -221,11 +228,18 @@ impl Stores {
             (Some(store), _) => store,
             (None, Backend::Memory) => memory.clone(),
             (None, Backend::Redis) => {
-                let primary = Arc::new(
-                    RedisStore::from_config(&config.store)
-                        .map_err(|e| StartError::Unsupported(e.to_string()))?
-                        .with_metrics(metrics.clone()),
-                );
+                let mut primary = RedisStore::from_config(&config.store)
+                    .map_err(|e| StartError::Unsupported(e.to_string()))?
+                    .with_metrics(metrics.clone());
+                if let Some(r) = &config.regions {
+                    let at = crate::store::redis::wire::RegionArgs {
+                        index: r.index(),
+                        count: r.count(),
+                    };
+                    let live = Arc::new(crate::regions::Live::new(REGIONS_LIVE_KEYS));
+                    primary = primary.with_regions(at, live);
+                }
+                let primary = Arc::new(primary);
                 redis = Some(primary.clone());
                 let local: Arc<dyn LimitStore> = Arc::new(TieredStore::new(
                     primary,
@@ -247,6 +261,21 @@ impl Stores {
             redis,
             instances,
         })
+    }
+
+    /// With `[regions]` on Redis: the sync loop of `fleet = "regions"` windows.
+    fn region_sync(&self, config: &Config, metrics: &Arc<Metrics>) -> Option<Every> {
+        let (redis, regions) = (self.redis.clone()?, config.regions.as_ref()?);
+        let clock = Arc::new(crate::clock::SystemClock);
+        match crate::store::redis::region_sync::RegionSync::new(regions, redis, clock) {
+            Ok(sync) => Some(services::region_sync(Arc::new(
+                sync.with_metrics(metrics.clone()),
+            ))),
+            Err(e) => {
+                tracing::warn!(error = %e, "regions: no sync loop");
+                None
+            }
+        }
     }
 
     /// On Redis the heartbeat always runs (it is also the store's health probe); its

@@ -47,6 +47,17 @@ pub(crate) fn heartbeat(
     })
 }
 
+/// `fleet = "regions"`: every `[regions] sync_ms`, this gateway's live regions windows
+/// are read, granted from and written to every peer region (see `store::redis::region_sync`).
+pub(crate) fn region_sync(sync: Arc<crate::store::redis::region_sync::RegionSync>) -> Every {
+    every(sync.period(), move || {
+        let sync = sync.clone();
+        async move {
+            sync.tick().await;
+        }
+    })
+}
+
 /// Gives leased tokens back to Redis when their lease ends, and all of them at shutdown
 /// (the process does not exit early before that is done).
 pub(crate) fn lease_returns(redis: Arc<RedisStore>, lifecycle: Arc<Lifecycle>) -> Every {

@@ -45,6 +45,7 @@ mod ratelimit_headers;
 mod ready;
 mod rediss;
 mod regions_harness;
+mod regions_store;
 mod reload;
 mod request_edge;
 mod rls;

@@ -33,6 +33,14 @@ pub const CHECK_LUA: &str = concat!(
     lua!("check.lua"),
 );
 
+/// The sync loop's script of `fleet = "regions"` (src/store/redis/region_sync.rs): the prelude and
+/// the fixed window's regions helpers, then its entry point.
+pub const REGIONS_LUA: &str = concat!(
+    lua!("prelude.lua"),
+    lua!("fixed_window.lua"),
+    lua!("regions.lua"),
+);
+
 /// Where the store connects.
 #[derive(Debug, Clone)]
 pub enum Target {
@@ -201,10 +209,19 @@ pub(super) const LATE_PATIENCE: Duration = Duration::from_secs(10);
 /// Runs an `EVALSHA` of the script, loading it first when Redis does not have it
 /// (`NOSCRIPT`: a restart, a failover, `SCRIPT FLUSH`).
 pub(super) async fn run_script(conn: &mut Conn, cmd: &redis::Cmd) -> RedisResult<Vec<u8>> {
+    run_lua(conn, cmd, CHECK_LUA).await
+}
+
+/// Runs an `EVALSHA` of `source`, loading it first when Redis does not have it.
+pub(super) async fn run_lua(
+    conn: &mut Conn,
+    cmd: &redis::Cmd,
+    source: &str,
+) -> RedisResult<Vec<u8>> {
     match query(conn, cmd).await {
         Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
             let mut load = redis::cmd("SCRIPT");
-            load.arg("LOAD").arg(CHECK_LUA);
+            load.arg("LOAD").arg(source);
             let _: String = match conn {
                 Conn::Single(c) => load.query_async(c).await?,
                 Conn::Cluster(c) => load.query_async(c).await?,

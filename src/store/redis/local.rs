@@ -439,6 +439,11 @@ impl Local {
                     if w.admission == Admission::Auto && self.lease_ms > 0 {
                         hold = hold.min(self.lease_ms.saturating_mul(RECHECK_LEASES));
                     }
+                    // A regions window's cap rises when a peer's grant arrives (within a
+                    // sync period or so): its rejection is repeated for one sync period.
+                    if w.fleet == crate::limiter::Fleet::Regions {
+                        hold = hold.min(crate::regions::DEFAULT_SYNC_MS);
+                    }
                     slot.blocked = Some(Blocked {
                         until: now.saturating_add(hold),
                         retry_at: now.saturating_add(d.retry_after_ms),

@@ -37,11 +37,13 @@ pub mod concurrency;
 mod conn;
 mod late;
 pub mod local;
+pub mod region_sync;
+mod regions;
 mod remote;
 mod settle;
 pub mod wire;
 
-pub use self::conn::{Target, CHECK_LUA};
+pub use self::conn::{Target, CHECK_LUA, REGIONS_LUA};
 
 use self::concurrency::RemoteSlots;
 use self::conn::{eval, run_script, unavailable, Conn, LATE_PATIENCE};
@@ -72,6 +74,11 @@ pub struct RedisStore {
     slots: RemoteSlots,
     /// Behind Sentinel: the master address the sentinels named last (`follow_master`).
     master_seen: std::sync::Mutex<Option<String>>,
+    /// This gateway's place among `[regions]` (None: regions windows are decided as
+    /// local ones); see `regions`.
+    region: Option<wire::RegionArgs>,
+    /// The regions windows this gateway decided or leased on, for the sync loop.
+    live: Option<Arc<crate::regions::Live>>,
 }
 
 // === impl RedisStore ===
@@ -94,6 +101,8 @@ impl RedisStore {
             metrics: None,
             slots: RemoteSlots::new(concurrency::DEFAULT_LEASE_MS),
             master_seen: std::sync::Mutex::new(None),
+            region: None,
+            live: None,
         }
     }
 
@@ -198,6 +207,7 @@ impl RedisStore {
             &self.prefix,
             scopes,
             leases,
+            self.region,
         );
         self.count_call();
         let mut c = conn.clone();
@@ -211,7 +221,11 @@ impl RedisStore {
                 return Err(StoreError::Timeout(self.timeout.as_millis() as u64));
             }
         };
-        wire::parse_reply(&wire::ints(&raw)?, scopes)
+        let reply = wire::parse_reply(&wire::ints(&raw)?, scopes)?;
+        if !peek {
+            self.note_regions(scopes, reply.now);
+        }
+        Ok(reply)
     }
 
     async fn check_inner(&self, check: &Check<'_>) -> Result<Verdict, StoreError> {

@@ -15,8 +15,9 @@ pub const HEADER_ARGS: usize = 4;
 /// ARGV values per window: algorithm, window, limit, capacity, period_ms, offset_ms,
 /// current (refunds; settles: the admission time), want, then the lease to give back:
 /// ret, tag1, tag2, size, and a calendar window's edges around the gateway's now:
-/// prev_start, start, end, next_end (all 0: no calendar; see `algorithm::edges`).
-pub const ARGS_PER_WINDOW: usize = 16;
+/// prev_start, start, end, next_end (all 0: no calendar; see `algorithm::edges`), then a
+/// `fleet = "regions"` window's regions and allot (see [`RegionArgs`]; 0 0: not one).
+pub const ARGS_PER_WINDOW: usize = 18;
 /// Reply values before the windows: now, all_allowed.
 pub const REPLY_HEADER: usize = 2;
 /// Reply values per window: allowed, remaining, current, reset_after_ms, retry_after_ms,
@@ -62,6 +63,38 @@ pub struct LeaseArgs {
     pub ret: u64,
     /// The lease they come from (its grant) ...
     pub from: Grant,
+}
+
+/// This gateway's place among `[regions]`, for the regions windows of a call: a
+/// `fleet = "regions"` fixed window is sent with `count` (R) and this region's allotment
+/// of its limit, and the script admits under the region's cap instead of the limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RegionArgs {
+    /// This region's index among the sorted region names.
+    pub index: usize,
+    /// How many regions share a limit.
+    pub count: usize,
+}
+
+impl RegionArgs {
+    /// The `regions` and `allot` values of `w`: (R, this region's allotment) for a
+    /// regions fixed window, else (0, 0).
+    pub fn of(region: Option<Self>, w: &WindowLimit) -> [u64; 2] {
+        match region {
+            Some(r)
+                if w.fleet == crate::limiter::Fleet::Regions
+                    && w.algorithm == Algorithm::FixedWindow
+                    && r.count > 0 =>
+            {
+                let limit = u64::from(w.limit);
+                [
+                    r.count as u64,
+                    crate::regions::allotment(limit, r.count, r.index),
+                ]
+            }
+            _ => [0, 0],
+        }
+    }
 }
 
 /// A decoded script reply.
@@ -122,19 +155,22 @@ pub fn push_header(
 }
 
 /// One window's values, in ARGV order; `at` is the gateway's now, for a calendar
-/// window's edges (the script cannot know the zone: the gateway computes them).
+/// window's edges (the script cannot know the zone: the gateway computes them); `region`
+/// this gateway's place among `[regions]` (None: every window is this region's alone).
 pub fn window_args(
     w: &WindowLimit,
     ident: &Ident,
     current: u64,
     lease: &LeaseArgs,
     at: u64,
+    region: Option<RegionArgs>,
 ) -> [u64; ARGS_PER_WINDOW] {
     let offset = ident.offset_ms(w);
     let [prev_start, start, end, next_end] = match w.calendar {
         Some(cal) => edges(w.window, at, offset, Some(cal)),
         None => [0; 4],
     };
+    let [regions, allot] = RegionArgs::of(region, w);
     [
         u64::from(algorithm_code(w.algorithm)),
         u64::from(window_code(w.window)),
@@ -152,6 +188,8 @@ pub fn window_args(
         start,
         end,
         next_end,
+        regions,
+        allot,
     ]
 }
 
@@ -170,7 +208,7 @@ pub fn push_scope(
         inv.key(key(prefix, s.scope, &s.ident, w.window));
         let current = currents.and_then(|c| c.get(i)).copied().unwrap_or(0);
         let lease = leases.and_then(|l| l.get(i)).copied().unwrap_or_default();
-        for v in window_args(w, &s.ident, current, &lease, now) {
+        for v in window_args(w, &s.ident, current, &lease, now, None) {
             inv.arg(v);
         }
     }
@@ -233,9 +271,22 @@ fn gateway_now(now: &str) -> u64 {
 pub fn evalsha<'a>(
     sha: &str,
     prefix: &str,
+    header: (&str, u32, Mode),
+    fourth: i64,
+    windows: impl Iterator<Item = Win<'a>> + Clone,
+) -> redis::Cmd {
+    evalsha_in(sha, prefix, header, fourth, windows, None)
+}
+
+/// As [`evalsha`], with this gateway's place among `[regions]` for regions windows (only
+/// decisions need it: gives back, refunds and settles act on the region's own count).
+pub fn evalsha_in<'a>(
+    sha: &str,
+    prefix: &str,
     (now, cost, mode): (&str, u32, Mode),
     fourth: i64,
     windows: impl Iterator<Item = Win<'a>> + Clone,
+    region: Option<RegionArgs>,
 ) -> redis::Cmd {
     let mut cmd = redis::cmd("EVALSHA");
     cmd.arg(sha).arg(windows.clone().count());
@@ -248,7 +299,7 @@ pub fn evalsha<'a>(
         false => 0,
     };
     for w in windows {
-        for v in window_args(w.limit, w.ident, w.current, &w.lease, at) {
+        for v in window_args(w.limit, w.ident, w.current, &w.lease, at, region) {
             cmd.arg(v);
         }
     }
@@ -279,7 +330,8 @@ where
     })
 }
 
-/// A 'check' or 'peek' call of `scopes` with `leases` (per scope, per window; else none).
+/// A 'check' or 'peek' call of `scopes` with `leases` (per scope, per window; else none),
+/// `region` this gateway's place among `[regions]` (None: no regions windows).
 #[allow(clippy::too_many_arguments)]
 pub fn command(
     sha: &str,
@@ -290,18 +342,20 @@ pub fn command(
     prefix: &str,
     scopes: &[ScopeCheck<'_>],
     leases: Option<&[smallvec::SmallVec<[LeaseArgs; 2]>]>,
+    region: Option<RegionArgs>,
 ) -> redis::Cmd {
     let lease = move |i: usize, j: usize| {
         let l = leases.and_then(|l| l.get(i)).and_then(|l| l.get(j));
         (0, l.copied().unwrap_or_default())
     };
     let fourth = i64::try_from(lease_ms).unwrap_or(i64::MAX);
-    evalsha(
+    evalsha_in(
         sha,
         prefix,
         (now, cost, mode),
         fourth,
         scope_windows(scopes, lease),
+        region,
     )
 }
 
@@ -450,6 +504,14 @@ mod tests {
             ARGS_PER_WINDOW
         );
         assert!(lua.contains(&argv), "check.lua does not read `{argv}`");
+        // The last two values: a regions window's R and allotment.
+        let last = format!(
+            "regions = tonumber(ARGV[b + {}]), allot = tonumber(ARGV[b + {}])",
+            ARGS_PER_WINDOW - 2,
+            ARGS_PER_WINDOW - 1
+        );
+        assert!(lua.contains(&last), "check.lua does not read `{last}`");
+        assert!(lua.contains(&format!("Then {ARGS_PER_WINDOW} values per window")));
         for m in [
             Mode::Check,
             Mode::Peek,
@@ -480,6 +542,38 @@ mod tests {
         let reply = lua.matches("reply[#reply + 1] = fmt(d.").count()
             + lua.matches("reply[#reply + 1] = fmt(l[").count();
         assert_eq!(reply, REPLY_PER_WINDOW);
+    }
+
+    /// Only a `fleet = "regions"` fixed window, with a place among the regions, is sent
+    /// as one: R and this region's allotment (they sum to the limit over the regions).
+    #[test]
+    fn regions_args() {
+        use crate::limiter::Fleet;
+        let mut w = WindowLimit {
+            window: Window::Second,
+            limit: 100,
+            algorithm: Algorithm::FixedWindow,
+            capacity: 100,
+            jitter_ms: 0,
+            admission: crate::limiter::Admission::Exact,
+            calendar: None,
+            fleet: Fleet::Regions,
+        };
+        let at = |index| Some(RegionArgs { index, count: 3 });
+        let allots: Vec<[u64; 2]> = (0..3).map(|i| RegionArgs::of(at(i), &w)).collect();
+        assert_eq!(allots, [[3, 34], [3, 33], [3, 33]]);
+        assert_eq!(
+            RegionArgs::of(None, &w),
+            [0, 0],
+            "no [regions]: a local window"
+        );
+        w.fleet = Fleet::Local;
+        assert_eq!(RegionArgs::of(at(0), &w), [0, 0]);
+        w.fleet = Fleet::Home;
+        assert_eq!(RegionArgs::of(at(0), &w), [0, 0]);
+        w.fleet = Fleet::Regions;
+        w.algorithm = Algorithm::SlidingWindow;
+        assert_eq!(RegionArgs::of(at(0), &w), [0, 0], "fixed windows only");
     }
 
     /// Replies are integers separated by spaces; anything else is an error.

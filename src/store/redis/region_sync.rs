@@ -1,0 +1,384 @@
+//! The sync loop of `fleet = "regions"` (the rule is `crate::regions`): every `sync_ms`, read this region's live windows
+//! from its Redis, run the grant policy, grant (atomically in the store, checked against
+//! the cap there), then write one batched merge into each peer's Redis; the reply is the
+//! acknowledgement that keeps the link alive (`Links`).
+//!
+//! Live windows are what this gateway decided or leased on (`Live`, noted by the Redis
+//! store), what the peers wrote into this region's store (the index the merge script
+//! keeps), and the next window of one that had demand. Every gateway of a region runs
+//! the loop for what it saw (see `Live` for why several writers per region are safe).
+//!
+//! A peer's write goes out only when its previous one has come back (or missed its
+//! deadline, `partition_secs`: a round trip between regions often takes longer than the
+//! local `[store] timeout_ms`): a cut peer holds one write, not one per tick. Calls to
+//! this region's own Redis keep `[store] timeout_ms`.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use super::{RedisStore, Target};
+use crate::clock::Clock;
+use crate::metrics::Metrics;
+use crate::regions::store::{self as wire, GrantArgs};
+use crate::regions::{allotment, Links, Live, LiveWindow, Params, SyncWrite, WindowState};
+
+/// At most this many windows per script call.
+const BATCH: usize = 256;
+
+/// One peer region: its index, name and store.
+struct PeerLink {
+    index: usize,
+    name: String,
+    store: Arc<RedisStore>,
+    /// A write to it is in flight.
+    busy: AtomicBool,
+}
+
+/// The sync loop of one gateway (see the module).
+pub struct RegionSync {
+    me: usize,
+    count: usize,
+    sync_ms: u64,
+    partition_ms: u64,
+    own: Arc<RedisStore>,
+    peers: Vec<Arc<PeerLink>>,
+    live: Arc<Live>,
+    links: Arc<Mutex<Links>>,
+    clock: Arc<dyn Clock>,
+    metrics: Option<Arc<Metrics>>,
+    /// Per live window, what this region had heard from each peer at the last tick (for
+    /// `throttle_region_heard_total`).
+    heard_seen: Mutex<HashMap<(String, u64), Vec<u64>>>,
+}
+
+/// What one tick did (for tests and logs).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Tick {
+    /// Windows read.
+    pub windows: usize,
+    /// Tokens granted, in all.
+    pub granted: u64,
+    /// Peers a write went to.
+    pub sent: usize,
+}
+
+impl RegionSync {
+    /// The loop of region `regions.index()` whose store is `own` (made `with_regions`,
+    /// so it has the live set); one connection per peer URL, with `own`'s key prefix
+    /// (every region uses the same `[store] key_prefix`).
+    ///
+    /// # Errors
+    /// When `own` has no live set (it was not made `with_regions`), or is a Redis
+    /// Cluster (the loop's calls span slots: single node or Sentinel only, for now).
+    pub fn new(
+        regions: &crate::config::Regions,
+        own: Arc<RedisStore>,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Self, String> {
+        if own.is_cluster() {
+            return Err(
+                "fleet = \"regions\" syncs on a single node or Sentinel, not on Cluster".into(),
+            );
+        }
+        let live = own
+            .regions_live()
+            .cloned()
+            .ok_or_else(|| "the store was not made with_regions".to_string())?;
+        let names = regions.names();
+        let peers = regions
+            .peers
+            .iter()
+            .filter_map(|p| {
+                let index = names.iter().position(|n| *n == p.name)?;
+                // A peer is a round trip between regions away (often more than the
+                // local `[store] timeout_ms`, 25 ms by default): a write may take up to
+                // `partition_secs`, past which the peer counts as cut anyway. Writes
+                // never wait on each other (one in flight per peer).
+                let deadline = regions.partition.max(own.timeout());
+                let store = RedisStore::new(Target::Single(p.url.clone()), deadline, own.prefix());
+                Some(Arc::new(PeerLink {
+                    index,
+                    name: p.name.clone(),
+                    store: Arc::new(store),
+                    busy: AtomicBool::new(false),
+                }))
+            })
+            .collect();
+        let count = regions.count();
+        let now = clock.now_ms();
+        Ok(Self {
+            me: regions.index(),
+            count,
+            sync_ms: regions.sync.as_millis() as u64,
+            partition_ms: regions.partition.as_millis() as u64,
+            own,
+            peers,
+            live,
+            links: Arc::new(Mutex::new(Links::new(count, now))),
+            clock,
+            metrics: None,
+            heard_seen: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Sets the `throttle_region_*` metrics.
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    /// How often the loop runs.
+    pub fn period(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.sync_ms.max(1))
+    }
+
+    fn params(&self, w: &LiveWindow) -> Params {
+        Params {
+            limit: w.limit,
+            regions: self.count,
+            window_ms: w.len_ms(),
+            sample_ms: self.sync_ms,
+            partition_ms: self.partition_ms,
+        }
+    }
+
+    /// Whether `peer` acknowledged a write within `partition_ms` of `now_ms`.
+    pub fn partitioned(&self, peer: usize, now_ms: u64) -> bool {
+        let links = self.links.lock().unwrap_or_else(PoisonError::into_inner);
+        links.partitioned(peer, now_ms, self.partition_ms)
+    }
+
+    /// One round: learn the windows peers wrote, read, grant, write to every peer.
+    pub async fn tick(&self) -> Tick {
+        let now = self.clock.now_ms();
+        match self.own.regions_index(now).await {
+            Ok(members) => {
+                for w in members.iter().filter_map(|m| wire::parse_index_member(m)) {
+                    self.live.add(&w);
+                }
+            }
+            Err(e) => tracing::debug!(error = %e, "regions: the live index was not read"),
+        }
+        let windows = self.live.windows(now);
+        let mut states = Vec::with_capacity(windows.len());
+        for chunk in windows.chunks(BATCH) {
+            match self.read(chunk).await {
+                Some(s) => states.extend(chunk.iter().cloned().zip(s)),
+                None => return Tick::default(),
+            }
+        }
+        let granted = self.grant(&mut states, now).await;
+        // The next window of one that had demand is synced from its start: the priors
+        // send the grants at once.
+        for (w, s) in &states {
+            let busy = s.demand() > 0 || (0..self.count).any(|j| s.peer(j) > 0);
+            if busy && w.end <= now.saturating_add(2 * self.sync_ms) {
+                self.live.add(&w.next());
+            }
+        }
+        let sent = self.send(&states);
+        self.observe(&states, now);
+        Tick {
+            windows: states.len(),
+            granted,
+            sent,
+        }
+    }
+
+    /// Reads `windows` from this region's store into their states.
+    async fn read(&self, windows: &[LiveWindow]) -> Option<Vec<WindowState>> {
+        let prev = |w: &LiveWindow| w.start.saturating_sub(w.len_ms());
+        let cmd = wire::read_cmd(
+            self.own.regions_sha(),
+            &self.own.script_now(),
+            (self.count, self.me),
+            windows,
+            prev,
+        );
+        let raw = match self.own.regions_call(&cmd).await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::debug!(error = %e, "regions: the live windows were not read");
+                return None;
+            }
+        };
+        let stored = wire::parse_read(&wire::ints(&raw)?, self.count, windows.len())?;
+        Some(
+            windows
+                .iter()
+                .zip(stored)
+                .map(|(w, s)| WindowState::from_stored(self.me, &self.params(w), w.start, &s))
+                .collect(),
+        )
+    }
+
+    /// Plans and makes the grants of every state; what was granted in all.
+    async fn grant(&self, states: &mut [(LiveWindow, WindowState)], now: u64) -> u64 {
+        let links = self
+            .links
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let mut planned: Vec<(usize, usize, u64, u64)> = Vec::new();
+        for (at, (w, s)) in states.iter().enumerate() {
+            let p = self.params(w);
+            let keep = s.need(&p, now).unwrap_or(0);
+            for (peer, amount) in s.plan(&p, &links, now) {
+                planned.push((at, peer, amount, keep));
+            }
+        }
+        let mut total = 0;
+        for chunk in planned.chunks(BATCH) {
+            let cmd = {
+                let args: Vec<GrantArgs<'_>> = chunk
+                    .iter()
+                    .map(|&(at, peer, amount, keep)| {
+                        let w = &states[at].0;
+                        GrantArgs {
+                            window: w,
+                            allot: allotment(w.limit, self.count, self.me),
+                            peer,
+                            amount,
+                            keep,
+                        }
+                    })
+                    .collect();
+                wire::grant_cmd(
+                    self.own.regions_sha(),
+                    &self.own.script_now(),
+                    (self.count, self.me),
+                    &args,
+                )
+            };
+            let done = match self.own.regions_call(&cmd).await {
+                Ok(raw) => wire::ints(&raw).and_then(|v| wire::parse_flags(&v, chunk.len())),
+                Err(e) => {
+                    tracing::debug!(error = %e, "regions: grants not made");
+                    None
+                }
+            };
+            for (&(at, peer, amount, _), ok) in chunk.iter().zip(done.unwrap_or_default()) {
+                if ok && states[at].1.grant(peer, amount) {
+                    total += amount;
+                    if let (Some(m), Some(p)) = (&self.metrics, self.peer(peer)) {
+                        m.regions
+                            .granted_total
+                            .with_label_values(&[&p.name])
+                            .inc_by(amount);
+                    }
+                }
+            }
+        }
+        total
+    }
+
+    fn peer(&self, index: usize) -> Option<&Arc<PeerLink>> {
+        self.peers.iter().find(|p| p.index == index)
+    }
+
+    /// Writes every state to every peer not already waiting on a write (an empty batch
+    /// when there is none); how many peers a write went to.
+    fn send(&self, states: &[(LiveWindow, WindowState)]) -> usize {
+        let now = self.clock.now_ms();
+        let mut sent = 0;
+        for peer in &self.peers {
+            if peer.busy.swap(true, Ordering::AcqRel) {
+                continue;
+            }
+            let writes: Vec<(LiveWindow, SyncWrite)> = states
+                .iter()
+                .map(|(w, s)| (w.clone(), s.sync_write(&self.params(w), peer.index, now)))
+                .collect();
+            let (peer, links, clock) = (peer.clone(), self.links.clone(), self.clock.clone());
+            let (r, me) = (self.count, self.me);
+            sent += 1;
+            tokio::spawn(async move {
+                let index = wire::index_key(peer.store.prefix());
+                let mut merged = false;
+                // With no live window an empty batch still goes: it keeps the link alive
+                // (and the partition metric true), so grants go out with the first
+                // window after an idle spell.
+                let batches: Vec<&[(LiveWindow, SyncWrite)]> = match writes.is_empty() {
+                    true => vec![&[]],
+                    false => writes.chunks(BATCH).collect(),
+                };
+                for chunk in batches {
+                    let batch: Vec<(&LiveWindow, SyncWrite)> =
+                        chunk.iter().map(|(w, s)| (w, *s)).collect();
+                    let cmd = wire::merge_cmd(
+                        peer.store.regions_sha(),
+                        &peer.store.script_now(),
+                        (r, peer.index, me),
+                        &index,
+                        &batch,
+                    );
+                    match peer.store.regions_call(&cmd).await {
+                        // Any reply renews the link: the peer is reachable, whether it
+                        // merged (a window over there is refused, not lost).
+                        Ok(raw) => merged |= wire::ints(&raw).is_some(),
+                        Err(e) => {
+                            tracing::debug!(peer = %peer.name, error = %e, "regions: sync write failed");
+                            merged = false;
+                            break;
+                        }
+                    }
+                }
+                if merged {
+                    let mut l = links.lock().unwrap_or_else(PoisonError::into_inner);
+                    l.acknowledged(peer.index, clock.now_ms());
+                }
+                peer.busy.store(false, Ordering::Release);
+            });
+        }
+        sent
+    }
+
+    /// Sets the metrics from this tick's states.
+    fn observe(&self, states: &[(LiveWindow, WindowState)], now: u64) {
+        let mut seen = self
+            .heard_seen
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let mut heard_new = vec![0u64; self.count];
+        let mut unsynced = vec![0u64; self.count];
+        let mut next = HashMap::with_capacity(states.len());
+        for (w, s) in states {
+            let id = (w.key.clone(), w.start);
+            let before = seen.remove(&id).unwrap_or_else(|| vec![0; self.count]);
+            let heard: Vec<u64> = (0..self.count).map(|j| s.heard(j)).collect();
+            for j in 0..self.count {
+                heard_new[j] += heard[j].saturating_sub(before.get(j).copied().unwrap_or(0));
+                unsynced[j] += s.given(j).saturating_sub(s.heard_by(j));
+            }
+            next.insert(id, heard);
+        }
+        *seen = next;
+        let Some(m) = &self.metrics else {
+            return;
+        };
+        let links = self.links.lock().unwrap_or_else(PoisonError::into_inner);
+        for p in &self.peers {
+            let label = [p.name.as_str()];
+            let lag = links.lag_ms(p.index, now) as f64 / 1000.0;
+            m.regions
+                .sync_lag_seconds
+                .with_label_values(&label)
+                .set(lag);
+            let cut = links.partitioned(p.index, now, self.partition_ms);
+            m.regions
+                .partitioned
+                .with_label_values(&label)
+                .set(i64::from(cut));
+            let u = unsynced.get(p.index).copied().unwrap_or(0);
+            m.regions
+                .unsynced
+                .with_label_values(&label)
+                .set(i64::try_from(u).unwrap_or(i64::MAX));
+            let h = heard_new.get(p.index).copied().unwrap_or(0);
+            if h > 0 {
+                m.regions.heard_total.with_label_values(&label).inc_by(h);
+            }
+        }
+    }
+}

@@ -1,0 +1,128 @@
+//! The Redis store's side of `fleet = "regions"` (src/regions): this gateway's place
+//! among the regions (sent with every decision of a regions window, see
+//! `wire::RegionArgs`), the live windows it decided or leased on (for the sync loop), and
+//! the sync loop's calls of `lua/regions.lua`, in this region's store or a peer's.
+
+use std::sync::Arc;
+
+use redis::Script;
+
+use super::conn::{run_lua, unavailable, Conn, REGIONS_LUA};
+use super::wire::{self, RegionArgs};
+use super::RedisStore;
+use crate::limiter::{Algorithm, Fleet, ScopeCheck};
+use crate::regions::Live;
+use crate::store::StoreError;
+
+/// The regions script's hash (computed once).
+fn regions_script() -> &'static Script {
+    static SCRIPT: std::sync::OnceLock<Script> = std::sync::OnceLock::new();
+    SCRIPT.get_or_init(|| Script::new(REGIONS_LUA))
+}
+
+// === impl RedisStore ===
+
+impl RedisStore {
+    /// Decides `fleet = "regions"` fixed windows as region `region.index` of
+    /// `region.count` (under the region's cap), and notes their windows in `live` for the
+    /// sync loop.
+    pub fn with_regions(mut self, region: RegionArgs, live: Arc<Live>) -> Self {
+        self.region = Some(region);
+        self.live = Some(live);
+        self
+    }
+
+    /// The live windows this gateway decided or leased on (None: no `[regions]`).
+    pub fn regions_live(&self) -> Option<&Arc<Live>> {
+        self.live.as_ref()
+    }
+
+    /// Whether the store is a Redis Cluster: the sync loop's calls name keys of many
+    /// slots (and the index of live windows), so `fleet = "regions"` syncs on a single
+    /// node or behind Sentinel only.
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.target, super::Target::Cluster(_))
+    }
+
+    /// The key prefix (`[store] key_prefix`).
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The store's deadline per call (`[store] timeout_ms`).
+    pub fn timeout(&self) -> std::time::Duration {
+        self.timeout
+    }
+
+    /// `ARGV[1]` of a script call: '' (the server's clock) unless a clock is injected.
+    pub fn script_now(&self) -> String {
+        self.now_arg()
+    }
+
+    /// The hash of `lua/regions.lua`.
+    pub fn regions_sha(&self) -> &'static str {
+        regions_script().get_hash()
+    }
+
+    /// Notes the regions windows of `scopes`, decided by a script whose clock read
+    /// `redis_now`: the sync loop syncs what this gateway saw.
+    pub(super) fn note_regions(&self, scopes: &[ScopeCheck<'_>], redis_now: u64) {
+        let (Some(live), Some(_)) = (&self.live, self.region) else {
+            return;
+        };
+        for s in scopes {
+            for w in &s.limits.windows {
+                if w.fleet != Fleet::Regions || w.algorithm != Algorithm::FixedWindow {
+                    continue;
+                }
+                let (start, end) = w.bounds(redis_now, s.ident.offset_ms(w));
+                let key = wire::key(&self.prefix, s.scope, &s.ident, w.window);
+                live.note(&key, start, end, u64::from(w.limit));
+            }
+        }
+    }
+
+    /// One call of the regions script within the deadline (loaded on `NOSCRIPT`).
+    ///
+    /// # Errors
+    /// When Redis fails or misses the deadline.
+    pub async fn regions_call(&self, cmd: &redis::Cmd) -> Result<Vec<u8>, StoreError> {
+        let timeout = || StoreError::Timeout(self.timeout.as_millis() as u64);
+        let run = async {
+            let mut conn = self.conn().await?;
+            run_lua(&mut conn, cmd, REGIONS_LUA)
+                .await
+                .map_err(unavailable)
+        };
+        let r = tokio::time::timeout(self.timeout, run)
+            .await
+            .map_err(|_| timeout())?;
+        if r.is_err() && !matches!(self.target, super::Target::Single(_)) {
+            self.conn.store(None);
+        }
+        r
+    }
+
+    /// The windows peers wrote into this store that are not over at `now_ms` (members of
+    /// `regions::store::index_key`).
+    ///
+    /// # Errors
+    /// When Redis fails or misses the deadline.
+    pub async fn regions_index(&self, now_ms: u64) -> Result<Vec<String>, StoreError> {
+        let key = crate::regions::store::index_key(&self.prefix);
+        let mut cmd = redis::cmd("ZRANGEBYSCORE");
+        cmd.arg(key).arg(format!("({now_ms}")).arg("+inf");
+        let run = async {
+            let mut conn = self.conn().await?;
+            let r: redis::RedisResult<Vec<String>> = match &mut conn {
+                Conn::Single(c) => cmd.query_async(c).await,
+                Conn::Cluster(c) => cmd.query_async(c).await,
+                Conn::Sentinel(c) => cmd.query_async(c).await,
+            };
+            r.map_err(unavailable)
+        };
+        tokio::time::timeout(self.timeout, run)
+            .await
+            .map_err(|_| StoreError::Timeout(self.timeout.as_millis() as u64))?
+    }
+}
