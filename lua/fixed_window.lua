@@ -34,6 +34,15 @@ local function rg_create(h, allot, s, e, now)
   end
 end
 
+-- Mirrors a regions window's count into its hash as `own`: what the window admitted in
+-- this region, still readable (by operators, by the tests of the bound) for RG_GRACE
+-- after the count's own key expired with its window.
+local function rg_own(key, w, s, count)
+  if w.regions == 0 then return end
+  local h = rg_key(key, s)
+  if redis.call('EXISTS', h) == 1 then redis.call('HSET', h, 'own', count) end
+end
+
 -- Counts `cost` of demand in a regions window, admitted or not.
 local function rg_demand(key, w, now, cost)
   local s, e = bounds(w, now, w.offset)
@@ -57,6 +66,7 @@ ALG[3] = {
   end,
   write = function(key, w, now, cost, nxt, d)
     redis.call('SET', key, fmt(nxt[1]) .. ':' .. fmt(nxt[2]), 'PX', math.max(d.reset_after, 1))
+    rg_own(key, w, nxt[1], nxt[2])
   end,
   refund = function(key, w, now, cost)
     local s = bounds(w, now, w.offset)
@@ -65,6 +75,7 @@ ALG[3] = {
     count = count - cost
     if count < 0 then count = 0 end
     redis.call('SET', key, fmt(start) .. ':' .. fmt(count), 'KEEPTTL')
+    rg_own(key, w, start, count)
   end,
   -- Adds up to n tokens (never beyond the limit; a regions window's cap), leased until
   -- till or the window's end. Tags: the window's start, 0.
@@ -77,6 +88,7 @@ ALG[3] = {
     if granted < 1 then return 0, 0, 0, 0 end
     if w.regions > 0 then rg_demand(key, w, now, granted) end
     redis.call('SET', key, fmt(s) .. ':' .. fmt(count + granted), 'PX', math.max(e - now, 1))
+    rg_own(key, w, s, count + granted)
     return granted, math.min(till, e), s, 0
   end,
   -- k unused tokens of the lease taken in the window starting at tag1 come back while the
@@ -87,6 +99,7 @@ ALG[3] = {
     count = count - k
     if count < 0 then count = 0 end
     redis.call('SET', key, fmt(start) .. ':' .. fmt(count), 'KEEPTTL')
+    rg_own(key, w, start, count)
   end,
   -- Debt: added to the current window's count, past the limit if need be, to at most
   -- 2 x limit. Refund: off the window the request was charged in (its `admitted` time),
@@ -98,9 +111,11 @@ ALG[3] = {
     if delta > 0 then
       count = add_debt(count, math.min(delta, debt_ceiling(w)), counter_top(w))
       redis.call('SET', key, fmt(s) .. ':' .. fmt(count), 'PX', math.max(e - now, 1))
+      rg_own(key, w, s, count)
     elseif start == s and bounds(w, admitted, w.offset) == s then
       count = math.max(count - math.min(-delta, cost), 0)
       redis.call('SET', key, fmt(s) .. ':' .. fmt(count), 'KEEPTTL')
+      rg_own(key, w, s, count)
     end
   end,
 }
