@@ -44,6 +44,7 @@ mod proxy_e2e;
 mod ratelimit_headers;
 mod ready;
 mod rediss;
+mod regions;
 mod regions_harness;
 mod regions_store;
 mod reload;
