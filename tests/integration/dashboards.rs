@@ -28,13 +28,18 @@ const SAMPLE: &str = "deploy/prometheus/metrics.sample.prom";
 
 /// A Redis-backed gateway that falls back to local decisions, so that a proxied request
 /// and a Redis outage bring out every series (the store error counter only exists after
-/// an error); its route is adaptive, so `throttle_adaptive_factor` has a series.
+/// an error); its route is adaptive, so `throttle_adaptive_factor` has a series; it has a
+/// peer region, so the `throttle_region_*` series exist.
 const CONFIG: &str = r#"
 [store]
 backend = "redis"
 url = "{redis}"
 timeout_ms = 200
 on_failure = "local"
+
+[regions]
+name = "eu"
+peers = { us = "{peer}", ap = "{peer}" }
 
 [limits.ip]
 per_minute = 10000
@@ -126,8 +131,12 @@ fn metric_names_of_promql() {
 /// lost its Redis (store errors counted, fallback decisions).
 async fn live_exposition() -> String {
     let mut redis = RedisServer::start().await;
+    let peer = RedisServer::start().await;
     let up = Upstream::start("u").await;
-    let gw = Gateway::start(&CONFIG.replace("{redis}", &redis.url()), Some(&up)).await;
+    let config = CONFIG
+        .replace("{redis}", &redis.url())
+        .replace("{peer}", &peer.url());
+    let gw = Gateway::start(&config, Some(&up)).await;
     let c = client();
     assert_eq!(c.get(gw.url("/v1/x")).send().await.unwrap().status(), 200);
     assert_eq!(c.get(gw.url("/other")).send().await.unwrap().status(), 404);
@@ -137,7 +146,8 @@ async fn live_exposition() -> String {
         let m = gw.metrics().await;
         let ready = m.contains("throttle_store_errors_total{store=\"redis\"}")
             && m.contains("throttle_upstream_seconds_count{route=\"api\"}")
-            && m.contains("throttle_adaptive_factor{route=\"api\"}");
+            && m.contains("throttle_adaptive_factor{route=\"api\"}")
+            && m.contains("throttle_region_partitioned{peer=\"us\"}");
         ready.then_some(m)
     })
     .await

@@ -122,8 +122,22 @@ impl RegionSync {
         })
     }
 
-    /// Sets the `throttle_region_*` metrics.
+    /// Sets the `throttle_region_*` metrics; every peer's counters start at 0, so a
+    /// rate over them exists before the first grant.
     pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        for p in &self.peers {
+            let label = [p.name.as_str()];
+            metrics
+                .regions
+                .granted_total
+                .with_label_values(&label)
+                .inc_by(0);
+            metrics
+                .regions
+                .heard_total
+                .with_label_values(&label)
+                .inc_by(0);
+        }
         self.metrics = Some(metrics);
         self
     }
