@@ -12,6 +12,12 @@ pub(super) struct Entry {
     pub(super) windows: SmallVec<[Slot; 2]>,
     pub(super) meter: Meter,
     pub(super) touched: u64,
+    /// The debts this identity's requests settle lately (a decaying maximum, in units):
+    /// what an admission on a lease leaves room for (see `Local::debit`).
+    pub(super) debt: u32,
+    /// The script's `now` of the latest call recorded for this identity, and the
+    /// gateway's clock when its reply was recorded (see `Entry::redis_now`).
+    pub(super) seen: (u64, u64),
 }
 
 #[derive(Debug, Clone)]
