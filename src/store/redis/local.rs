@@ -254,7 +254,7 @@ impl Local {
             if !check.peek {
                 e.meter.add(now, check.cost);
             }
-            let need = check.cost.saturating_add(e.debt);
+            let need = e.need(check.cost, now);
             for w in &s.limits.windows {
                 let slot = e.slot(w.window);
                 let usable =
@@ -337,7 +337,7 @@ impl Local {
             let mut m = self.shard(s.scope, &s.ident);
             let e = self.entry(&mut m, s.scope, &s.ident, now);
             let rate = e.meter.per_second(now);
-            let need = check.cost.saturating_add(e.debt);
+            let need = e.need(check.cost, now);
             for w in &s.limits.windows {
                 let slot = e.slot(w.window);
                 let auto = w.admission == Admission::Auto && self.lease_ms > 0 && !check.peek;

@@ -12,9 +12,10 @@ pub(super) struct Entry {
     pub(super) windows: SmallVec<[Slot; 2]>,
     pub(super) meter: Meter,
     pub(super) touched: u64,
-    /// The debts this identity's requests settle lately (a decaying maximum, in units):
-    /// what an admission on a lease leaves room for (see `Local::debit`).
-    pub(super) debt: u32,
+    /// The debts this identity's requests settle lately (a decaying maximum, in units),
+    /// and when the last one came: what an admission on a lease leaves room for while
+    /// they keep coming (see `Local::debit`, `Entry::need`).
+    pub(super) debt: (u32, u64),
     /// The script's `now` of the latest call recorded for this identity, and the
     /// gateway's clock when its reply was recorded (see `Entry::redis_now`).
     pub(super) seen: (u64, u64),
@@ -94,6 +95,16 @@ impl Entry {
             }
         };
         &mut self.windows[i]
+    }
+
+    /// What a lease must hold to admit a request of `cost` at `now`: the cost, and the
+    /// debt the identity's requests have lately settled (for a second after the last).
+    pub(super) fn need(&self, cost: u32, now: u64) -> u32 {
+        let (debt, at) = self.debt;
+        match now.saturating_sub(at) <= Meter::SPAN {
+            true => cost.saturating_add(debt),
+            false => cost,
+        }
     }
 
     pub(super) fn idle(&self, now: u64) -> bool {

@@ -99,7 +99,7 @@ impl Local {
     ///
     /// The debt counts in the identity's rate (leases are sized for what it spends, not
     /// what it reserves), and the next admissions on a lease keep room for one more
-    /// such debt (`Entry::debt`): a lease that could pay the request but not its debt is
+    /// such debt for a while (`Entry::need`): a lease that could pay the request but not its debt is
     /// renewed with a check call instead of ended by a settle call and renewed by the
     /// next check.
     pub fn debit(&self, s: &ScopeCheck<'_>, debt: u64, now: u64) -> Result<(), Unpaid> {
@@ -117,7 +117,8 @@ impl Local {
         };
         let units = u32::try_from(debt).unwrap_or(u32::MAX);
         e.meter.add(now, units);
-        e.debt = units.max(e.debt - e.debt / 4);
+        let recent = e.need(0, now);
+        e.debt = (units.max(recent - recent / 4), now);
         let live = |l: &Held, w: &WindowLimit| now < l.until && l.limit == *w;
         let mut unpaid = Unpaid::default();
         let mut later = Vec::new();
