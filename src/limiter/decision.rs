@@ -3,6 +3,8 @@
 //! Durations are relative milliseconds (`reset_after_ms`, `retry_after_ms`) so that a decision
 //! made on Redis time never mixes clocks with the gateway's header rendering.
 
+use smallvec::SmallVec;
+
 use super::check::{Check, ScopeCheck, MAX_SCOPES};
 use super::policy::{Scope, Window};
 
@@ -171,17 +173,27 @@ impl DecidedAt {
 
     /// Records that `check`'s `scope` was (also) decided at `ms`, and so were those of
     /// its windows without a time of their own yet (the windows a script call decided,
-    /// after the leases paid the others).
+    /// after the leases paid the others). A scope decided at one time keeps no window
+    /// times: its windows' are its own (so a verdict compares equal to one of a store
+    /// with one clock).
     pub fn add_for(&mut self, check: &Check<'_>, scope: Scope, ms: u64) {
         let Some(i) = check.position(scope) else {
             return;
         };
+        let n = check.scopes[i].limits.windows.len();
+        let slots: SmallVec<[usize; 4]> = (0..n)
+            .filter_map(|j| Self::slot(&check.scopes, i, j))
+            .collect();
+        let mixed = slots.iter().any(|k| self.windows[*k] != UNTIMED);
+        if !mixed && (self.of(i) == 0 || self.of(i) == ms) {
+            return self.add(i, ms);
+        }
         self.add(i, ms);
-        for j in 0..check.scopes[i].limits.windows.len() {
-            let slot = Self::slot(&check.scopes, i, j);
-            if slot.is_some_and(|k| self.windows[k] == UNTIMED) {
-                self.put(i, slot, ms);
-            }
+        let untimed: SmallVec<[usize; 4]> = (slots.into_iter())
+            .filter(|k| self.windows[*k] == UNTIMED)
+            .collect();
+        for k in untimed {
+            self.put(i, Some(k), ms);
         }
     }
 

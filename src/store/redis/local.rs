@@ -12,14 +12,15 @@
 //!   part of each window's remaining quota to this gateway (charged in Redis at once, at
 //!   most half of what remains, none below 2 tokens; see `lua/check.lua`). While every
 //!   window a request needs holds enough leased tokens, it is admitted here (a peek is
-//!   answered from them too, spending nothing). A refund of a fixed or sliding window
-//!   paid from a lease in hand goes back to it (`refund`), and a debt (a settled cost
-//!   above the reserve) is spent from the leases in hand when they hold it, else ends
-//!   them in the settle call (`debit`): `count_on` and `cost_from` cost no round trip
-//!   while the leases last. The size
-//!   follows the identity's local rate over the lease length. Unused tokens go back when
-//!   a lease expires (`expired`) or at shutdown (`drain`), or with the next call for that
-//!   window.
+//!   answered from them too, spending nothing). Settles go window by window, each at
+//!   the time its window was charged (`Verdict::decided_at`): a refund of a request paid
+//!   from a lease in hand goes back to it, and one Redis would provably ignore sends
+//!   nothing (`refund`); a debt (a settled cost above the reserve) is spent from the
+//!   leases in hand when they hold it, else ends them in the settle call (`debit`), and
+//!   counts in the rate leases are sized from: `count_on` and `cost_from` cost no round
+//!   trip while the leases last. The size follows the identity's local rate over the
+//!   lease length. Unused tokens go back when a lease expires (`expired`) or at shutdown
+//!   (`drain`), or with the next call for that window.
 //!
 //! Both are keyed to the limit they were decided at: a cached rejection or a lease
 //! serves only a request whose window has exactly that limit (limit, capacity,
