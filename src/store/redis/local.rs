@@ -251,18 +251,12 @@ impl Local {
         for s in &check.scopes {
             let mut m = self.shard(s.scope, &s.ident);
             let e = self.entry(&mut m, s.scope, &s.ident, now);
-            e.touched = now;
-            if !check.peek {
-                e.meter.add(now, check.cost);
-            }
-            let need = e.need(check.cost, now);
+            let need = e.arrive(check, now);
             for w in &s.limits.windows {
                 let slot = e.slot(w.window);
                 let usable =
                     slot.usable(now, check.cost, w).is_some() && w.admission == Admission::Auto;
-                // A lease that can pay the request but not the debt it is likely to
-                // settle is renewed with a call now (see `Local::debit`).
-                leased &= usable && (check.peek || slot.usable(now, need, w).is_some());
+                leased &= usable && slot.usable(now, need, w).is_some();
                 // Tokens leased to this gateway are already counted in Redis: a window
                 // holding them pays with them even when a rejection is cached beside them
                 // (a concurrent call of the same identity reached Redis after the lease

@@ -5,7 +5,9 @@ use smallvec::SmallVec;
 
 use super::super::wire::{Grant, LeaseArgs};
 use super::{Return, IDLE_MS};
-use crate::limiter::{Algorithm, Decision, Ident, Scope, Window, WindowDecision, WindowLimit};
+use crate::limiter::{
+    Algorithm, Check, Decision, Ident, Scope, Window, WindowDecision, WindowLimit,
+};
 
 #[derive(Debug, Default)]
 pub(super) struct Entry {
@@ -95,6 +97,18 @@ impl Entry {
             }
         };
         &mut self.windows[i]
+    }
+
+    /// Counts a request of `check` arriving at `now` (in the rate, unless a peek), and
+    /// answers what a lease must hold to admit it: a lease that can pay the request but
+    /// not the debt it is likely to settle is renewed with a call now (see `need`).
+    pub(super) fn arrive(&mut self, check: &Check<'_>, now: u64) -> u32 {
+        self.touched = now;
+        if check.peek {
+            return check.cost;
+        }
+        self.meter.add(now, check.cost);
+        self.need(check.cost, now)
     }
 
     /// What a lease must hold to admit a request of `cost` at `now`: the cost, and the
