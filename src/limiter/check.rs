@@ -182,17 +182,17 @@ impl std::fmt::Display for Ident {
 
 impl<'a> Check<'a> {
     /// The scopes at the positions `keep` takes, with their decision times (`decided_at`
-    /// re-indexed to the part's positions): what a settle of some of the scopes sends.
+    /// re-indexed to the part's positions, each window keeping its own time): what a
+    /// settle of some of the scopes sends.
     pub fn part(&self, decided_at: DecidedAt, keep: impl Fn(usize) -> bool) -> (Self, DecidedAt) {
         let mut out = self.clone();
         out.scopes.clear();
-        let mut at = DecidedAt::default();
         for (i, s) in self.scopes.iter().enumerate() {
             if keep(i) {
-                at.add(out.scopes.len(), decided_at.of(i));
                 out.scopes.push(s.clone());
             }
         }
+        let at = decided_at.select(&self.scopes, |i, _| keep(i));
         (out, at)
     }
 

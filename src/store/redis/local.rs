@@ -12,14 +12,15 @@
 //!   part of each window's remaining quota to this gateway (charged in Redis at once, at
 //!   most half of what remains, none below 2 tokens; see `lua/check.lua`). While every
 //!   window a request needs holds enough leased tokens, it is admitted here (a peek is
-//!   answered from them too, spending nothing). A refund of a fixed or sliding window
-//!   paid from a lease in hand goes back to it (`refund`), and a debt (a settled cost
-//!   above the reserve) is spent from the leases in hand when they hold it, else ends
-//!   them in the settle call (`debit`): `count_on` and `cost_from` cost no round trip
-//!   while the leases last. The size
-//!   follows the identity's local rate over the lease length. Unused tokens go back when
-//!   a lease expires (`expired`) or at shutdown (`drain`), or with the next call for that
-//!   window.
+//!   answered from them too, spending nothing). Settles go window by window, each at
+//!   the time its window was charged (`Verdict::decided_at`): a refund of a request paid
+//!   from a lease in hand goes back to it, and one Redis would provably ignore sends
+//!   nothing (`refund`); a debt (a settled cost above the reserve) is spent from the
+//!   leases in hand when they hold it, else ends them in the settle call (`debit`), and
+//!   counts in the rate leases are sized from: `count_on` and `cost_from` cost no round
+//!   trip while the leases last. The size follows the identity's local rate over the
+//!   lease length. Unused tokens go back when a lease expires (`expired`) or at shutdown
+//!   (`drain`), or with the next call for that window.
 //!
 //! Both are keyed to the limit they were decided at: a cached rejection or a lease
 //! serves only a request whose window has exactly that limit (limit, capacity,
@@ -250,15 +251,12 @@ impl Local {
         for s in &check.scopes {
             let mut m = self.shard(s.scope, &s.ident);
             let e = self.entry(&mut m, s.scope, &s.ident, now);
-            e.touched = now;
-            if !check.peek {
-                e.meter.add(now, check.cost);
-            }
+            let need = e.arrive(check, now);
             for w in &s.limits.windows {
                 let slot = e.slot(w.window);
                 let usable =
                     slot.usable(now, check.cost, w).is_some() && w.admission == Admission::Auto;
-                leased &= usable;
+                leased &= usable && slot.usable(now, need, w).is_some();
                 // Tokens leased to this gateway are already counted in Redis: a window
                 // holding them pays with them even when a rejection is cached beside them
                 // (a concurrent call of the same identity reached Redis after the lease
@@ -297,18 +295,18 @@ impl Local {
         }
         let mut decisions: SmallVec<[WindowDecision; 8]> = SmallVec::new();
         let mut decided_at = DecidedAt::default();
-        for s in &check.scopes {
+        for (i, s) in check.scopes.iter().enumerate() {
             let mut m = self.shard(s.scope, &s.ident);
             let Some(e) = m.map.get_mut(&(s.scope, s.ident.clone())) else {
                 return Outcome::Remote; // pruned in between: ask Redis
             };
-            for w in &s.limits.windows {
+            for (j, w) in s.limits.windows.iter().enumerate() {
                 let slot = e.slot(w.window);
-                let Some(i) = slot.usable(now, check.cost, w) else {
+                let Some(k) = slot.usable(now, check.cost, w) else {
                     return Outcome::Remote;
                 };
-                let l = &mut slot.leases[i];
-                decided_at.add_for(check, s.scope, l.granted_at);
+                let l = &mut slot.leases[k];
+                decided_at.add_window(&check.scopes, i, j, l.granted_at);
                 decisions.push(if check.peek {
                     l.look(s.scope, w.window, check.cost, now)
                 } else {
@@ -334,14 +332,16 @@ impl Local {
             let mut m = self.shard(s.scope, &s.ident);
             let e = self.entry(&mut m, s.scope, &s.ident, now);
             let rate = e.meter.per_second(now);
+            let need = e.need(check.cost, now);
             for w in &s.limits.windows {
                 let slot = e.slot(w.window);
                 let auto = w.admission == Admission::Auto && self.lease_ms > 0 && !check.peek;
                 // A call goes to Redis anyway: a lease past half its life is renewed with
                 // it rather than alone later, so an identity's windows (and the scopes
-                // its requests share) renew together.
+                // its requests share) renew together; so is one that could not also pay
+                // the debt the request is likely to settle.
                 let usable = slot
-                    .usable(now, check.cost, w)
+                    .usable(now, need, w)
                     .filter(|i| auto && !slot.leases[*i].aging(now));
                 if let Some(i) = usable {
                     let l = &mut slot.leases[i];
@@ -406,7 +406,9 @@ impl Local {
     }
 
     /// Records what Redis decided for `scopes`: rejections to repeat, leases taken.
-    /// `now` is the gateway's clock read before the call, `redis_now` the script's.
+    /// `now` is the gateway's clock read before the call, `redis_now` the script's,
+    /// `replied` the gateway's clock when the reply came (for `Entry::redis_now`).
+    #[allow(clippy::too_many_arguments)]
     pub fn record(
         &self,
         scopes: &[ScopeCheck<'_>],
@@ -415,12 +417,16 @@ impl Local {
         grants: &[Grant],
         now: u64,
         redis_now: u64,
+        replied: u64,
     ) {
         let mut at = 0;
         for s in scopes {
             let mut m = self.shard(s.scope, &s.ident);
             let mut due = u64::MAX;
             let e = self.entry(&mut m, s.scope, &s.ident, now);
+            if redis_now >= e.seen.0 {
+                e.seen = (redis_now, replied.max(now));
+            }
             for w in &s.limits.windows {
                 let (Some(wd), Some(g)) = (decisions.get(at), grants.get(at)) else {
                     return;

@@ -250,6 +250,7 @@ impl RedisStore {
                     &r.grants,
                     local_now,
                     r.now,
+                    self.local_now(),
                 );
             }
         };
@@ -478,11 +479,7 @@ impl LimitStore for RedisStore {
         if delta > 0 {
             return self.settle_debt(check, delta, decided_at);
         }
-        match self.refund_leased(check, delta, decided_at) {
-            None => self.spawn_settle(check, delta, decided_at, None),
-            Some((rest, at)) if !rest.is_empty() => self.spawn_settle(&rest, delta, at, None),
-            Some(_) => {}
-        }
+        self.settle_refund(check, delta, decided_at)
     }
 
     fn finish(&self, held: super::Held, _ending: super::Ending) {

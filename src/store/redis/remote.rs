@@ -13,7 +13,7 @@ pub(super) struct Remote<'a> {
     pub(super) leases: Vec<smallvec::SmallVec<[LeaseArgs; 2]>>,
     /// Decisions of the covered windows.
     pub(super) covered: Vec<crate::limiter::WindowDecision>,
-    /// When the leases paying the covered windows were granted, per scope.
+    /// When the leases paying the covered windows were granted, per window.
     pub(super) granted_at: DecidedAt,
 }
 
@@ -33,7 +33,7 @@ impl<'a> Remote<'a> {
             };
             let mut windows = Vec::new();
             let mut args = smallvec::SmallVec::new();
-            for (w, p) in s.limits.windows.iter().zip(plans) {
+            for (j, (w, p)) in s.limits.windows.iter().zip(plans).enumerate() {
                 match p {
                     WindowPlan::Covered {
                         decision,
@@ -41,7 +41,7 @@ impl<'a> Remote<'a> {
                         ..
                     } => {
                         out.covered.push(*decision);
-                        out.granted_at.add_for(check, s.scope, *granted_at);
+                        out.granted_at.add_window(&check.scopes, i, j, *granted_at);
                     }
                     WindowPlan::Remote(a) => {
                         windows.push(*w);

@@ -1,50 +1,100 @@
 //! Settling a request's cost in Redis (`LimitStore::settle`): what the leases in hand
 //! take locally, and the spawned 'settle' calls for the rest.
 
+use smallvec::SmallVec;
+
 use super::*;
+use crate::limiter::{ScopeLimits, MAX_SCOPES};
+
+/// Bits `1 << j` for each of `n` windows.
+fn all(n: usize) -> u32 {
+    (1u64 << n.min(32)).wrapping_sub(1) as u32
+}
 
 // === impl RedisStore ===
 
 impl RedisStore {
-    /// A refund's scopes paid from leases still in hand go back to those leases
-    /// (`Local::refund`), so what they report counts it: the rest of `check` to settle
-    /// in Redis, with its times; None when no scope did (settle all of `check`).
-    pub(super) fn refund_leased<'a>(
-        &self,
-        check: &Check<'a>,
-        delta: i64,
-        decided_at: DecidedAt,
-    ) -> Option<(Check<'a>, DecidedAt)> {
-        let local = self.local.as_ref().filter(|_| delta < 0)?;
+    /// Settles a refund (`delta < 0`): each window of each scope paid from a lease still
+    /// in hand gives it back to that lease, so what the lease reports counts it, and a
+    /// window whose refund Redis would provably ignore sends nothing (`Local::refund`);
+    /// the other windows are settled in Redis, with their times.
+    pub(super) fn settle_refund(&self, check: &Check<'_>, delta: i64, decided_at: DecidedAt) {
+        let Some(local) = self.local.as_ref() else {
+            return self.spawn_settle(check, delta, decided_at, None);
+        };
         let back = u32::try_from(delta.unsigned_abs()).map_or(check.cost, |b| b.min(check.cost));
         let now = self.local_now();
-        let missed: u32 = (check.scopes.iter().enumerate())
-            .filter(|(i, s)| !local.refund(s, decided_at.of(*i), back, now))
-            .fold(0, |m, (i, _)| m | 1 << i);
-        let remote = missed.count_ones() as usize;
-        (remote < check.scopes.len()).then(|| check.part(decided_at, |i| missed & (1 << i) != 0))
+        let mut missed = [0; MAX_SCOPES];
+        for (i, s) in check.scopes.iter().enumerate() {
+            let n = s.limits.windows.len();
+            let at: SmallVec<[u64; 4]> = (0..n)
+                .map(|j| decided_at.of_window(&check.scopes, i, j))
+                .collect();
+            missed[i] = all(n) & !local.refund(s, &at, (check.cost, back), now);
+        }
+        self.settle_windows(check, delta, decided_at, &missed, None);
     }
 
-    /// A debt's scopes whose leases in hand hold it are charged there (`Local::debit`);
-    /// the others are settled in Redis (the rest of `check`, with its times), each
-    /// giving its ended leases back in the same call.
+    /// A debt's windows whose leases in hand hold it are charged there (`Local::debit`);
+    /// the others are settled in Redis (with their times), each giving its ended lease
+    /// back in the same call.
     pub(super) fn settle_debt(&self, check: &Check<'_>, delta: i64, decided_at: DecidedAt) {
         let Some(local) = self.local.as_ref() else {
             return self.spawn_settle(check, delta, decided_at, None);
         };
         let (debt, now) = (delta.unsigned_abs(), self.local_now());
-        let mut missed = 0u32;
+        let mut missed = [0; MAX_SCOPES];
         let mut returns = Vec::new();
         for (i, s) in check.scopes.iter().enumerate() {
-            if let Err(ended) = local.debit(s, debt, now) {
-                missed |= 1 << i;
-                returns.push(ended);
+            if let Err(unpaid) = local.debit(s, debt, now) {
+                missed[i] = unpaid.windows;
+                returns.push(unpaid.ended);
             }
         }
-        if missed != 0 {
-            let (rest, at) = check.part(decided_at, |i| missed & (1 << i) != 0);
-            self.spawn_settle(&rest, delta, at, Some(&returns));
+        self.settle_windows(check, delta, decided_at, &missed, Some(&returns));
+    }
+
+    /// Spawns the settle of the windows `missed` names (per scope, bit `1 << j` for its
+    /// window `j`): a scope missing only some of its windows is sent with those alone
+    /// (each window settles on its own in the script), each with its own time; `returns`
+    /// (per scope sent, per window sent) the leases to end first.
+    fn settle_windows(
+        &self,
+        check: &Check<'_>,
+        delta: i64,
+        decided_at: DecidedAt,
+        missed: &[u32; MAX_SCOPES],
+        returns: Option<&[SmallVec<[wire::LeaseArgs; 2]>]>,
+    ) {
+        if missed.iter().all(|m| *m == 0) {
+            return;
         }
+        let reduced: SmallVec<[Option<ScopeLimits>; 4]> = (check.scopes.iter().zip(missed))
+            .map(|(s, m)| {
+                let n = s.limits.windows.len();
+                (*m != 0 && *m & all(n) != all(n)).then(|| ScopeLimits {
+                    windows: (s.limits.windows.iter().enumerate())
+                        .filter(|(j, _)| m & (1 << j) != 0)
+                        .map(|(_, w)| *w)
+                        .collect(),
+                    ..s.limits.clone()
+                })
+            })
+            .collect();
+        let mut rest = Check::new(check.cost);
+        rest.peek = check.peek;
+        rest.at_ms = check.at_ms;
+        for ((s, m), r) in check.scopes.iter().zip(missed).zip(&reduced) {
+            if *m != 0 {
+                rest.scopes.push(ScopeCheck {
+                    scope: s.scope,
+                    ident: s.ident.clone(),
+                    limits: r.as_ref().unwrap_or(s.limits),
+                });
+            }
+        }
+        let at = decided_at.select(&check.scopes, |i, j| missed[i] & (1 << j) != 0);
+        self.spawn_settle(&rest, delta, at, returns);
     }
 
     /// Spawns the 'settle' calls of `check` (see `LimitStore::settle`): one on a single
@@ -79,8 +129,8 @@ impl RedisStore {
             )
         };
         let cmds: Vec<redis::Cmd> = if matches!(*conn, Conn::Cluster(_)) {
-            // One call per scope: that scope's time at index 0.
-            let one = |i| DecidedAt::all(decided_at.of(i));
+            // One call per scope: that scope's times at index 0.
+            let one = |i| decided_at.select(&check.scopes, |x, _| x == i);
             check
                 .scopes
                 .iter()

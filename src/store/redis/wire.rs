@@ -360,8 +360,9 @@ pub fn command(
 }
 
 /// An `EVALSHA` settling a request whose scopes were decided at `decided_at` (the store
-/// clock, per scope) with reserved `cost` on every window of `scopes`: `delta` = true
-/// cost - `cost` (see `LimitStore::settle`). `decided_at` is indexed like `scopes`.
+/// clock; each window's `current` is when that window was charged) with reserved `cost`
+/// on every window of `scopes`: `delta` = true cost - `cost` (see `LimitStore::settle`).
+/// `decided_at` is indexed like `scopes`.
 /// The reply is "now 1".
 #[allow(clippy::too_many_arguments)]
 pub fn settle_command(
@@ -389,7 +390,8 @@ pub fn settle_returning(
 ) -> redis::Cmd {
     let at = move |i: usize, j: usize| {
         let l = leases.and_then(|l| l.get(i)).and_then(|l| l.get(j));
-        (decided_at.of(i), l.copied().unwrap_or_default())
+        let admitted = decided_at.of_window(scopes, i, j);
+        (admitted, l.copied().unwrap_or_default())
     };
     let header = (now, cost, Mode::Settle);
     evalsha(sha, prefix, header, delta, scope_windows(scopes, at))

@@ -5,13 +5,22 @@ use smallvec::SmallVec;
 
 use super::super::wire::{Grant, LeaseArgs};
 use super::{Return, IDLE_MS};
-use crate::limiter::{Algorithm, Decision, Ident, Scope, Window, WindowDecision, WindowLimit};
+use crate::limiter::{
+    Algorithm, Check, Decision, Ident, Scope, Window, WindowDecision, WindowLimit,
+};
 
 #[derive(Debug, Default)]
 pub(super) struct Entry {
     pub(super) windows: SmallVec<[Slot; 2]>,
     pub(super) meter: Meter,
     pub(super) touched: u64,
+    /// The debts this identity's requests settle lately (a decaying maximum, in units),
+    /// and when the last one came: what an admission on a lease leaves room for while
+    /// they keep coming (see `Local::debit`, `Entry::need`).
+    pub(super) debt: (u32, u64),
+    /// The script's `now` of the latest call recorded for this identity, and the
+    /// gateway's clock when its reply was recorded (see `Entry::redis_now`).
+    pub(super) seen: (u64, u64),
 }
 
 #[derive(Debug, Clone)]
@@ -88,6 +97,28 @@ impl Entry {
             }
         };
         &mut self.windows[i]
+    }
+
+    /// Counts a request of `check` arriving at `now` (in the rate, unless a peek), and
+    /// answers what a lease must hold to admit it: a lease that can pay the request but
+    /// not the debt it is likely to settle is renewed with a call now (see `need`).
+    pub(super) fn arrive(&mut self, check: &Check<'_>, now: u64) -> u32 {
+        self.touched = now;
+        if check.peek {
+            return check.cost;
+        }
+        self.meter.add(now, check.cost);
+        self.need(check.cost, now)
+    }
+
+    /// What a lease must hold to admit a request of `cost` at `now`: the cost, and the
+    /// debt the identity's requests have lately settled (for a second after the last).
+    pub(super) fn need(&self, cost: u32, now: u64) -> u32 {
+        let (debt, at) = self.debt;
+        match now.saturating_sub(at) <= Meter::SPAN {
+            true => cost.saturating_add(debt),
+            false => cost,
+        }
     }
 
     pub(super) fn idle(&self, now: u64) -> bool {

@@ -1,20 +1,34 @@
-//! Settling a request's cost against the leases in hand: a refund goes back to the lease
-//! that paid it (`refund`), a debt is spent from the leases or ends them (`debit`).
+//! Settling a request's cost against the leases in hand, window by window: a refund goes
+//! back to the lease that paid it or is dropped when Redis would ignore it (`refund`), a
+//! debt is spent from the leases or ends them (`debit`).
 
 use smallvec::SmallVec;
 
-use super::entry::Held;
+use super::entry::{Entry, Held};
 use super::{Local, Return};
+use crate::limiter::algorithm::refund_units;
 use crate::limiter::{Algorithm, ScopeCheck, WindowLimit};
 use crate::store::redis::wire::LeaseArgs;
+
+/// Windows of a scope, bit `1 << j` for its window `j`.
+pub(super) type Windows = u32;
+
+/// A debt the leases in hand could not hold (see `Local::debit`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Unpaid {
+    /// The windows whose debt is Redis's (bit `1 << j` for window `j` of the scope).
+    pub windows: Windows,
+    /// For each of those windows, in order: the lease the settle call gives back first.
+    pub ended: SmallVec<[LeaseArgs; 2]>,
+}
 
 // === impl Local ===
 
 impl Local {
-    /// Gives `back` refunded tokens of a request of `s` charged at `granted_at` (its
-    /// `decided_at`: for a scope of several windows, the earliest of their charges) to
-    /// the leases in hand: `true` when every window of `s` holds one that can take them;
-    /// else nothing changes and the refund is Redis's.
+    /// Settles a refund of `back` of the `cost` tokens a request of `s` reserved, each
+    /// window `j` charged at `at[j]` (its `DecidedAt::of_window`: the script's clock),
+    /// with the leases in hand: the windows done locally (bit `1 << j`), the others are
+    /// Redis's (nothing changed for them).
     ///
     /// A refunded request paid from a lease is, for the lease rule, tokens of the lease
     /// never used: they go back with its leftovers, to the window (or bucket, or log
@@ -22,105 +36,102 @@ impl Local {
     /// charged then goes. A counter (fixed or sliding window) takes any give-back into
     /// its window: any live lease of it takes the refund of a request charged in the
     /// current window (the call's own charge too). A bucket's or a log's refund depends
-    /// on when it was charged: only the lease granted at `granted_at` takes it, never
-    /// beyond what it was granted (a give-back is at most its size). The remaining the
-    /// lease reports counts it.
-    pub fn refund(&self, s: &ScopeCheck<'_>, granted_at: u64, back: u32, now: u64) -> bool {
-        if granted_at == 0 || back == 0 {
-            return false;
+    /// on when it was charged: only the lease granted at the window's time takes it,
+    /// never beyond what it was granted (a give-back is at most its size: a request the
+    /// script charged beside the grant was not paid from it). The remaining the lease
+    /// reports counts it.
+    ///
+    /// A window no lease takes is done too when Redis would provably ignore its refund
+    /// (see `ignored`): Redis's clock is already past what the charge's refund can touch.
+    pub fn refund(
+        &self,
+        s: &ScopeCheck<'_>,
+        at: &[u64],
+        (cost, back): (u32, u32),
+        now: u64,
+    ) -> Windows {
+        if back == 0 {
+            return 0;
         }
-        let counter = |w: &WindowLimit| {
-            matches!(
-                w.algorithm,
-                Algorithm::FixedWindow | Algorithm::SlidingWindow
-            )
-        };
-        let fits = |l: &Held| l.tokens.saturating_add(u64::from(back)) <= l.grant.granted;
-        let off = |w: &WindowLimit| s.ident.offset_ms(w);
         let mut m = self.shard(s.scope, &s.ident);
         let Some(e) = m.map.get_mut(&(s.scope, s.ident.clone())) else {
-            return false;
+            return 0;
         };
-        let paid_by = |slot: &super::entry::Slot, w: &WindowLimit| {
-            slot.leases.iter().position(|l| {
+        let redis_now = e.redis_now(now);
+        let mut done = 0;
+        for (j, w) in s.limits.windows.iter().enumerate() {
+            let Some(at) = at.get(j).copied().filter(|t| *t > 0) else {
+                continue;
+            };
+            let off = s.ident.offset_ms(w);
+            let slot = e.slot(w.window);
+            let paid_by = slot.leases.iter_mut().find(|l| {
                 let paid = match counter(w) {
                     // A counter's lease is of the window of its grant (it ends with it):
                     // the refund belongs there when the request was charged in that
-                    // window too (its scope's windows may have been paid by leases
-                    // granted at other times; `granted_at` is the earliest). Both times
-                    // are the script's clock.
-                    true => w.bounds(granted_at, off(w)) == w.bounds(l.granted_at, off(w)),
-                    false => l.granted_at == granted_at && fits(l),
+                    // window too. Both times are the script's clock.
+                    true => w.bounds(at, off) == w.bounds(l.granted_at, off),
+                    false => l.granted_at == at && fits(l, back),
                 };
                 paid && l.limit == *w && now < l.until
-            })
-        };
-        let mut found: SmallVec<[usize; 2]> = SmallVec::new();
-        for w in &s.limits.windows {
-            let at = e.windows.iter().find(|slot| slot.window == w.window);
-            match at.and_then(|slot| paid_by(slot, w)) {
-                Some(i) => found.push(i),
-                None => return false,
+            });
+            if let Some(l) = paid_by {
+                l.tokens += u64::from(back);
+                l.visible = l.visible.saturating_add(back);
+                done |= 1 << j;
+            } else if ignored(w, off, at, (cost, back), redis_now) {
+                done |= 1 << j;
             }
         }
-        for (w, i) in s.limits.windows.iter().zip(found) {
-            let l = &mut e.slot(w.window).leases[i];
-            l.tokens += u64::from(back);
-            l.visible = l.visible.saturating_add(back);
-        }
-        true
+        done
     }
 
     /// Charges a debt of `debt` units of a request of `s` (its true cost above its
-    /// reserve) at `now`: to the leases in hand when every window of `s` holds a live
-    /// lease of its limit with that many tokens (they were charged in Redis when
-    /// granted: spending them is an admission of `debt` more on the lease, which the
-    /// lease rule allows for every algorithm), and `Ok`: nothing goes to Redis. Else the
-    /// scope's live leases end and `Err` names, per window, the one the settle call
-    /// gives back before it charges the whole debt in Redis (a second lease of a window
-    /// goes back with the next expiry pass), so no gateway keeps admitting on tokens of
-    /// a window the debt has spent, and a check racing the settle sees less spent, not
-    /// more (the leftovers are below the debt).
-    pub fn debit(
-        &self,
-        s: &ScopeCheck<'_>,
-        debt: u64,
-        now: u64,
-    ) -> Result<(), SmallVec<[LeaseArgs; 2]>> {
+    /// reserve) at `now`, window by window: a window holding a live lease of its limit
+    /// with that many tokens pays from it (they were charged in Redis when granted:
+    /// spending them is an admission of `debt` more on the lease, which the lease rule
+    /// allows for every algorithm). The others (`Err`) are Redis's: their live leases
+    /// end and the settle call gives back, per window, the one named in `Unpaid::ended`
+    /// before it charges the whole debt there (a second lease of a window goes back with
+    /// the next expiry pass), so no gateway keeps admitting on tokens of a window the
+    /// debt has spent, and a check racing the settle sees less spent, not more (the
+    /// leftovers are below the debt).
+    ///
+    /// The debt counts in the identity's rate (leases are sized for what it spends, not
+    /// what it reserves), and the next admissions on a lease keep room for one more
+    /// such debt for a while (`Entry::need`): a lease that could pay the request but not its debt is
+    /// renewed with a check call instead of ended by a settle call and renewed by the
+    /// next check.
+    pub fn debit(&self, s: &ScopeCheck<'_>, debt: u64, now: u64) -> Result<(), Unpaid> {
         let mut m = self.shard(s.scope, &s.ident);
         let Some(e) = m.map.get_mut(&(s.scope, s.ident.clone())) else {
-            return Err(SmallVec::new());
-        };
-        let live = |l: &Held, w: &WindowLimit| now < l.until && l.limit == *w;
-        let mut found: SmallVec<[usize; 2]> = SmallVec::new();
-        for w in &s.limits.windows {
-            let slot = e.windows.iter().find(|slot| slot.window == w.window);
-            let paying = slot.and_then(|slot| {
-                slot.leases
+            return Err(Unpaid {
+                windows: all(s),
+                ended: s
+                    .limits
+                    .windows
                     .iter()
-                    .enumerate()
-                    .filter(|(_, l)| live(l, w) && l.tokens >= debt)
-                    .min_by_key(|(_, l)| l.until)
-                    .map(|(i, _)| i)
+                    .map(|_| LeaseArgs::default())
+                    .collect(),
             });
-            match paying {
-                Some(i) => found.push(i),
-                None => break,
-            }
-        }
-        if found.len() == s.limits.windows.len() {
-            let units = u32::try_from(debt).unwrap_or(u32::MAX);
-            for (w, i) in s.limits.windows.iter().zip(found) {
-                let l = &mut e.slot(w.window).leases[i];
+        };
+        let units = u32::try_from(debt).unwrap_or(u32::MAX);
+        e.meter.add(now, units);
+        let recent = e.need(0, now);
+        e.debt = (units.max(recent - recent / 4), now);
+        let live = |l: &Held, w: &WindowLimit| now < l.until && l.limit == *w;
+        let mut unpaid = Unpaid::default();
+        let mut later = Vec::new();
+        for (j, w) in s.limits.windows.iter().enumerate() {
+            let slot = e.slot(w.window);
+            let paying = (slot.leases.iter_mut())
+                .filter(|l| live(l, w) && l.tokens >= debt)
+                .min_by_key(|l| l.until);
+            if let Some(l) = paying {
                 l.tokens -= debt;
                 l.visible = l.visible.saturating_sub(units);
+                continue;
             }
-            return Ok(());
-        }
-        let mut named = SmallVec::new();
-        let mut later = Vec::new();
-        for w in &s.limits.windows {
-            let slot = e.slot(w.window);
             let mut ended: SmallVec<[Return; 2]> = SmallVec::new();
             slot.leases.retain(|l| {
                 if !live(l, w) {
@@ -131,13 +142,76 @@ impl Local {
             });
             // The call names the lease with the most left; any other goes back later.
             let most = (0..ended.len()).max_by_key(|i| ended[*i].lease.ret);
-            named.push(most.map_or_else(LeaseArgs::default, |i| ended.remove(i).lease));
+            let named = most.map_or_else(LeaseArgs::default, |i| ended.remove(i).lease);
+            unpaid.windows |= 1 << j;
+            unpaid.ended.push(named);
             later.extend(ended);
         }
         drop(m);
         if !later.is_empty() {
             self.queue_returns(later);
         }
-        Err(named)
+        match unpaid.windows {
+            0 => Ok(()),
+            _ => Err(unpaid),
+        }
+    }
+}
+
+// === impl Entry ===
+
+impl Entry {
+    /// A time Redis's clock has provably reached by the gateway's `now`: the latest
+    /// script time recorded for this identity, plus the gateway's time since that
+    /// call's reply (its script ran before the reply arrived). 0: none known.
+    fn redis_now(&self, now: u64) -> u64 {
+        let (script, reply) = self.seen;
+        match script {
+            0 => 0,
+            _ => script.saturating_add(now.saturating_sub(reply)),
+        }
+    }
+}
+
+fn counter(w: &WindowLimit) -> bool {
+    matches!(
+        w.algorithm,
+        Algorithm::FixedWindow | Algorithm::SlidingWindow
+    )
+}
+
+/// Whether a bucket's or log's lease can take `back` more tokens: never beyond its grant.
+fn fits(l: &Held, back: u32) -> bool {
+    l.tokens.saturating_add(u64::from(back)) <= l.grant.granted
+}
+
+fn all(s: &ScopeCheck<'_>) -> Windows {
+    (1u64 << s.limits.windows.len()).wrapping_sub(1) as Windows
+}
+
+/// Whether Redis's 'settle' of a refund of `back` of `cost` tokens charged at `at` in a
+/// window of `w` (offset `off`) changes nothing once its clock has reached `redis_now`
+/// (a lower bound of its `now` then; the twins are the `settle`s of `lua/*.lua`):
+/// - fixed window: only the charge's window, while it is current, takes a refund;
+/// - sliding window: only the current window and the one before it do;
+/// - token and leaky buckets: the refund is `refund_units`, none once the bucket has
+///   refilled (or drained) the whole cost since the charge;
+/// - sliding log: the entry is rewritten (never skipped).
+fn ignored(w: &WindowLimit, off: u64, at: u64, (cost, back): (u32, u32), redis_now: u64) -> bool {
+    if redis_now == 0 {
+        return false;
+    }
+    match w.algorithm {
+        Algorithm::FixedWindow => redis_now >= w.bounds(at, off).1,
+        Algorithm::SlidingWindow => {
+            let next = w.bounds(at, off).1;
+            redis_now >= w.bounds(next, off).1
+        }
+        Algorithm::TokenBucket | Algorithm::LeakyBucket => {
+            let (back, cost) = (u64::from(back.min(cost)), u64::from(cost));
+            let period = w.window.period_ms();
+            refund_units(back, cost, at, redis_now, period, u64::from(w.limit)) == 0
+        }
+        Algorithm::SlidingLog => false,
     }
 }

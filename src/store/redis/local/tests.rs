@@ -59,6 +59,7 @@ fn over_limit_cache_repeats_a_rejection_until_retry() {
         &[Grant::default()],
         1_000,
         900,
+        1_000,
     );
     let Outcome::OverLimit(v) = local.decide(&c, 3_000) else {
         panic!("not cached")
@@ -89,6 +90,7 @@ fn a_lease_admits_until_spent_or_ended() {
         &[grant(3, 1_500)],
         10_000,
         500,
+        10_000,
     );
     for remaining in [49, 48, 47] {
         let Outcome::Leased(v) = local.decide(&c, 10_100) else {
@@ -104,6 +106,7 @@ fn a_lease_admits_until_spent_or_ended() {
         &[grant(3, 1_500)],
         10_000,
         500,
+        10_000,
     );
     assert_eq!(local.decide(&c, 11_000), Outcome::Remote, "ended at 11_000");
 }
@@ -121,6 +124,7 @@ fn exact_windows_and_replaced_leases() {
         &[grant(4, 2_000)],
         0,
         0,
+        0,
     );
     assert_eq!(local.decide(&c, 10), Outcome::Remote);
     let a = remote(&local.prepare(&c, 10));
@@ -133,6 +137,7 @@ fn exact_windows_and_replaced_leases() {
         5,
         &[decision(true, 50, 0)],
         &[grant(3, 2_000)],
+        0,
         0,
         0,
     );
@@ -196,6 +201,7 @@ fn covered_windows_spend_and_undo() {
         &[Grant::default(), grant(3, 2_000)],
         0,
         0,
+        0,
     );
     let plan = local.prepare(&c, 10);
     assert!(matches!(plan.scopes[0][0], WindowPlan::Remote(_)));
@@ -225,6 +231,7 @@ fn aging_leases_renew_with_a_call() {
         &[grant(5, 1_000)],
         0,
         0,
+        0,
     );
     assert!(matches!(
         local.prepare(&c, 400).scopes[0][0],
@@ -250,6 +257,7 @@ fn a_rejection_racing_a_return_is_not_cached() {
         &[grant(5, 1_000)],
         0,
         0,
+        0,
     );
     let r = local.expired(1_500);
     assert_eq!(r[0].lease.ret, 5, "5 leftovers handed to a return call");
@@ -259,6 +267,7 @@ fn a_rejection_racing_a_return_is_not_cached() {
         1,
         &[decision(false, 0, 60_000)],
         &[Grant::default()],
+        1_600,
         1_600,
         1_600,
     );
@@ -272,6 +281,7 @@ fn a_rejection_racing_a_return_is_not_cached() {
         1,
         &[decision(false, 0, 60_000)],
         &[Grant::default()],
+        4_000,
         4_000,
         4_000,
     );
@@ -294,12 +304,14 @@ fn leased_tokens_are_spent_before_a_cached_rejection() {
         &[grant(2, 1_000)],
         0,
         0,
+        0,
     );
     local.record(
         &c.scopes,
         1,
         &[decision(false, 0, 60_000)],
         &[Grant::default()],
+        10,
         10,
         10,
     );
@@ -327,6 +339,7 @@ fn a_cached_rejection_is_rechecked_within_three_leases() {
         &[Grant::default()],
         0,
         0,
+        0,
     );
     let Outcome::OverLimit(v) = local.decide(&c, 2_900) else {
         panic!("not cached")
@@ -340,6 +353,7 @@ fn a_cached_rejection_is_rechecked_within_three_leases() {
         1,
         &[decision(false, 0, 50_000)],
         &[Grant::default()],
+        0,
         0,
         0,
     );
@@ -359,6 +373,7 @@ fn expiry_and_drain_collect_leftovers() {
         &[grant(5, 1_000)],
         0,
         0,
+        0,
     );
     // A 1 s lease ending at 1_000 is collected half a lease later (a request of the
     // identity may end it with its own call first).
@@ -376,6 +391,7 @@ fn expiry_and_drain_collect_leftovers() {
         &[grant(5, 99_000)],
         20_000,
         0,
+        20_000,
     );
     assert_eq!(local.drain()[0].lease.ret, 5);
 }
@@ -397,6 +413,7 @@ fn rejections_and_leases_are_keyed_to_their_limit() {
         &[Grant::default()],
         1_000,
         1_000,
+        1_000,
     );
     assert!(matches!(
         local.decide(&at_reduced, 2_000),
@@ -414,6 +431,7 @@ fn rejections_and_leases_are_keyed_to_their_limit() {
         1,
         &[decision(true, 15, 0)],
         &[grant(5, 2_000)],
+        1_000,
         1_000,
         1_000,
     );
@@ -442,6 +460,7 @@ fn leased_verdicts_name_the_grant_time() {
         &[grant(3, 1_500)],
         10_000,
         500,
+        10_000,
     );
     let Outcome::Leased(v) = local.decide(&c, 10_100) else {
         panic!("not leased")
@@ -468,6 +487,7 @@ fn the_table_is_bounded_and_evicted_leases_go_back() {
         1,
         &[decision(true, 50, 0)],
         &[grant(5, 60_000)],
+        0,
         0,
         0,
     );
@@ -502,6 +522,7 @@ fn the_expiry_pass_collects_what_is_due_only() {
         &[grant(5, 1_000)],
         0,
         0,
+        0,
     );
     let mut other = Check::new(1);
     other.push(Scope::Tenant, Ident::Name("t".into()), &l);
@@ -510,6 +531,7 @@ fn the_expiry_pass_collects_what_is_due_only() {
         1,
         &[decision(true, 50, 0)],
         &[grant(7, 9_000)],
+        0,
         0,
         0,
     );
@@ -522,8 +544,9 @@ fn the_expiry_pass_collects_what_is_due_only() {
 }
 
 /// A debt is charged to the lease in hand when it holds it (the next admissions see
-/// fewer tokens); a debt it cannot hold ends the lease and names its leftovers for the
-/// settle call to give back, so nothing more is admitted on it.
+/// fewer tokens, and keep room for another such debt); a debt it cannot hold ends the
+/// lease and names its leftovers for the settle call to give back, so nothing more is
+/// admitted on it.
 #[test]
 fn a_debt_spends_the_lease_or_ends_it() {
     let local = Local::new(1_000);
@@ -537,20 +560,26 @@ fn a_debt_spends_the_lease_or_ends_it() {
         &[grant(10, 1_500)],
         10_000,
         500,
+        10_000,
     );
     let s = &c.scopes[0];
     assert_eq!(local.debit(s, 4, 10_100), Ok(()), "held");
-    for remaining in [45, 44, 43, 42, 41, 40] {
+    // 6 tokens left: a request of 1 and a debt of 4 fit while 5 are.
+    for remaining in [45, 44] {
         let Outcome::Leased(v) = local.decide(&c, 10_200) else {
-            panic!("6 of the 10 tokens are left")
+            panic!("the lease holds a request and a debt")
         };
         assert_eq!(v.governing.unwrap().decision.remaining, remaining);
     }
     assert_eq!(
         local.decide(&c, 10_200),
         Outcome::Remote,
-        "spent by the debt"
+        "4 left: no room for the request's likely debt, renewed with a call"
     );
+    let Some(WindowPlan::Remote(a)) = local.prepare(&c, 10_200).scopes[0].first().copied() else {
+        panic!("not renewed")
+    };
+    assert_eq!(a.ret, 4, "the leftovers go back with the call");
     // A new lease of 10; a debt of 11 ends it: its 10 tokens go back with the settle.
     local.record(
         &c.scopes,
@@ -559,10 +588,12 @@ fn a_debt_spends_the_lease_or_ends_it() {
         &[grant(10, 1_500)],
         10_000,
         500,
+        10_000,
     );
-    let ended = local.debit(s, 11, 10_300).unwrap_err();
+    let unpaid = local.debit(s, 11, 10_300).unwrap_err();
+    assert_eq!(unpaid.windows, 1, "the window's debt is Redis's");
     assert_eq!(
-        (ended[0].ret, ended[0].from),
+        (unpaid.ended[0].ret, unpaid.ended[0].from),
         (10, grant(10, 1_500)),
         "the leftovers named"
     );
@@ -573,7 +604,38 @@ fn a_debt_spends_the_lease_or_ends_it() {
     );
     // No lease in hand: the whole debt is Redis's, nothing to give back.
     let none = local.debit(s, 3, 10_400).unwrap_err();
-    assert!(none.iter().all(|a| a.from.granted == 0 && a.ret == 0));
+    assert!(none.ended.iter().all(|a| a.from.granted == 0 && a.ret == 0));
+}
+
+/// Leases are sized from what an identity spends: its debts count in its rate.
+#[test]
+fn debts_count_in_the_rate_leases_are_sized_from() {
+    let local = Local::new(1_000);
+    let l = limits(10_000, Admission::Auto);
+    let c = check(&l, 1);
+    let _ = local.decide(&c, 10_000);
+    let alone = remote(&local.prepare(&c, 10_001)).want;
+    let local = Local::new(1_000);
+    let _ = local.decide(&c, 10_000);
+    local.record(
+        &c.scopes,
+        1,
+        &[decision(true, 50, 0)],
+        &[grant(10, 1_500)],
+        10_000,
+        500,
+        10_000,
+    );
+    for _ in 0..9 {
+        let _ = local.debit(&c.scopes[0], 10, 10_000);
+    }
+    // The lease ends with the first debt it cannot hold: asked for again.
+    let a = remote(&local.prepare(&c, 10_001));
+    assert_eq!(
+        (alone, a.want),
+        (0, 91),
+        "1 request and 90 units of debt in a second"
+    );
 }
 
 /// A refund of a request paid from a lease goes back to that lease, for every
@@ -600,18 +662,23 @@ fn refunds_go_back_to_the_lease_that_paid_them() {
             &[grant(2, 1_500)],
             10_000,
             500,
+            10_000,
         );
         // Nothing spent from the lease yet: only a counter takes the call's own refund.
         assert_eq!(
-            local.refund(&c.scopes[0], 500, 1, 10_050),
-            counter,
+            local.refund(&c.scopes[0], &[500], (1, 1), 10_050),
+            u32::from(counter),
             "{alg:?}"
         );
         let Outcome::Leased(v) = local.decide(&c, 10_100) else {
             panic!("{alg:?}: not leased")
         };
-        let at = v.decided_at.of(0);
-        assert!(local.refund(&c.scopes[0], at, 1, 10_200), "{alg:?}");
+        let at = v.decided_at.of_window(&c.scopes, 0, 0);
+        assert_eq!(
+            local.refund(&c.scopes[0], &[at], (1, 1), 10_200),
+            1,
+            "{alg:?}"
+        );
         // Refunded: the lease pays two more (three for a counter).
         let mut paid = 0;
         while let Outcome::Leased(_) = local.decide(&c, 10_300) {
@@ -619,4 +686,163 @@ fn refunds_go_back_to_the_lease_that_paid_them() {
         }
         assert_eq!(paid, if counter { 3 } else { 2 }, "{alg:?}");
     }
+}
+
+/// Limits of `windows` (each with `alg`, 100 a window) for an `auto` scope.
+fn windows(alg: Algorithm, windows: &[Window]) -> ScopeLimits {
+    let mut l = limits(100, Admission::Auto);
+    l.windows = (windows.iter())
+        .map(|w| WindowLimit::with_algorithm(*w, 100, alg))
+        .collect();
+    l
+}
+
+fn at(window: Window, allowed: bool) -> WindowDecision {
+    WindowDecision {
+        window,
+        ..decision(allowed, 50, 0)
+    }
+}
+
+/// A scope's windows paid by leases granted at different times (a 1 s lease is renewed
+/// while a 1 min one lasts): the verdict names each window's grant, and the refund goes
+/// back to both leases, no call.
+#[test]
+fn a_refund_finds_each_windows_lease_granted_at_its_own_time() {
+    for alg in [Algorithm::TokenBucket, Algorithm::FixedWindow] {
+        let local = Local::new(1_000);
+        let l = windows(alg, &[Window::Second, Window::Minute]);
+        let c = check(&l, 1);
+        let both = [at(Window::Second, true), at(Window::Minute, true)];
+        // Both granted by the script at 59_200, then the 1 s lease alone at 60_100 (the
+        // next second; its first lease ended).
+        local.record(
+            &c.scopes,
+            1,
+            &both,
+            &[grant(5, 60_000), grant(5, 60_200)],
+            10_000,
+            59_200,
+            10_000,
+        );
+        let Outcome::Leased(_) = local.decide(&c, 10_100) else {
+            panic!("{alg:?}: not leased")
+        };
+        let mut second = c.clone();
+        second.scopes[0].limits = Box::leak(Box::new(windows(alg, &[Window::Second])));
+        local.record(
+            &second.scopes,
+            1,
+            &both[..1],
+            &[grant(5, 60_350)],
+            10_900,
+            60_100,
+            10_900,
+        );
+        let Outcome::Leased(v) = local.decide(&c, 10_950) else {
+            panic!("{alg:?}: not leased")
+        };
+        let times = [
+            v.decided_at.of_window(&c.scopes, 0, 0),
+            v.decided_at.of_window(&c.scopes, 0, 1),
+        ];
+        assert_eq!(times, [60_100, 59_200], "{alg:?}");
+        assert_eq!(v.decided_at.of(0), 59_200, "the scope's earliest");
+        assert_eq!(
+            local.refund(&c.scopes[0], &times, (1, 1), 10_960),
+            0b11,
+            "{alg:?}: both windows refunded locally"
+        );
+    }
+}
+
+/// A bucket's lease takes a refund of what it paid, never beyond what it was granted:
+/// a second refund of the same request's tokens (or of the call's own charge) is
+/// Redis's.
+#[test]
+fn a_refund_never_exceeds_the_leases_grant() {
+    for alg in [
+        Algorithm::TokenBucket,
+        Algorithm::LeakyBucket,
+        Algorithm::SlidingLog,
+    ] {
+        let local = Local::new(1_000);
+        let l = windows(alg, &[Window::Minute]);
+        let c = check(&l, 2);
+        local.record(
+            &c.scopes,
+            2,
+            &[decision(true, 50, 0)],
+            &[grant(3, 1_500)],
+            10_000,
+            500,
+            10_000,
+        );
+        let Outcome::Leased(v) = local.decide(&c, 10_010) else {
+            panic!("{alg:?}: not leased")
+        };
+        let t = [v.decided_at.of_window(&c.scopes, 0, 0)];
+        assert_eq!(local.refund(&c.scopes[0], &t, (2, 2), 10_020), 1, "{alg:?}");
+        assert_eq!(
+            local.refund(&c.scopes[0], &t, (2, 1), 10_020),
+            0,
+            "{alg:?}: 3 of 3 held"
+        );
+        // The lease pays one more request of 2, not two.
+        let mut paid = 0;
+        while let Outcome::Leased(_) = local.decide(&c, 10_030) {
+            paid += 1;
+        }
+        assert_eq!(paid, 1, "{alg:?}");
+    }
+}
+
+/// A refund Redis would ignore sends nothing: a fixed window's charge in a window Redis
+/// has left, a sliding window's two windows back, a bucket's once it has refilled the
+/// cost since. One it would not ignore (no lease to take it) is Redis's.
+#[test]
+fn a_refund_redis_would_ignore_makes_no_call() {
+    // (algorithm, the script's time of the charge, of the latest call, and whether a
+    // refund 10 ms after that call's reply is ignored).
+    let cases = [
+        (Algorithm::FixedWindow, 500, 900, false),
+        (Algorithm::FixedWindow, 500, 1_000, true),
+        (Algorithm::FixedWindow, 500, 995, true), // 995 + 10 ms since the reply
+        (Algorithm::SlidingWindow, 500, 1_500, false),
+        (Algorithm::SlidingWindow, 500, 1_990, true),
+        // 100 a second: a token refills in 10 ms; a refund of 1 of 2 charged at 500 is
+        // worth nothing from 520 on.
+        (Algorithm::TokenBucket, 500, 500, false),
+        (Algorithm::TokenBucket, 500, 505, false),
+        (Algorithm::TokenBucket, 500, 510, true),
+        (Algorithm::LeakyBucket, 500, 510, true),
+        (Algorithm::SlidingLog, 500, 60_000, false),
+    ];
+    for (alg, charged, latest, ignored) in cases {
+        let local = Local::new(1_000);
+        let l = windows(alg, &[Window::Second]);
+        let c = check(&l, 2);
+        // A call at `latest` (no lease), its reply recorded at 10_000 on our clock.
+        local.record(
+            &c.scopes,
+            2,
+            &[at(Window::Second, true)],
+            &[Grant::default()],
+            9_990,
+            latest,
+            10_000,
+        );
+        let got = local.refund(&c.scopes[0], &[charged], (2, 1), 10_010);
+        assert_eq!(
+            got,
+            u32::from(ignored),
+            "{alg:?} charged at {charged}, Redis at {latest}"
+        );
+    }
+    // Nothing known of Redis's clock: the refund is Redis's.
+    let local = Local::new(1_000);
+    let l = windows(Algorithm::FixedWindow, &[Window::Second]);
+    let c = check(&l, 2);
+    let _ = local.decide(&c, 10_000);
+    assert_eq!(local.refund(&c.scopes[0], &[500], (2, 1), 50_000), 0);
 }
