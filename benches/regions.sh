@@ -6,8 +6,8 @@
 #       gateway (a key table of 1000/s + 60,000/min, fixed windows, admission auto: leases),
 #       three regions on one machine (a redis-server and a `throttle demo` each, peers
 #       reached directly), then the same keys and limits on one region alone. Round trips
-#       are region 1's `throttle_store_calls_total{store="redis"}` (request path only: the
-#       sync loop's calls are `throttle_region_sync_calls_total`, printed beside them).
+#       are region 1's `throttle_store_calls_total{store="redis"}` (the request path: the
+#       sync loop's calls are not counted there).
 #   (b) Instructions and allocations per request under callgrind, region 1's gateway with
 #       `fleet = "regions"` (its sync loop running against the other two regions) and the
 #       single-region gateway: N1 then N2 requests of one key on one keep-alive connection
@@ -36,9 +36,6 @@ pids=()
 cleanup() { for p in "${pids[@]:-}"; do kill "$p" 2>/dev/null || true; done; sleep 0.3; rm -rf "$tmp"; }
 trap cleanup EXIT
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-metric() { # ADMIN-PORT SERIES: the value, 0 when absent
-  curl -s "http://127.0.0.1:$1/metrics" | awk -v s="$2" '$1 == s { v = $2 } END { print v + 0 }'
-}
 
 rports=()
 for i in 1 2 3; do
@@ -113,11 +110,8 @@ if [[ $parts == *a* ]]; then
     fi
     # Region 1's gateway is the last started: PORT and ADMIN are its.
     "$gen" --targets "http://127.0.0.1:$PORT" "${half_keys[@]}" --secs 1 >/dev/null # warm-up
-    sync0=$(metric "$ADMIN" 'throttle_region_sync_calls_total')
     "$gen" --targets "http://127.0.0.1:$PORT" --admins "http://127.0.0.1:$ADMIN" "${half_keys[@]}" \
       --secs "$secs" > "$tmp/a_$setup.json"
-    sync1=$(metric "$ADMIN" 'throttle_region_sync_calls_total')
-    echo "$sync0 $sync1" > "$tmp/a_$setup.sync"
     for _ in "${admins[@]}"; do kill "${pids[-1]}" 2>/dev/null || true; wait "${pids[-1]}" 2>/dev/null || true; unset 'pids[-1]'; done
   done
 fi
@@ -155,16 +149,15 @@ import json, os, sys
 tmp, secs, n1, n2, parts = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 if "a" in parts:
     print(f"(a) Redis round trips per admitted request, region 1's gateway, 4 keys at 50/s, {secs:.0f} s, leases on")
-    print("| fleet | requests | admitted | request-path round trips | per admitted request | sync calls (per second) |")
-    print("|---|---|---|---|---|---|")
+    print("| fleet | requests | admitted | request-path round trips | per admitted request |")
+    print("|---|---|---|---|---|")
     per = {}
     for setup, label in [("alone", "one region (no [regions])"), ("regions", "fleet = \"regions\", 3 regions")]:
         r = json.load(open(f"{tmp}/a_{setup}.json"))
         req = sum(k["sent"] for k in r["keys"].values()); ok = sum(k["ok"] for k in r["keys"].values())
         rt = r["gateways"]["round_trips"]
-        s0, s1 = (float(x) for x in open(f"{tmp}/a_{setup}.sync").read().split())
         per[setup] = rt / max(ok, 1)
-        print(f"| {label} | {req:,} | {ok:,} | {rt:,.0f} | **{per[setup]:.3f}** | {s1 - s0:,.0f} ({(s1 - s0) / r['elapsed_secs']:.1f}) |")
+        print(f"| {label} | {req:,} | {ok:,} | {rt:,.0f} | **{per[setup]:.3f}** |")
     extra = per["regions"] - per["alone"]
     verdict = "**met**" if extra <= 0.01 else "**not met**"
     print(f"\nextra round trips per admitted request with fleet = \"regions\": {extra:+.3f} (target: none, <= +0.01): {verdict}")
