@@ -248,9 +248,10 @@ impl Stores {
                     metrics.clone(),
                 ));
                 match &config.regions {
-                    Some(regions) => {
-                        home_store(config, regions, local, &memory, &instances, metrics)?
-                    }
+                    Some(regions) => Arc::new(
+                        HomeStore::with_peers(config, regions, local, &memory, &instances, metrics)
+                            .map_err(|e| StartError::Unsupported(e.to_string()))?,
+                    ),
                     None => local,
                 }
             }
@@ -290,49 +291,6 @@ impl Stores {
         let beat = services::heartbeat(redis.clone(), instances, config.server.instance_id.clone());
         Some((redis, beat))
     }
-}
-
-/// This region's store behind `fleet = "home"`'s split (`store::home`): each peer
-/// region's Redis as a store of its own, with its breaker and `on_failure` fallback.
-fn home_store(
-    config: &Config,
-    regions: &crate::config::Regions,
-    local: Arc<dyn LimitStore>,
-    memory: &Arc<MemoryStore>,
-    instances: &Arc<AtomicU32>,
-    metrics: &Arc<Metrics>,
-) -> Result<Arc<dyn LimitStore>, StartError> {
-    let names: Vec<String> = regions.names().into_iter().map(String::from).collect();
-    let mut peers: Vec<Option<Arc<dyn LimitStore>>> = vec![None; names.len()];
-    for peer in &regions.peers {
-        let Some(i) = names.iter().position(|n| *n == peer.name) else {
-            continue;
-        };
-        let store = crate::config::Store {
-            url: Some(peer.url.clone()),
-            cluster: Vec::new(),
-            sentinel: None,
-            // Exact: leases of another region's tokens would need this gateway's lease
-            // returns (which serve its own Redis only); the over-limit cache still serves.
-            lease: Duration::ZERO,
-            ..config.store.clone()
-        };
-        let redis = RedisStore::from_config(&store)
-            .map_err(|e| StartError::Unsupported(format!("[regions] peers.{}: {e}", peer.name)))?
-            .with_metrics(metrics.clone());
-        peers[i] = Some(Arc::new(TieredStore::new(
-            Arc::new(redis),
-            memory.clone(),
-            instances.clone(),
-            metrics.clone(),
-        )));
-    }
-    Ok(Arc::new(HomeStore::new(
-        local,
-        names,
-        regions.index(),
-        peers,
-    )))
 }
 
 /// The proxy and admin listeners.

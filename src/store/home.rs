@@ -17,14 +17,18 @@
 //! Without a homed scope in a check, every call goes to this region's store unchanged:
 //! the split costs a scan of the check's windows.
 
+use std::sync::atomic::AtomicU32;
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use futures_util::future::join_all;
 
 use super::slots::{Acquired, SlotRequest};
-use super::{Ending, Held, LimitStore, StoreError};
+use super::{Ending, Held, LimitStore, MemoryStore, RedisStore, StoreError, TieredStore};
+use crate::config::{Config, Regions};
 use crate::limiter::{Check, DecidedAt, Fleet, Ident, Scope, ScopeCheck, Verdict, MAX_SCOPES};
+use crate::metrics::Metrics;
 
 /// This region's store, and every other region's for the identities homed there.
 pub struct HomeStore {
@@ -86,6 +90,49 @@ impl HomeStore {
             me,
             peers,
         }
+    }
+
+    /// This region's store `local` behind the split, with each peer region's Redis of
+    /// `regions` as a store of its own (its breaker and `on_failure` fallback, `memory`
+    /// divided by `instances`): exact, without leases (another region's tokens would need
+    /// lease returns to its Redis, which only serve this region's).
+    ///
+    /// # Errors
+    /// A peer's Redis URL the client refuses.
+    pub fn with_peers(
+        config: &Config,
+        regions: &Regions,
+        local: Arc<dyn LimitStore>,
+        memory: &Arc<MemoryStore>,
+        instances: &Arc<AtomicU32>,
+        metrics: &Arc<Metrics>,
+    ) -> Result<Self, StoreError> {
+        let names: Vec<String> = regions.names().into_iter().map(String::from).collect();
+        let mut peers: Vec<Option<Arc<dyn LimitStore>>> = vec![None; names.len()];
+        for peer in &regions.peers {
+            let Some(i) = names.iter().position(|n| *n == peer.name) else {
+                continue;
+            };
+            let store = crate::config::Store {
+                url: Some(peer.url.clone()),
+                cluster: Vec::new(),
+                sentinel: None,
+                lease: Duration::ZERO,
+                ..config.store.clone()
+            };
+            let redis = RedisStore::from_config(&store)
+                .map_err(|e| {
+                    StoreError::Unavailable(format!("[regions] peers.{}: {e}", peer.name))
+                })?
+                .with_metrics(metrics.clone());
+            peers[i] = Some(Arc::new(TieredStore::new(
+                Arc::new(redis),
+                memory.clone(),
+                instances.clone(),
+                metrics.clone(),
+            )));
+        }
+        Ok(Self::new(local, names, regions.index(), peers))
     }
 
     /// The region deciding each of `check`'s scopes; None when all are this region's.
