@@ -118,6 +118,10 @@ impl HomeStore {
                 cluster: Vec::new(),
                 sentinel: None,
                 lease: Duration::ZERO,
+                // A round trip between regions (70-200 ms) is past the local deadline
+                // (25 ms by default): a peer answers within `partition_secs` or counts
+                // as cut off, as for the sync loop's writes.
+                timeout: config.store.timeout.max(regions.partition),
                 ..config.store.clone()
             };
             let redis = RedisStore::from_config(&store)

@@ -23,21 +23,25 @@ use crate::support::{client, Gateway, Upstream};
 /// The names of the three regions, sorted (a region's index is its place here).
 const NAMES: [&str; 3] = ["r1", "r2", "r3"];
 
-/// The `[store]` and `[regions]` sections of region `i`: its own Redis, the others' as
-/// peers (`peer_url(j)`: the URL region `i` reaches region `j`'s Redis by).
+/// A deadline for every Redis call no loaded test machine misses.
+const LONG_DEADLINE: &str = "timeout_ms = 1000";
+
+/// The `[store]` and `[regions]` sections of region `i`: its own Redis (with `store`
+/// lines), the others' as peers (`peer_url(j)`: the URL region `i` reaches region `j`'s
+/// Redis by).
 fn region_sections(
     i: usize,
     prefix: &str,
     own: &str,
     peer_url: impl Fn(usize) -> String,
-    extra: &str,
+    store: &str,
 ) -> String {
     let peers: Vec<String> = (0..NAMES.len())
         .filter(|j| *j != i)
         .map(|j| format!("{} = \"{}\"", NAMES[j], peer_url(j)))
         .collect();
     format!(
-        "[store]\nbackend = \"redis\"\nurl = \"{own}\"\nkey_prefix = \"{prefix}\"\ntimeout_ms = 1000\n\n[regions]\nname = \"{}\"\npeers = {{ {} }}\n{extra}\n",
+        "[store]\nbackend = \"redis\"\nurl = \"{own}\"\nkey_prefix = \"{prefix}\"\n{store}\n\n[regions]\nname = \"{}\"\npeers = {{ {} }}\n",
         NAMES[i],
         peers.join(", ")
     )
@@ -61,7 +65,13 @@ async fn three_gateways(
 ) -> Vec<Gateway> {
     let mut out = Vec::new();
     for i in 0..NAMES.len() {
-        let sections = region_sections(i, prefix, &redis[i].url(), |j| redis[j].url(), "");
+        let sections = region_sections(
+            i,
+            prefix,
+            &redis[i].url(),
+            |j| redis[j].url(),
+            LONG_DEADLINE,
+        );
         out.push(Gateway::start(&body(&sections), None).await);
     }
     out
@@ -88,32 +98,30 @@ async fn status(gw: &Gateway, key: &str, path: &str) -> (u16, Option<String>) {
 }
 
 /// `fleet = "home"` with 5 a minute per key: six keys (homed in every region), twenty
-/// requests each spread over the three regions: exactly 5 admitted per key, and every
-/// refusal names the key scope. Without the home (each region on its own Redis) a key
+/// requests each spread over the three regions, 50 ms apart: exactly 5 admitted per key,
+/// and every refusal names the key scope. Without the home (each region on its own Redis) a key
 /// would get 5 in each region.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fleet_home_is_exact_for_small_limits() {
     let up = Upstream::start("home").await;
-    let redis = three_redis().await;
     let keys: Vec<String> = (1..=6).map(|n| format!("key-{n}-secret")).collect();
     let entries: String = (1..=6)
         .map(|n| {
             format!("[[keys]]\nid = \"k{n}\"\nkey = \"key-{n}-secret\"\ntenant = \"t{n}\"\ntier = \"small\"\n\n")
         })
         .collect();
-    let body = |sections: &str| {
-        format!(
-            "{sections}\n[tiers.small]\nkey = {{ per_minute = 5, algorithm = \"fixed_window\", fleet = \"home\" }}\n\n{entries}[[routes]]\nname = \"api\"\npath_prefix = \"/\"\nupstreams = [\"{}\"]\n",
-            up.addr
-        )
-    };
-    let gws = three_gateways(&redis, "home", body).await;
+    let body = format!(
+        "[tiers.small]\nkey = {{ per_minute = 5, algorithm = \"fixed_window\", fleet = \"home\" }}\n\n{entries}[[routes]]\nname = \"api\"\npath_prefix = \"/\"\nupstreams = [\"{{upstream}}\"]\n"
+    );
+    // 50 ms one way between regions, and the default local deadline (25 ms): a home
+    // region's answer takes a round trip between regions, which its deadline allows.
+    let fleet = Delayed::start_with("home", 50, &body, &up, "").await;
     // Stay inside one minute window: start right after a minute begins if one is near.
     wait_for_room_in_the_minute(50).await;
     for key in &keys {
         let mut admitted = 0;
         for n in 0..20 {
-            let (code, scope) = status(&gws[n % 3], key, "/x").await;
+            let (code, scope) = status(&fleet.gws[n % 3], key, "/x").await;
             match code {
                 200 => admitted += 1,
                 429 => assert_eq!(scope.as_deref(), Some("key"), "{key}"),
@@ -179,6 +187,17 @@ struct Delayed {
 
 impl Delayed {
     async fn start(prefix: &str, delay_ms: u64, body: &str, up: &Upstream) -> Self {
+        Self::start_with(prefix, delay_ms, body, up, LONG_DEADLINE).await
+    }
+
+    /// As `start`, with `store` lines in each region's `[store]`.
+    async fn start_with(
+        prefix: &str,
+        delay_ms: u64,
+        body: &str,
+        up: &Upstream,
+        store: &str,
+    ) -> Self {
         let body = body.replace("{upstream}", &up.addr.to_string());
         let redis = three_redis().await;
         let mut links = Vec::new();
@@ -201,7 +220,7 @@ impl Delayed {
         let mut gws = Vec::new();
         for i in 0..NAMES.len() {
             let peer = |j: usize| format!("redis://{}", links[i][j].as_ref().unwrap().addr);
-            let sections = region_sections(i, prefix, &redis[i].url(), peer, "");
+            let sections = region_sections(i, prefix, &redis[i].url(), peer, store);
             gws.push(Gateway::start(&format!("{sections}\n{body}"), None).await);
         }
         Self {
