@@ -127,8 +127,9 @@ cg() { # SETUP N -> "IR ALLOCS"
     config "$name" 0 "cg-$setup-$n"
   fi
   taskset -c 0 valgrind --tool=callgrind --callgrind-out-file="$out" --log-file="$out.log" \
-    "$bin" run --config "$tmp/$name.toml" 2>"$tmp/$name.log" & local pid=$!
+    "$bin" demo --config "$tmp/$name.toml" >"$tmp/$name.out" 2>"$tmp/$name.log" & local pid=$!
   for _ in $(seq 600); do curl -sf "http://127.0.0.1:$ADMIN/readyz" >/dev/null && break; sleep 0.2; done
+  curl -sf "http://127.0.0.1:$ADMIN/readyz" >/dev/null || { echo "regions: $name did not start" >&2; cat "$tmp/$name.log" >&2; }
   python3 benches/drive.py 127.0.0.1 "$PORT" "$n" /x "X-API-Key: bench" 200 >&2
   kill -TERM "$pid"; wait "$pid" || true
   for p in "${others[@]:-}"; do [ -n "$p" ] && { kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; }; done
