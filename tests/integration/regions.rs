@@ -411,6 +411,23 @@ const TEN_X_FLOOR: f64 = 0.97;
 /// of the 100 go unused (0.96 to 1.0 seen; printed).
 const ONE_X_FLOOR: f64 = 0.90;
 
+/// From when on (ms after the run's start) a load's windows are held to their floor:
+/// `planned`; for a load at 1x, never when the generator fell behind its schedule (under
+/// 95 % of the offered requests sent: a loaded machine's backlog arrives in bursts late
+/// in the windows, which is not demand at 1x). The bound is checked all the same, and a
+/// load at 10x stays far above `L` even behind.
+fn paced(load: &Load, sent: u64, secs: f64, (planned, floor): (u64, f64)) -> u64 {
+    let offered = load.rates.iter().sum::<f64>() * secs;
+    if floor < TEN_X_FLOOR && (sent as f64) < 0.95 * offered {
+        eprintln!(
+            "{}: the generator sent {sent} of {offered:.0}: utilisation not held to its floor",
+            load.key
+        );
+        return u64::MAX / 2;
+    }
+    planned
+}
+
 /// Checks every window of `seen` (start, admitted, demand) against `limit`: never over
 /// it; at least `floor` of it in every whole window in `[from, to)` (and from
 /// `planned_from` on) whose demand reached it. The worst admitted / L.
@@ -483,11 +500,15 @@ async fn one_second_windows_never_pass_the_limit_and_fill_it() {
                 load.key
             );
         }
-        for (load, limit, planned) in [
+        for (n, (load, limit, planned)) in [
             (&loads[0], (30, TEN_X_FLOOR), 0),
             (&loads[1], (30, TEN_X_FLOOR), 0),
             (&loads[2], (100, ONE_X_FLOOR), 2000),
-        ] {
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let planned = paced(load, got[n].0, 5.0, (planned, limit.1));
             let seen = windows(&fleet, load.key, "1s", 1000, from, to).await;
             let what = format!("{delay} ms {}", load.key);
             worst = worst.max(check_windows(
@@ -599,7 +620,7 @@ async fn a_region_cut_off_for_30_seconds_keeps_the_bound_and_agrees_after_the_he
         })
     };
     let driving = {
-        let fleet = fleet.clone();
+        let (fleet, loads) = (fleet.clone(), loads.clone());
         tokio::spawn(async move { drive(&fleet.gws, &loads, 40.0).await })
     };
     // The cut 5 s in, the heal 30 s later, 200 ms into a second.
@@ -646,14 +667,18 @@ async fn a_region_cut_off_for_30_seconds_keeps_the_bound_and_agrees_after_the_he
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    driving.await.unwrap();
+    let got = driving.await.unwrap();
     reading.store(false, Ordering::Relaxed);
     let seen = reader.await.unwrap();
     let to = now_ms();
-    for (key, limit, planned) in [
+    for (n, (key, limit, planned)) in [
         ("s80", (30, TEN_X_FLOOR), 0),
         ("x80", (100, ONE_X_FLOOR), 2000),
-    ] {
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let planned = paced(&loads[n], got[n].0, 40.0, (planned, limit.1));
         let windows = &seen[key];
         let during: Vec<_> = windows
             .iter()
