@@ -266,6 +266,20 @@ pub(crate) struct ScopeFile {
     pub(crate) fleet: Option<Spanned<FleetFile>>,
 }
 
+impl ScopeFile {
+    /// The window fields, in `Window::TABLE`'s order.
+    pub(crate) fn window_fields(&self) -> [&Option<Spanned<u64>>; 6] {
+        [
+            &self.per_second,
+            &self.per_minute,
+            &self.per_hour,
+            &self.per_day,
+            &self.per_week,
+            &self.per_month,
+        ]
+    }
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct BanFile {

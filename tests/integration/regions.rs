@@ -260,8 +260,8 @@ impl Delayed {
 /// One load: `rates[i]` requests a second to region `i` as key `key`, for `secs`.
 #[derive(Clone)]
 struct Load {
+    /// The key's id; its secret is `<id>-secret`.
     key: &'static str,
-    secret: &'static str,
     rates: [f64; 3],
 }
 
@@ -276,7 +276,8 @@ async fn drive(gws: &[Gateway], loads: &[Load], secs: f64) -> Vec<(u64, u64)> {
             if *rate <= 0.0 {
                 continue;
             }
-            let (c, url, secret) = (c.clone(), gws[i].url("/x"), load.secret);
+            let (c, url) = (c.clone(), gws[i].url("/x"));
+            let secret: Arc<str> = Arc::from(format!("{}-secret", load.key));
             let every = Duration::from_secs_f64(1.0 / rate);
             let count = (secs * rate) as u64;
             tasks.push(tokio::spawn(async move {
@@ -292,9 +293,9 @@ async fn drive(gws: &[Gateway], loads: &[Load], secs: f64) -> Vec<(u64, u64)> {
                         continue; // the gateway is behind: this request is not sent
                     };
                     n_sent += 1;
-                    let (c, url, ok) = (c.clone(), url.clone(), ok.clone());
+                    let (c, url, ok, secret) = (c.clone(), url.clone(), ok.clone(), secret.clone());
                     sent.push(tokio::spawn(async move {
-                        let r = c.get(url).header("x-api-key", secret).send().await;
+                        let r = c.get(url).header("x-api-key", &*secret).send().await;
                         if r.is_ok_and(|r| r.status() == 200) {
                             ok.fetch_add(1, Ordering::Relaxed);
                         }
@@ -471,17 +472,14 @@ async fn one_second_windows_never_pass_the_limit_and_fill_it() {
     let loads = [
         Load {
             key: "s80",
-            secret: "s80-secret",
             rates: [240.0, 30.0, 30.0],
         },
         Load {
             key: "s33",
-            secret: "s33-secret",
             rates: [100.0, 100.0, 100.0],
         },
         Load {
             key: "x80",
-            secret: "x80-secret",
             rates: [80.0, 10.0, 10.0],
         },
     ];
@@ -532,12 +530,10 @@ async fn one_minute_windows_never_pass_the_limit_and_fill_it() {
     let loads = [
         Load {
             key: "m80",
-            secret: "m80-secret",
             rates: [16.0, 2.0, 2.0],
         },
         Load {
             key: "m33",
-            secret: "m33-secret",
             rates: [6.7, 6.7, 6.7],
         },
     ];
@@ -588,12 +584,10 @@ async fn a_region_cut_off_for_30_seconds_keeps_the_bound_and_agrees_after_the_he
     let loads = [
         Load {
             key: "s80",
-            secret: "s80-secret",
             rates: [240.0, 30.0, 30.0],
         },
         Load {
             key: "x80",
-            secret: "x80-secret",
             rates: [80.0, 10.0, 10.0],
         },
     ];

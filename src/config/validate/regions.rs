@@ -150,14 +150,7 @@ pub(super) fn refuse_windowless(
 /// regions: some regions start every window at 0.
 pub(super) fn warn_small(cx: &Ctx<'_>, s: &ScopeFile, windows: &[WindowLimit]) {
     let Some(regions) = cx.regions else { return };
-    let fields = [
-        &s.per_second,
-        &s.per_minute,
-        &s.per_hour,
-        &s.per_day,
-        &s.per_week,
-        &s.per_month,
-    ];
+    let fields = s.window_fields();
     for w in windows.iter().filter(|w| w.fleet == Fleet::Regions) {
         if u64::from(w.limit) >= regions as u64 {
             continue;

@@ -150,14 +150,7 @@ pub(super) fn scope(
     default_failure: OnFailure,
 ) -> Result<ScopeLimits, ConfigError> {
     let settings = settings(cx, s, inherit)?;
-    let fields = [
-        &s.per_second,
-        &s.per_minute,
-        &s.per_hour,
-        &s.per_day,
-        &s.per_week,
-        &s.per_month,
-    ];
+    let fields = s.window_fields();
     let mut windows = Vec::new();
     for (window, field) in Window::TABLE.into_iter().zip(fields) {
         let Some(v) = field else { continue };
