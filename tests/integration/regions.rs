@@ -248,10 +248,21 @@ impl Delayed {
     /// Region `i`'s regions hash of `key`'s window `suffix` starting at `start`.
     async fn hash(&self, i: usize, key: &str, suffix: &str, start: u64) -> HashMap<String, i64> {
         let mut c = self.redis[i].client().await;
+        self.hash_on(&mut c, key, suffix, start).await
+    }
+
+    /// The same through an open connection `c` (to the region's Redis).
+    async fn hash_on(
+        &self,
+        c: &mut redis::aio::MultiplexedConnection,
+        key: &str,
+        suffix: &str,
+        start: u64,
+    ) -> HashMap<String, i64> {
         let name = format!("{}:{{key:{key}}}:{suffix}:rg:{start}", self.prefix);
         redis::cmd("HGETALL")
             .arg(&name)
-            .query_async(&mut c)
+            .query_async(c)
             .await
             .unwrap()
     }
@@ -575,8 +586,8 @@ async fn one_minute_windows_never_pass_the_limit_and_fill_it() {
 /// Region 3 cut off for 30 s in the middle of a run (50 ms links, 10x 80/10/10 on 30 a
 /// second, 1x 80/10/10 on 100 a second): no window passes `L` before, during or after the
 /// cut; after the heal every region sees every other's count of the window it healed in
-/// within `sync_ms` + three delays (the write the cut held is answered first; measured
-/// and printed).
+/// within `sync_ms` + the delay, as the regions the cut did not separate do (measured and
+/// printed against that target).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_region_cut_off_for_30_seconds_keeps_the_bound_and_agrees_after_the_heal() {
     let up = Upstream::start("regions").await;
@@ -641,14 +652,18 @@ async fn a_region_cut_off_for_30_seconds_keeps_the_bound_and_agrees_after_the_he
         }
         v
     };
+    let mut clients = Vec::new();
+    for r in &fleet.redis {
+        clients.push(r.client().await);
+    }
     let healed = tokio::time::Instant::now();
     fleet.cut(2, false);
     // Every region's view of every other's count reaches what it was at the heal.
     let mut agreed = None;
     while healed.elapsed() < Duration::from_millis(700) {
         let mut all = true;
-        for i in 0..3 {
-            let h = fleet.hash(i, "s80", "1s", window).await;
+        for (i, c) in clients.iter_mut().enumerate() {
+            let h = fleet.hash_on(c, "s80", "1s", window).await;
             for (j, o) in own.iter().enumerate() {
                 if i != j && h.get(&format!("c:{j}")).copied().unwrap_or(0) < *o {
                     all = false;
@@ -659,7 +674,7 @@ async fn a_region_cut_off_for_30_seconds_keeps_the_bound_and_agrees_after_the_he
             agreed = Some(healed.elapsed());
             break;
         }
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        tokio::time::sleep(Duration::from_millis(2)).await;
     }
     let got = driving.await.unwrap();
     reading.store(false, Ordering::Relaxed);
@@ -714,12 +729,16 @@ async fn a_region_cut_off_for_30_seconds_keeps_the_bound_and_agrees_after_the_he
         );
     }
     let agreed = agreed.expect("the regions did not agree within 700 ms of the heal");
-    // The write the cut held is delivered first and answered (two delays); the link's
-    // next write (within a sync period) then crosses (one delay). The contract's
-    // sync_ms + delay would need a fresh write already in the pipe at the heal.
+    // A write goes every tick, cut or not: the one that crosses at the heal is at most one
+    // sync period old, and the first tick after the heal reads every count of it. The
+    // regions the cut did not separate lag by as much (a count made just before the heal
+    // crosses with the next tick). Asserted with room for a loaded machine (three debug
+    // gateways and their load on two cores); the figure is printed against the target.
+    let target = Duration::from_millis(50 + 50);
     eprintln!(
-        "after the heal the regions agreed in {agreed:?} (sync_ms 50 + the 50 ms delay = 100 ms; \
-         with the held write's round trip first, 3 x 50 + 50 = 200 ms)"
+        "after the heal the regions agreed in {agreed:?} (target sync_ms 50 + the 50 ms delay = \
+         {target:?}: {})",
+        if agreed <= target { "met" } else { "not met" }
     );
     assert!(
         agreed <= Duration::from_millis(50 + 3 * 50 + 50),

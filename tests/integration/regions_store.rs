@@ -644,3 +644,117 @@ async fn idle_links_stay_alive() {
     .await;
     assert!(cut);
 }
+
+/// A grant reaches a peer only once a replica of the granting region's Redis holds it:
+/// with region 2's only replica stopped, region 2 grants in its store but its writes are
+/// held (no `WAIT` comes back), so region 1 spends region 3's grants only; once the
+/// replica runs again region 2's grants arrive, and what region 1 heard from region 2 is
+/// never more than the replica holds (a failover to it could not hand the tokens out twice).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_grant_reaches_a_peer_only_after_a_replica_holds_it() {
+    let fleet = Fleet3::start("rgw", 5).await;
+    let port = fleet.redis[1].port.to_string();
+    let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]).await;
+    let linked = until(Duration::from_secs(10), || async {
+        let mut c = fleet.redis[1].client().await;
+        let info: String = redis::cmd("INFO")
+            .arg("replication")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        info.contains("connected_slaves:1") && info.contains(",state=online,")
+    })
+    .await;
+    assert!(linked, "the replica did not come online");
+    replica.signal("STOP");
+    let l = limits(Window::Hour, 100);
+    let mut admitted = 0u32;
+    for _ in 0..40 {
+        admitted += u32::from(fleet.ask(0, "k", &l).await.0);
+    }
+    assert_eq!(admitted, 34, "the allotment at once");
+    fleet.run();
+    let now = SystemClock.now_ms();
+    let start = now - now % 3_600_000;
+    // Region 3's grants arrive; region 2 grants in its store, but region 1 hears nothing.
+    let granted = until(Duration::from_secs(5), || async {
+        let g = field(&fleet.hash(1, "k", "1h", start).await, "given:0");
+        let h = field(&fleet.hash(0, "k", "1h", start).await, "heard:2");
+        g > 0 && h > 0
+    })
+    .await;
+    assert!(granted, "regions 2 and 3 granted to region 1");
+    for _ in 0..10 {
+        tokio::time::sleep(Duration::from_millis(SYNC_MS)).await;
+        let heard = field(&fleet.hash(0, "k", "1h", start).await, "heard:1");
+        assert_eq!(heard, 0, "region 1 heard a grant no replica holds");
+    }
+    replica.signal("CONT");
+    let heard = until(Duration::from_secs(5), || async {
+        field(&fleet.hash(0, "k", "1h", start).await, "heard:1") > 0
+    })
+    .await;
+    assert!(heard, "region 2's grants arrived once the replica ran");
+    let mut c = replica.client().await;
+    let held: Vec<(String, i64)> = redis::cmd("HGETALL")
+        .arg(format!("rgw:{{key:k}}:1h:rg:{start}"))
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let heard = field(&fleet.hash(0, "k", "1h", start).await, "heard:1");
+    assert!(
+        field(&held, "given:0") >= heard,
+        "region 1 heard {heard} from region 2, its replica holds {}",
+        field(&held, "given:0")
+    );
+}
+
+/// EVALSHA calls a Redis has run (`INFO commandstats`).
+async fn evalsha_calls(redis: &RedisServer) -> u64 {
+    let mut c = redis.client().await;
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|v| v.split(',').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Writes keep going to a cut peer every tick (they are idempotent maxima): at the heal
+/// the peer receives the writes the cut held, the last of them at most a tick old, rather
+/// than one write per `partition_secs` that then waits for its reply before the next.
+#[tokio::test(flavor = "multi_thread")]
+async fn writes_keep_going_into_a_cut_so_the_heal_delivers_a_fresh_one() {
+    let fleet = Fleet3::start("rgc", 5).await;
+    fleet.run();
+    let linked = until(Duration::from_secs(5), || async {
+        let now = SystemClock.now_ms();
+        (0..R).all(|i| (0..R).all(|j| i == j || !fleet.syncs[i].partitioned(j, now)))
+    })
+    .await;
+    assert!(linked, "the links came up");
+    fleet.cut(2);
+    let cut_ms = 2_000;
+    tokio::time::sleep(Duration::from_millis(cut_ms)).await;
+    let before = evalsha_calls(&fleet.redis[2]).await;
+    fleet.heal(2);
+    let back = until(Duration::from_secs(3), || async {
+        let now = SystemClock.now_ms();
+        !fleet.syncs[0].partitioned(2, now) && !fleet.syncs[1].partitioned(2, now)
+    })
+    .await;
+    assert!(back, "the links came back");
+    let delivered = evalsha_calls(&fleet.redis[2]).await - before;
+    // Two peers wrote once a tick for the length of the cut (region 3's own loop adds a
+    // few calls of its own meanwhile).
+    let ticks = cut_ms / SYNC_MS;
+    eprintln!("at the heal region 3 ran {delivered} script calls; the cut lasted {ticks} ticks");
+    assert!(
+        delivered >= ticks,
+        "{delivered} calls for a cut of {ticks} ticks"
+    );
+}

@@ -175,7 +175,7 @@ impl RedisStore {
             // call that missed the deadline still gets its reply (`undo_late`).
             Target::Single(url) => Conn::Single(
                 ConnectionManager::new_with_config(
-                    redis::Client::open(url.as_str())?,
+                    self.single_client(url)?,
                     redis::aio::ConnectionManagerConfig::new()
                         .set_response_timeout(Some(LATE_PATIENCE)),
                 )
@@ -200,6 +200,20 @@ impl RedisStore {
                 Conn::Sentinel(client.get_async_connection_with_config(&config).await?)
             }
         })
+    }
+}
+
+impl RedisStore {
+    /// The client of a single node at `url` (without `CLIENT SETINFO` for a peer region's
+    /// store, `RedisStore::peer`).
+    fn single_client(&self, url: &str) -> RedisResult<redis::Client> {
+        let client = redis::Client::open(url)?;
+        if !self.bare_handshake {
+            return Ok(client);
+        }
+        let info = client.get_connection_info().clone();
+        let redis = info.redis_settings().clone().set_skip_set_lib_name();
+        redis::Client::open(info.set_redis_settings(redis))
     }
 }
 

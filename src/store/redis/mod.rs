@@ -79,6 +79,9 @@ pub struct RedisStore {
     region: Option<wire::RegionArgs>,
     /// The regions windows this gateway decided or leased on, for the sync loop.
     live: Option<Arc<crate::regions::Live>>,
+    /// Connect without the `CLIENT SETINFO` round trip (a peer region's store: see
+    /// `RedisStore::peer`).
+    bare_handshake: bool,
 }
 
 // === impl RedisStore ===
@@ -103,7 +106,25 @@ impl RedisStore {
             master_seen: std::sync::Mutex::new(None),
             region: None,
             live: None,
+            bare_handshake: false,
         }
+    }
+
+    /// A peer region's store at `url` (the sync loop of `fleet = "regions"` writes
+    /// into it): its connection opens without the `CLIENT SETINFO` round trip, so a
+    /// connection opened during a partition carries writes as soon as TCP connects
+    /// (with a password in the URL, `AUTH` still takes one round trip).
+    pub fn peer(url: &str, timeout: Duration, prefix: &str) -> Self {
+        Self {
+            bare_handshake: true,
+            ..Self::new(Target::Single(url.to_string()), timeout, prefix)
+        }
+    }
+
+    /// Drops the connection: the next call opens a new one (calls in flight on the old
+    /// one finish or miss their deadline there).
+    pub fn reconnect(&self) {
+        self.conn.store(None);
     }
 
     /// The store `[store]` describes.

@@ -8,16 +8,28 @@
 //! keeps), and the next window of one that had demand. Every gateway of a region runs
 //! the loop for what it saw (see `Live` for why several writers per region are safe).
 //!
-//! A peer's write goes out only when its previous one has come back (or missed its
-//! deadline, `partition_secs`: a round trip between regions often takes longer than the
-//! local `[store] timeout_ms`): a cut peer holds one write, not one per tick. Calls to
-//! this region's own Redis keep `[store] timeout_ms`.
+//! A write goes to every peer every tick, whether the previous ones have come back or
+//! not (merges are idempotent maxima, so order does not matter): after a partition
+//! heals, the write that crosses first is at most one sync period old, and the regions
+//! agree within `sync_ms` + the one-way delay. A write may take up to `partition_secs`
+//! (a round trip between regions often takes longer than the local `[store]
+//! timeout_ms`); when one misses that deadline the peer's connection is replaced, so a
+//! cut link holds at most `partition_secs / sync_ms` writes per connection, and a
+//! connection TCP has stopped retransmitting on (its backoff grows through a long cut)
+//! does not delay the heal. Calls to this region's own Redis keep `[store] timeout_ms`
+//! and go on a connection of their own.
+//!
+//! Grants are durable before a peer hears of them: when this region's Redis has
+//! replicas, a tick that granted waits (`WAIT`, within `timeout_ms`) until one holds
+//! the grant, and holds the tick's writes when none does (the next tick waits again).
+//! Otherwise a failover to a replica that missed a grant would give the tokens back here
+//! while the peer spends them: the fleet could pass `L` by the grant.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use super::{RedisStore, Target};
+use super::RedisStore;
 use crate::clock::Clock;
 use crate::metrics::Metrics;
 use crate::regions::store::{self as wire, GrantArgs};
@@ -31,8 +43,10 @@ struct PeerLink {
     index: usize,
     name: String,
     store: Arc<RedisStore>,
-    /// A write to it is in flight.
-    busy: AtomicBool,
+    /// Writes in flight (see `max_in_flight`).
+    in_flight: AtomicUsize,
+    /// The connection's generation: bumped when a write on it fails, which replaces it.
+    generation: AtomicU64,
 }
 
 /// The sync loop of one gateway (see the module).
@@ -42,6 +56,12 @@ pub struct RegionSync {
     sync_ms: u64,
     partition_ms: u64,
     own: Arc<RedisStore>,
+    /// The loop's own connection to this region's Redis (its reads, grants and `WAIT`).
+    durable: RedisStore,
+    /// Replicas of this region's Redis, and when that was asked (ms); asked every second.
+    replicas: Mutex<Option<(u64, usize)>>,
+    /// A grant was made that no replica is known to hold yet.
+    unconfirmed: AtomicBool,
     peers: Vec<Arc<PeerLink>>,
     live: Arc<Live>,
     links: Arc<Mutex<Links>>,
@@ -61,6 +81,8 @@ pub struct Tick {
     pub granted: u64,
     /// Peers a write went to.
     pub sent: usize,
+    /// The writes were held: no replica confirmed a grant in time.
+    pub held: bool,
 }
 
 impl RegionSync {
@@ -93,15 +115,15 @@ impl RegionSync {
                 let index = names.iter().position(|n| *n == p.name)?;
                 // A peer is a round trip between regions away (often more than the
                 // local `[store] timeout_ms`, 25 ms by default): a write may take up to
-                // `partition_secs`, past which the peer counts as cut anyway. Writes
-                // never wait on each other (one in flight per peer).
+                // `partition_secs`, past which the peer counts as cut anyway.
                 let deadline = regions.partition.max(own.timeout());
-                let store = RedisStore::new(Target::Single(p.url.clone()), deadline, own.prefix());
+                let store = RedisStore::peer(&p.url, deadline, own.prefix());
                 Some(Arc::new(PeerLink {
                     index,
                     name: p.name.clone(),
                     store: Arc::new(store),
-                    busy: AtomicBool::new(false),
+                    in_flight: AtomicUsize::new(0),
+                    generation: AtomicU64::new(0),
                 }))
             })
             .collect();
@@ -112,6 +134,9 @@ impl RegionSync {
             count,
             sync_ms: regions.sync.as_millis() as u64,
             partition_ms: regions.partition.as_millis() as u64,
+            durable: own.sibling(),
+            replicas: Mutex::new(None),
+            unconfirmed: AtomicBool::new(false),
             own,
             peers,
             live,
@@ -157,6 +182,13 @@ impl RegionSync {
         }
     }
 
+    /// At most this many writes in flight to one peer: each lives `partition_secs` at
+    /// most and one goes per tick, so twice that is only reached when the runtime runs
+    /// late (a bound on memory, never the pace).
+    fn max_in_flight(&self) -> usize {
+        2 * (self.partition_ms / self.sync_ms.max(1)) as usize + 4
+    }
+
     /// Whether `peer` acknowledged a write within `partition_ms` of `now_ms`.
     pub fn partitioned(&self, peer: usize, now_ms: u64) -> bool {
         let links = self.links.lock().unwrap_or_else(PoisonError::into_inner);
@@ -166,7 +198,7 @@ impl RegionSync {
     /// One round: learn the windows peers wrote, read, grant, write to every peer.
     pub async fn tick(&self) -> Tick {
         let now = self.clock.now_ms();
-        match self.own.regions_index(now).await {
+        match self.durable.regions_index(now).await {
             Ok(members) => {
                 for w in members.iter().filter_map(|m| wire::parse_index_member(m)) {
                     self.live.add(&w);
@@ -183,6 +215,22 @@ impl RegionSync {
             }
         }
         let granted = self.grant(&mut states, now).await;
+        if granted > 0 {
+            self.unconfirmed.store(true, Ordering::Release);
+        }
+        if self.unconfirmed.load(Ordering::Acquire) {
+            if !self.confirmed(now).await {
+                tracing::debug!("regions: no replica holds the grants yet; writes held");
+                self.observe(&states, now);
+                return Tick {
+                    windows: states.len(),
+                    granted,
+                    sent: 0,
+                    held: true,
+                };
+            }
+            self.unconfirmed.store(false, Ordering::Release);
+        }
         // The next window of one that had demand is synced from its start: the priors
         // send the grants at once.
         for (w, s) in &states {
@@ -197,6 +245,36 @@ impl RegionSync {
             windows: states.len(),
             granted,
             sent,
+            held: false,
+        }
+    }
+
+    /// Whether a replica (when this region's Redis has any) holds every grant made on
+    /// the loop's connection.
+    async fn confirmed(&self, now: u64) -> bool {
+        let known = *self.replicas.lock().unwrap_or_else(PoisonError::into_inner);
+        let replicas = match known {
+            Some((at, n)) if now.saturating_sub(at) < 1000 => n,
+            _ => match self.durable.connected_replicas().await {
+                Ok(n) => {
+                    *self.replicas.lock().unwrap_or_else(PoisonError::into_inner) = Some((now, n));
+                    n
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "regions: replicas not counted");
+                    return false;
+                }
+            },
+        };
+        if replicas == 0 {
+            return true;
+        }
+        match self.durable.wait_replicas(1).await {
+            Ok(n) => n >= 1,
+            Err(e) => {
+                tracing::debug!(error = %e, "regions: WAIT failed");
+                false
+            }
         }
     }
 
@@ -210,7 +288,7 @@ impl RegionSync {
             windows,
             prev,
         );
-        let raw = match self.own.regions_call(&cmd).await {
+        let raw = match self.durable.regions_call(&cmd).await {
             Ok(r) => r,
             Err(e) => {
                 tracing::debug!(error = %e, "regions: the live windows were not read");
@@ -265,7 +343,7 @@ impl RegionSync {
                     &args,
                 )
             };
-            let done = match self.own.regions_call(&cmd).await {
+            let done = match self.durable.regions_call(&cmd).await {
                 Ok(raw) => wire::ints(&raw).and_then(|v| wire::parse_flags(&v, chunk.len())),
                 Err(e) => {
                     tracing::debug!(error = %e, "regions: grants not made");
@@ -291,15 +369,18 @@ impl RegionSync {
         self.peers.iter().find(|p| p.index == index)
     }
 
-    /// Writes every state to every peer not already waiting on a write (an empty batch
-    /// when there is none); how many peers a write went to.
+    /// Writes every state to every peer (an empty batch when there is none); how many
+    /// peers a write went to.
     fn send(&self, states: &[(LiveWindow, WindowState)]) -> usize {
         let now = self.clock.now_ms();
         let mut sent = 0;
+        let most = self.max_in_flight();
         for peer in &self.peers {
-            if peer.busy.swap(true, Ordering::AcqRel) {
+            if peer.in_flight.fetch_add(1, Ordering::AcqRel) >= most {
+                peer.in_flight.fetch_sub(1, Ordering::AcqRel);
                 continue;
             }
+            let generation = peer.generation.load(Ordering::Acquire);
             let writes: Vec<(LiveWindow, SyncWrite)> = states
                 .iter()
                 .map(|(w, s)| (w.clone(), s.sync_write(&self.params(w), peer.index, now)))
@@ -341,8 +422,21 @@ impl RegionSync {
                 if merged {
                     let mut l = links.lock().unwrap_or_else(PoisonError::into_inner);
                     l.acknowledged(peer.index, clock.now_ms());
+                } else if peer
+                    .generation
+                    .compare_exchange(
+                        generation,
+                        generation + 1,
+                        Ordering::AcqRel,
+                        Ordering::Acquire,
+                    )
+                    .is_ok()
+                {
+                    // The first write on this connection to fail replaces it (once per
+                    // connection: the writes sent after it on the same one fail too).
+                    peer.store.reconnect();
                 }
-                peer.busy.store(false, Ordering::Release);
+                peer.in_flight.fetch_sub(1, Ordering::AcqRel);
             });
         }
         sent

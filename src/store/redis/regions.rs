@@ -103,6 +103,63 @@ impl RedisStore {
         r
     }
 
+    /// A store on the same Redis with its own connection (same deadline, prefix and
+    /// clock): the sync loop's calls, whose `WAIT` blocks its connection, never queue
+    /// behind or ahead of the request path's.
+    pub fn sibling(&self) -> Self {
+        let mut s = Self::new(self.target.clone(), self.timeout, &self.prefix);
+        s.clock = self.clock.clone();
+        s
+    }
+
+    /// How many replicas are connected to the node this store writes to (`INFO
+    /// replication`: `connected_slaves`).
+    ///
+    /// # Errors
+    /// When Redis fails or misses the deadline.
+    pub async fn connected_replicas(&self) -> Result<usize, StoreError> {
+        let mut cmd = redis::cmd("INFO");
+        cmd.arg("replication");
+        let info: String = self.raw(&cmd, self.timeout).await?;
+        Ok(info
+            .lines()
+            .find_map(|l| l.strip_prefix("connected_slaves:"))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or(0))
+    }
+
+    /// `WAIT replicas timeout_ms`: how many replicas hold every write this store's
+    /// connection made, waiting up to the store's deadline for `replicas` of them.
+    ///
+    /// # Errors
+    /// When Redis fails or misses the deadline.
+    pub async fn wait_replicas(&self, replicas: usize) -> Result<usize, StoreError> {
+        let mut cmd = redis::cmd("WAIT");
+        cmd.arg(replicas).arg(self.timeout.as_millis() as u64);
+        let n: i64 = self.raw(&cmd, self.timeout * 2).await?;
+        Ok(usize::try_from(n).unwrap_or(0))
+    }
+
+    /// One plain command within `deadline`.
+    async fn raw<T: redis::FromRedisValue>(
+        &self,
+        cmd: &redis::Cmd,
+        deadline: std::time::Duration,
+    ) -> Result<T, StoreError> {
+        let run = async {
+            let mut conn = self.conn().await?;
+            let r: redis::RedisResult<T> = match &mut conn {
+                Conn::Single(c) => cmd.query_async(c).await,
+                Conn::Cluster(c) => cmd.query_async(c).await,
+                Conn::Sentinel(c) => cmd.query_async(c).await,
+            };
+            r.map_err(unavailable)
+        };
+        tokio::time::timeout(deadline, run)
+            .await
+            .map_err(|_| StoreError::Timeout(deadline.as_millis() as u64))?
+    }
+
     /// The windows peers wrote into this store that are not over at `now_ms` (members of
     /// `regions::store::index_key`).
     ///
