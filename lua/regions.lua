@@ -31,6 +31,8 @@
 --          recreate an expired hash); else max-merges count, demand and heard, sets want,
 --          and raises cap by granted - heard:<writer> when positive.
 --          Reply per key: 1 merged (the acknowledgement), 0 refused.
+--   merge_keys  the same without the index (KEYS[i] are the windows): on a Redis Cluster
+--          the windows of one call share a hash tag, and the index is written apart.
 -- Reply: one string of integers separated by spaces.
 
 local now = now_ms()
@@ -103,12 +105,16 @@ elseif op == 'grant' then
     end
     out[#out + 1] = fmt(ok)
   end
-elseif op == 'merge' then
-  local index = KEYS[1]
-  redis.call('ZREMRANGEBYSCORE', index, '-inf', now)
+elseif op == 'merge' or op == 'merge_keys' then
+  local first = 2
+  if op == 'merge' then
+    redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+  else
+    first = 1
+  end
   local w = fmt(from)
-  for i = 2, #KEYS do
-    local b = 6 + (i - 2) * 8
+  for i = first, #KEYS do
+    local b = 6 + (i - first) * 8
     local s, e, limit = tonumber(ARGV[b]), tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
     local count, demand, want = tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5])
     local granted, heard = tonumber(ARGV[b + 6]), tonumber(ARGV[b + 7])
@@ -129,7 +135,9 @@ elseif op == 'merge' then
         redis.call('HINCRBY', h, 'cap', granted - old)
         redis.call('HSET', h, 'heard:' .. w, fmt(granted))
       end
-      redis.call('ZADD', index, e, KEYS[i] .. '|' .. fmt(s) .. '|' .. fmt(e) .. '|' .. fmt(limit))
+      if first == 2 then
+        redis.call('ZADD', KEYS[1], e, KEYS[i] .. '|' .. fmt(s) .. '|' .. fmt(e) .. '|' .. fmt(limit))
+      end
       ok = 1
     end
     out[#out + 1] = fmt(ok)

@@ -137,6 +137,65 @@ pub fn merge_cmd(
     cmd
 }
 
+/// 'merge_keys': the same as `merge_cmd` without the index (on a Redis Cluster the
+/// windows of one call share a hash tag; `index_cmd` writes the index).
+pub fn merge_keys_cmd(
+    sha: &str,
+    now: &str,
+    (r, to, from): (usize, usize, usize),
+    writes: &[(&LiveWindow, SyncWrite)],
+) -> redis::Cmd {
+    let mut cmd = header(sha, writes.len());
+    for (w, _) in writes {
+        cmd.arg(&w.key);
+    }
+    header_args(&mut cmd, now, "merge_keys", r, to, from);
+    for (w, s) in writes {
+        cmd.arg(w.start)
+            .arg(w.end)
+            .arg(w.limit)
+            .arg(s.count)
+            .arg(s.demand)
+            .arg(s.want)
+            .arg(s.granted)
+            .arg(s.heard);
+    }
+    cmd
+}
+
+/// The index update a 'merge' makes, apart (a Redis Cluster peer): drops the members
+/// that ended by `now_ms` and adds `windows`, each scored by its end.
+pub fn index_cmd(index: &str, now_ms: u64, windows: &[&LiveWindow]) -> redis::Pipeline {
+    let mut p = redis::pipe();
+    p.cmd("ZREMRANGEBYSCORE")
+        .arg(index)
+        .arg("-inf")
+        .arg(now_ms)
+        .ignore();
+    if !windows.is_empty() {
+        let add = p.cmd("ZADD").arg(index);
+        for w in windows {
+            add.arg(w.end)
+                .arg(format!("{}|{}|{}|{}", w.key, w.start, w.end, w.limit));
+        }
+        add.ignore();
+    }
+    p
+}
+
+/// The hash tag of `key` as Redis Cluster reads it (the text between the first `{` and
+/// the next `}` when not empty, else the whole key): keys with one tag share a slot.
+pub fn hash_tag(key: &str) -> &str {
+    if let Some(open) = key.find('{') {
+        if let Some(len) = key[open + 1..].find('}') {
+            if len > 0 {
+                return &key[open + 1..open + 1 + len];
+            }
+        }
+    }
+    key
+}
+
 /// The integers of a reply, separated by spaces (an empty reply: none; anything else
 /// that is not an integer: None).
 pub fn ints(raw: &[u8]) -> Option<Vec<i64>> {
@@ -203,13 +262,28 @@ mod tests {
         let first = HEADER_ARGS + 1;
         assert!(LUA.contains(&format!("local b = {first} + (i - 1) * {READ_ARGS}")));
         assert!(LUA.contains(&format!("local b = {first} + (i - 1) * {GRANT_ARGS}")));
-        assert!(LUA.contains(&format!("local b = {first} + (i - 2) * {MERGE_ARGS}")));
-        for op in ["'read'", "'grant'", "'merge'"] {
+        assert!(LUA.contains(&format!("local b = {first} + (i - first) * {MERGE_ARGS}")));
+        for op in ["'read'", "'grant'", "'merge'", "'merge_keys'"] {
             assert!(LUA.contains(op), "{op}");
         }
         // The read reply: 4 values, then 6 fields and a prior per region.
         assert!(LUA.contains("'given:', 'heard:', 'c:', 'd:', 'w:', 'h:'"));
         assert_eq!(READ_PER_REGION, 6 + 1);
+    }
+
+    #[test]
+    fn hash_tags_as_redis_cluster_reads_them() {
+        for (key, tag) in [
+            ("thr:{key:a}:1s", "key:a"),
+            ("thr:{key:a}:1s:rg:1000", "key:a"),
+            ("{a}{b}", "a"),
+            ("a{}b{c}", "a{}b{c}"),
+            ("a{b", "a{b"),
+            ("a}b{c}", "c"),
+            ("plain", "plain"),
+        ] {
+            assert_eq!(hash_tag(key), tag, "{key}");
+        }
     }
 
     #[test]

@@ -45,6 +45,7 @@ mod ratelimit_headers;
 mod ready;
 mod rediss;
 mod regions;
+mod regions_cluster;
 mod regions_harness;
 mod regions_store;
 mod reload;

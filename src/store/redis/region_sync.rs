@@ -26,27 +26,39 @@
 //! while the peer spends them: the fleet could pass `L` by the grant.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
+use futures_util::future::join_all;
+
+use self::peer::{PeerLink, Write};
 use super::RedisStore;
 use crate::clock::Clock;
 use crate::metrics::Metrics;
 use crate::regions::store::{self as wire, GrantArgs};
 use crate::regions::{allotment, Links, Live, LiveWindow, Params, SyncWrite, WindowState};
 
+mod peer;
+
 /// At most this many windows per script call.
 const BATCH: usize = 256;
 
-/// One peer region: its index, name and store.
-struct PeerLink {
-    index: usize,
-    name: String,
-    store: Arc<RedisStore>,
-    /// Writes in flight (see `max_in_flight`).
-    in_flight: AtomicUsize,
-    /// The connection's generation: bumped when a write on it fails, which replaces it.
-    generation: AtomicU64,
+/// The calls `len` items go in: runs of at most `BATCH`, and on a Redis Cluster only
+/// items whose keys (`key(i)`) share a hash tag together (items sorted by tag first).
+fn ranges<'k>(len: usize, cluster: bool, key: impl Fn(usize) -> &'k str) -> Vec<Range<usize>> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    for i in 1..=len {
+        let split = i == len
+            || i - start == BATCH
+            || (cluster && wire::hash_tag(key(i)) != wire::hash_tag(key(start)));
+        if split {
+            out.push(start..i);
+            start = i;
+        }
+    }
+    out
 }
 
 /// The sync loop of one gateway (see the module).
@@ -91,18 +103,12 @@ impl RegionSync {
     /// (every region uses the same `[store] key_prefix`).
     ///
     /// # Errors
-    /// When `own` has no live set (it was not made `with_regions`), or is a Redis
-    /// Cluster (the loop's calls span slots: single node or Sentinel only, for now).
+    /// When `own` has no live set (it was not made `with_regions`).
     pub fn new(
         regions: &crate::config::Regions,
         own: Arc<RedisStore>,
         clock: Arc<dyn Clock>,
     ) -> Result<Self, String> {
-        if own.is_cluster() {
-            return Err(
-                "fleet = \"regions\" syncs on a single node or Sentinel, not on Cluster".into(),
-            );
-        }
         let live = own
             .regions_live()
             .cloned()
@@ -117,14 +123,13 @@ impl RegionSync {
                 // local `[store] timeout_ms`, 25 ms by default): a write may take up to
                 // `partition_secs`, past which the peer counts as cut anyway.
                 let deadline = regions.partition.max(own.timeout());
-                let store = RedisStore::peer(&p.url, deadline, own.prefix());
-                Some(Arc::new(PeerLink {
+                Some(Arc::new(PeerLink::new(
                     index,
-                    name: p.name.clone(),
-                    store: Arc::new(store),
-                    in_flight: AtomicUsize::new(0),
-                    generation: AtomicU64::new(0),
-                }))
+                    &p.name,
+                    &p.url,
+                    deadline,
+                    own.prefix(),
+                )))
             })
             .collect();
         let count = regions.count();
@@ -206,11 +211,17 @@ impl RegionSync {
             }
             Err(e) => tracing::debug!(error = %e, "regions: the live index was not read"),
         }
-        let windows = self.live.windows(now);
+        let mut windows = self.live.windows(now);
+        let cluster = self.durable.is_cluster();
+        if cluster {
+            windows.sort_by(|a, b| wire::hash_tag(&a.key).cmp(wire::hash_tag(&b.key)));
+        }
+        let parts = ranges(windows.len(), cluster, |i| &windows[i].key);
+        let reads = join_all(parts.iter().map(|r| self.read(&windows[r.clone()]))).await;
         let mut states = Vec::with_capacity(windows.len());
-        for chunk in windows.chunks(BATCH) {
-            match self.read(chunk).await {
-                Some(s) => states.extend(chunk.iter().cloned().zip(s)),
+        for (range, read) in parts.into_iter().zip(reads) {
+            match read {
+                Some(s) => states.extend(windows[range].iter().cloned().zip(s)),
                 None => return Tick::default(),
             }
         }
@@ -320,37 +331,44 @@ impl RegionSync {
                 planned.push((at, peer, amount, keep));
             }
         }
-        let mut total = 0;
-        for chunk in planned.chunks(BATCH) {
-            let cmd = {
-                let args: Vec<GrantArgs<'_>> = chunk
-                    .iter()
-                    .map(|&(at, peer, amount, keep)| {
-                        let w = &states[at].0;
-                        GrantArgs {
-                            window: w,
-                            allot: allotment(w.limit, self.count, self.me),
-                            peer,
-                            amount,
-                            keep,
-                        }
-                    })
-                    .collect();
-                wire::grant_cmd(
-                    self.own.regions_sha(),
-                    &self.own.script_now(),
-                    (self.count, self.me),
-                    &args,
-                )
-            };
-            let done = match self.durable.regions_call(&cmd).await {
-                Ok(raw) => wire::ints(&raw).and_then(|v| wire::parse_flags(&v, chunk.len())),
-                Err(e) => {
-                    tracing::debug!(error = %e, "regions: grants not made");
-                    None
+        let cluster = self.durable.is_cluster();
+        let parts = ranges(planned.len(), cluster, |i| &states[planned[i].0].0.key);
+        let calls = parts.iter().map(|range| {
+            let chunk = &planned[range.clone()];
+            let args: Vec<GrantArgs<'_>> = chunk
+                .iter()
+                .map(|&(at, peer, amount, keep)| {
+                    let w = &states[at].0;
+                    GrantArgs {
+                        window: w,
+                        allot: allotment(w.limit, self.count, self.me),
+                        peer,
+                        amount,
+                        keep,
+                    }
+                })
+                .collect();
+            let cmd = wire::grant_cmd(
+                self.own.regions_sha(),
+                &self.own.script_now(),
+                (self.count, self.me),
+                &args,
+            );
+            async move {
+                match self.durable.regions_call(&cmd).await {
+                    Ok(raw) => wire::ints(&raw).and_then(|v| wire::parse_flags(&v, chunk.len())),
+                    Err(e) => {
+                        tracing::debug!(error = %e, "regions: grants not made");
+                        None
+                    }
                 }
-            };
-            for (&(at, peer, amount, _), ok) in chunk.iter().zip(done.unwrap_or_default()) {
+            }
+        });
+        let done = join_all(calls).await;
+        let mut total = 0;
+        for (range, done) in parts.into_iter().zip(done) {
+            for (&(at, peer, amount, _), ok) in planned[range].iter().zip(done.unwrap_or_default())
+            {
                 if ok && states[at].1.grant(peer, amount) {
                     total += amount;
                     if let (Some(m), Some(p)) = (&self.metrics, self.peer(peer)) {
@@ -380,61 +398,22 @@ impl RegionSync {
                 peer.in_flight.fetch_sub(1, Ordering::AcqRel);
                 continue;
             }
-            let generation = peer.generation.load(Ordering::Acquire);
             let writes: Vec<(LiveWindow, SyncWrite)> = states
                 .iter()
                 .map(|(w, s)| (w.clone(), s.sync_write(&self.params(w), peer.index, now)))
                 .collect();
+            let write = Write {
+                writes,
+                r: self.count,
+                from: self.me,
+                now_ms: now,
+            };
             let (peer, links, clock) = (peer.clone(), self.links.clone(), self.clock.clone());
-            let (r, me) = (self.count, self.me);
             sent += 1;
             tokio::spawn(async move {
-                let index = wire::index_key(peer.store.prefix());
-                let mut merged = false;
-                // With no live window an empty batch still goes: it keeps the link alive
-                // (and the partition metric true), so grants go out with the first
-                // window after an idle spell.
-                let batches: Vec<&[(LiveWindow, SyncWrite)]> = match writes.is_empty() {
-                    true => vec![&[]],
-                    false => writes.chunks(BATCH).collect(),
-                };
-                for chunk in batches {
-                    let batch: Vec<(&LiveWindow, SyncWrite)> =
-                        chunk.iter().map(|(w, s)| (w, *s)).collect();
-                    let cmd = wire::merge_cmd(
-                        peer.store.regions_sha(),
-                        &peer.store.script_now(),
-                        (r, peer.index, me),
-                        &index,
-                        &batch,
-                    );
-                    match peer.store.regions_call(&cmd).await {
-                        // Any reply renews the link: the peer is reachable, whether it
-                        // merged (a window over there is refused, not lost).
-                        Ok(raw) => merged |= wire::ints(&raw).is_some(),
-                        Err(e) => {
-                            tracing::debug!(peer = %peer.name, error = %e, "regions: sync write failed");
-                            merged = false;
-                            break;
-                        }
-                    }
-                }
-                if merged {
+                if peer.send(write).await {
                     let mut l = links.lock().unwrap_or_else(PoisonError::into_inner);
                     l.acknowledged(peer.index, clock.now_ms());
-                } else if peer
-                    .generation
-                    .compare_exchange(
-                        generation,
-                        generation + 1,
-                        Ordering::AcqRel,
-                        Ordering::Acquire,
-                    )
-                    .is_ok()
-                {
-                    // The first write on this connection to fail replaces it (once per
-                    // connection: the writes sent after it on the same one fail too).
-                    peer.store.reconnect();
                 }
                 peer.in_flight.fetch_sub(1, Ordering::AcqRel);
             });

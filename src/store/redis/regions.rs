@@ -113,11 +113,18 @@ impl RedisStore {
     }
 
     /// How many replicas are connected to the node this store writes to (`INFO
-    /// replication`: `connected_slaves`).
+    /// replication`: `connected_slaves`); on a Redis Cluster, the fewest any primary has
+    /// (`CLUSTER NODES`: `WAIT` goes to every primary there and answers the least).
     ///
     /// # Errors
     /// When Redis fails or misses the deadline.
     pub async fn connected_replicas(&self) -> Result<usize, StoreError> {
+        if self.is_cluster() {
+            let mut cmd = redis::cmd("CLUSTER");
+            cmd.arg("NODES");
+            let nodes: String = self.raw(&cmd, self.timeout).await?;
+            return Ok(fewest_replicas(&nodes));
+        }
         let mut cmd = redis::cmd("INFO");
         cmd.arg("replication");
         let info: String = self.raw(&cmd, self.timeout).await?;
@@ -160,6 +167,30 @@ impl RedisStore {
             .map_err(|_| StoreError::Timeout(deadline.as_millis() as u64))?
     }
 
+    /// A pipeline (the index of live windows on a Redis Cluster peer, one key) within
+    /// the deadline.
+    ///
+    /// # Errors
+    /// When Redis fails or misses the deadline.
+    pub async fn regions_pipe(&self, pipe: &redis::Pipeline) -> Result<(), StoreError> {
+        let run = async {
+            let mut conn = self.conn().await?;
+            let r: redis::RedisResult<()> = match &mut conn {
+                Conn::Single(c) => pipe.query_async(c).await,
+                Conn::Cluster(c) => pipe.query_async(c).await,
+                Conn::Sentinel(c) => pipe.query_async(c).await,
+            };
+            r.map_err(unavailable)
+        };
+        let r = tokio::time::timeout(self.timeout, run)
+            .await
+            .map_err(|_| StoreError::Timeout(self.timeout.as_millis() as u64))?;
+        if r.is_err() && !matches!(self.target, super::Target::Single(_)) {
+            self.conn.store(None);
+        }
+        r
+    }
+
     /// The windows peers wrote into this store that are not over at `now_ms` (members of
     /// `regions::store::index_key`).
     ///
@@ -181,5 +212,56 @@ impl RedisStore {
         tokio::time::timeout(self.timeout, run)
             .await
             .map_err(|_| StoreError::Timeout(self.timeout.as_millis() as u64))?
+    }
+}
+
+/// The fewest healthy replicas any primary has in a `CLUSTER NODES` reply (0 with no
+/// primary). Each line: id, address, flags, the primary's id for a replica, ...
+fn fewest_replicas(nodes: &str) -> usize {
+    let lines: Vec<Vec<&str>> = nodes
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .filter(|f: &Vec<&str>| f.len() >= 4)
+        .collect();
+    let healthy = |flags: &str| !flags.split(',').any(|f| f == "fail" || f == "fail?");
+    lines
+        .iter()
+        .filter(|f| f[2].split(',').any(|x| x == "master") && healthy(f[2]))
+        .map(|primary| {
+            lines
+                .iter()
+                .filter(|f| {
+                    f[2].split(',').any(|x| x == "slave") && healthy(f[2]) && f[3] == primary[0]
+                })
+                .count()
+        })
+        .min()
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fewest_replicas;
+
+    #[test]
+    fn the_fewest_replicas_of_any_primary() {
+        let nodes = "\
+a1 127.0.0.1:7000@17000 myself,master - 0 0 1 connected 0-5460
+b1 127.0.0.1:7001@17001 master - 0 0 2 connected 5461-10922
+c1 127.0.0.1:7002@17002 master - 0 0 3 connected 10923-16383
+r1 127.0.0.1:7003@17003 slave a1 0 0 1 connected
+r2 127.0.0.1:7004@17004 slave b1 0 0 2 connected
+r3 127.0.0.1:7005@17005 slave c1 0 0 3 connected
+r4 127.0.0.1:7006@17006 slave c1 0 0 3 connected
+";
+        assert_eq!(fewest_replicas(nodes), 1);
+        let failed = nodes.replace(
+            "r2 127.0.0.1:7004@17004 slave",
+            "r2 127.0.0.1:7004@17004 slave,fail",
+        );
+        assert_eq!(fewest_replicas(&failed), 0);
+        let none: String = nodes.lines().take(3).map(|l| format!("{l}\n")).collect();
+        assert_eq!(fewest_replicas(&none), 0);
+        assert_eq!(fewest_replicas(""), 0);
     }
 }
