@@ -255,9 +255,9 @@ fn want(n: u64) -> LeaseArgs {
 
 fn ret(k: u64, from: Grant) -> LeaseArgs {
     LeaseArgs {
-        want: 0,
         ret: k,
         from,
+        ..LeaseArgs::default()
     }
 }
 

@@ -4,6 +4,7 @@
 use smallvec::SmallVec;
 
 use super::super::wire::{Grant, LeaseArgs};
+use super::carry::Pending;
 use super::{Return, IDLE_MS};
 use crate::limiter::{
     Algorithm, Check, Decision, Ident, Scope, Window, WindowDecision, WindowLimit,
@@ -36,6 +37,8 @@ pub(super) struct Slot {
     /// then: a rejection decided meanwhile may predate their arrival in Redis, so it is
     /// answered but not repeated from the cache.
     pub(super) returning_until: u64,
+    /// A settle held back to go with the next call (see `Local::carry`).
+    pub(super) pending: Option<Pending>,
 }
 
 /// A lease in hand.
@@ -92,6 +95,7 @@ impl Entry {
                     blocked: None,
                     asking_until: 0,
                     returning_until: 0,
+                    pending: None,
                 });
                 self.windows.len() - 1
             }
@@ -123,10 +127,11 @@ impl Entry {
 
     pub(super) fn idle(&self, now: u64) -> bool {
         now.saturating_sub(self.touched) > IDLE_MS
-            && self
-                .windows
-                .iter()
-                .all(|s| s.leases.is_empty() && s.blocked.is_none_or(|b| b.until <= now))
+            && self.windows.iter().all(|s| {
+                s.leases.is_empty()
+                    && s.pending.is_none()
+                    && s.blocked.is_none_or(|b| b.until <= now)
+            })
     }
 }
 
@@ -170,9 +175,9 @@ impl Held {
             ident: ident.clone(),
             limit: self.limit,
             lease: LeaseArgs {
-                want: 0,
                 ret: self.tokens,
                 from: self.grant,
+                ..LeaseArgs::default()
             },
         })
     }
