@@ -229,3 +229,6 @@ fn stale(w: &WindowLimit, off: u64, settle: &Carried, redis_now: u64) -> bool {
     let back = u32::try_from(settle.delta.unsigned_abs()).unwrap_or(u32::MAX);
     settle.delta < 0 && ignored(w, off, settle.at, (settle.cost, back), redis_now)
 }
+
+#[cfg(test)]
+mod tests;
