@@ -219,8 +219,8 @@ impl Local {
                         returns.push(r);
                     }
                 }
-                returns.extend(slot.pending.map(|p| p.returned(key.0, &key.1)));
             }
+            returns.extend(e.held.iter().map(|p| p.returned(key.0, &key.1)));
             if !returns.is_empty() {
                 self.evicted
                     .lock()
@@ -376,15 +376,15 @@ impl Local {
                     a.ret = l.tokens;
                     a.from = l.grant;
                 }
-                if !check.peek {
-                    a.settle = slot.take_carried(w);
-                }
                 if auto && slot.asking_until <= now {
                     let len = lease_len(self.lease_ms, w.window.period_ms());
                     a.want = want(rate, len, w);
                     if a.want > 0 {
                         slot.asking_until = now.saturating_add(ASKING_MS);
                     }
+                }
+                if !check.peek {
+                    a.settle = e.take_carried(w);
                 }
                 plans.push(WindowPlan::Remote(a));
             }
@@ -484,7 +484,7 @@ impl Local {
                     };
                     due = due.min(held.due());
                     slot.leases.push(held);
-                    slot.pay_held(s.ident.offset_ms(w));
+                    e.pay_held(w, s.ident.offset_ms(w));
                 }
             }
             m.next_due = m.next_due.min(due);

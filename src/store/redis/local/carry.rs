@@ -3,7 +3,7 @@
 //! own at once but carried by the next 'check' call of that identity (the script applies
 //! it before deciding), else flushed by the expiry pass.
 
-use super::entry::{Entry, Slot};
+use super::entry::Entry;
 use super::settle::{counter, ignored, Windows};
 use super::{Local, Return};
 use crate::limiter::{Admission, Ident, Scope, ScopeCheck, WindowLimit};
@@ -21,6 +21,8 @@ const SLACK_MS: u64 = 100;
 /// lasts at least this long: it reaches Redis before that window ends, as a settle sent
 /// at once would (a debt counts in that window, a refund still finds its charge).
 const HORIZON_MS: u64 = FLUSH_MS + PASS_MS + SLACK_MS;
+/// The most settles held for one window of an identity.
+const MAX_HELD: usize = 4;
 
 /// A settle of one window held back (see `Local::carry`).
 #[derive(Debug, Clone, Copy)]
@@ -45,14 +47,18 @@ impl Local {
     /// The script applies a carried settle at the start of that call, before deciding,
     /// exactly as the request's own 'settle' call would at that time: this gateway's
     /// next decision of the window sees it as it would have seen a settle sent before
-    /// it. It waits at most about `FLUSH_MS` + `PASS_MS` when no call comes (the expiry
-    /// pass sends it, or drops a refund Redis would ignore by then: a bucket's refund is
-    /// worth less the later it comes, never more). Held only for `auto` windows with
-    /// leases on (an exact window's settle goes at once, so every gateway's next
-    /// decision sees it), a counter's only while its window lasts `HORIZON_MS` more;
-    /// one settle a window: a debt adds to a held debt and a counter's refund to a held
-    /// refund of the same window; another one is sent now (unless the one held is a
-    /// refund Redis would ignore: it is dropped).
+    /// it. A call carries one settle a window (the oldest held); with no call, the
+    /// expiry pass sends those held `FLUSH_MS` (so at most about `FLUSH_MS` + `PASS_MS`
+    /// after), or drops a refund Redis would ignore by then (a bucket's refund is worth
+    /// less the later it comes, never more). A call that fails loses what it carried,
+    /// as a failed settle call would.
+    ///
+    /// Held only for `auto` windows with leases on (an exact window's settle goes at
+    /// once, so every gateway's next decision sees it), a counter's only while its
+    /// window lasts `HORIZON_MS` more. A debt adds to a debt held for the window, a
+    /// counter's refund to a refund of the same window held; else it is held beside
+    /// them, up to `MAX_HELD` a window (a refund Redis would now ignore is dropped to
+    /// make room), beyond that sent now.
     pub fn carry(
         &self,
         s: &ScopeCheck<'_>,
@@ -65,9 +71,10 @@ impl Local {
             return 0;
         }
         // A refund gives back at most the reserve.
-        let delta = match delta {
-            d if d < 0 => -i64::from(u32::try_from(d.unsigned_abs()).map_or(cost, |b| b.min(cost))),
-            d => d,
+        let delta = match u32::try_from(delta.unsigned_abs()) {
+            _ if delta > 0 => delta,
+            Ok(back) => -i64::from(back.min(cost)),
+            Err(_) => -i64::from(cost),
         };
         let mut m = self.shard(s.scope, &s.ident);
         let shard = &mut *m;
@@ -91,17 +98,7 @@ impl Local {
                 since: now,
                 redis_at,
             };
-            let slot = e.slot(w.window);
-            let held = match slot.pending {
-                None => Some(new),
-                Some(p) if p.limit != *w => None,
-                Some(p) => match merged(w, off, &p.settle, &new.settle) {
-                    Some(settle) => Some(Pending { settle, ..p }),
-                    None => stale(w, off, &p.settle, redis_at).then_some(new),
-                },
-            };
-            if let Some(p) = held {
-                slot.pending = Some(p);
+            if e.hold(new, off, redis_at) {
                 done |= 1 << j;
             }
         }
@@ -115,6 +112,71 @@ impl Local {
 // === impl Entry ===
 
 impl Entry {
+    /// Holds `new` (see `Local::carry`): merged into one held for its window when that
+    /// is exact, else beside them while there is room; false: not held.
+    fn hold(&mut self, new: Pending, off: u64, redis_now: u64) -> bool {
+        let w = new.limit;
+        // Refunds Redis would now ignore make room.
+        self.held
+            .retain(|p| p.limit.window != w.window || !stale(&p.limit, off, &p.settle, redis_now));
+        let into = (self.held.iter_mut())
+            .filter(|p| p.limit == w)
+            .find_map(|p| Some((merged(&w, off, &p.settle, &new.settle)?, p)));
+        if let Some((settle, p)) = into {
+            p.settle = settle;
+            return true;
+        }
+        let mine = self.held.iter().filter(|p| p.limit.window == w.window);
+        if mine.count() >= MAX_HELD {
+            return false;
+        }
+        self.held.push(new);
+        true
+    }
+
+    /// The oldest settle held for the window of `limit`, taken out to go with a call
+    /// (none: delta 0).
+    pub(super) fn take_carried(&mut self, limit: &WindowLimit) -> Carried {
+        let Some(i) = self.held.iter().position(|p| p.limit == *limit) else {
+            return Carried::default();
+        };
+        let p = self.held.remove(i);
+        if self.held.is_empty() {
+            self.held = Vec::new();
+        }
+        p.settle
+    }
+
+    /// Debts held for the window of `limit` are paid from the lease just granted for it
+    /// (the slot's last) when it holds them and, for a counter, is of the window each
+    /// was held in: spending leased tokens on a debt is an admission of that much more
+    /// on the lease. (A call already in flight when the debt was held granted it; a
+    /// later one carried the debt.)
+    pub(super) fn pay_held(&mut self, limit: &WindowLimit, off: u64) {
+        if self.held.is_empty() {
+            return;
+        }
+        let Some(slot) = self.windows.iter_mut().find(|s| s.window == limit.window) else {
+            return;
+        };
+        let Some(l) = slot.leases.last_mut().filter(|l| l.limit == *limit) else {
+            return;
+        };
+        self.held.retain(|p| {
+            let debt = u64::try_from(p.settle.delta).unwrap_or(0);
+            let window = |t| p.limit.bounds(t, off);
+            let same = !counter(&p.limit) || window(l.granted_at) == window(p.redis_at);
+            if p.limit != *limit || debt == 0 || l.tokens < debt || !same {
+                return true;
+            }
+            l.tokens -= debt;
+            l.visible = l
+                .visible
+                .saturating_sub(u32::try_from(debt).unwrap_or(u32::MAX));
+            false
+        });
+    }
+
     /// Takes the settles held in this entry into `out` (with `now`, only those held
     /// `FLUSH_MS` or more, dropping refunds Redis would ignore by then; without, all of
     /// them): when the expiry pass must look again for the others (`u64::MAX`: none).
@@ -124,59 +186,26 @@ impl Entry {
         now: Option<u64>,
         out: &mut Vec<Return>,
     ) -> u64 {
+        if self.held.is_empty() {
+            return u64::MAX;
+        }
         let redis_now = now.map_or(0, |now| self.redis_now(now));
         let mut next = u64::MAX;
-        for slot in &mut self.windows {
-            let Some(p) = slot.pending else { continue };
+        self.held.retain(|p| {
             let due = p.since.saturating_add(FLUSH_MS);
             if now.is_some_and(|now| now < due) {
                 next = next.min(due);
-                continue;
+                return true;
             }
-            slot.pending = None;
-            let off = ident.offset_ms(&p.limit);
-            if !stale(&p.limit, off, &p.settle, redis_now) {
+            if !stale(&p.limit, ident.offset_ms(&p.limit), &p.settle, redis_now) {
                 out.push(p.returned(scope, ident));
             }
+            false
+        });
+        if self.held.is_empty() {
+            self.held = Vec::new();
         }
         next
-    }
-}
-
-// === impl Slot ===
-
-impl Slot {
-    /// The settle held for this window at `limit`, taken out to go with a call (none:
-    /// delta 0).
-    pub(super) fn take_carried(&mut self, limit: &WindowLimit) -> Carried {
-        match self.pending {
-            Some(p) if p.limit == *limit => {
-                self.pending = None;
-                p.settle
-            }
-            _ => Carried::default(),
-        }
-    }
-
-    /// A debt held for this window is paid from the lease just granted (its last) when
-    /// it holds it and, for a counter, is of the window the debt was held in: spending
-    /// leased tokens on it is an admission of that much more on the lease. (A call
-    /// already in flight when the debt was held granted it; a later one carried the
-    /// debt.)
-    pub(super) fn pay_held(&mut self, off: u64) {
-        let (Some(p), Some(l)) = (self.pending, self.leases.last_mut()) else {
-            return;
-        };
-        let debt = u64::try_from(p.settle.delta).unwrap_or(0);
-        let window = |t| p.limit.bounds(t, off);
-        let same = !counter(&p.limit) || window(l.granted_at) == window(p.redis_at);
-        if debt > 0 && l.limit == p.limit && l.tokens >= debt && same {
-            l.tokens -= debt;
-            l.visible = l
-                .visible
-                .saturating_sub(u32::try_from(debt).unwrap_or(u32::MAX));
-            self.pending = None;
-        }
     }
 }
 

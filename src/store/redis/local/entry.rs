@@ -22,6 +22,8 @@ pub(super) struct Entry {
     /// The script's `now` of the latest call recorded for this identity, and the
     /// gateway's clock when its reply was recorded (see `Entry::redis_now`).
     pub(super) seen: (u64, u64),
+    /// Settles held back to go with the next call, oldest first (see `Local::carry`).
+    pub(super) held: Vec<Pending>,
 }
 
 #[derive(Debug, Clone)]
@@ -37,8 +39,6 @@ pub(super) struct Slot {
     /// then: a rejection decided meanwhile may predate their arrival in Redis, so it is
     /// answered but not repeated from the cache.
     pub(super) returning_until: u64,
-    /// A settle held back to go with the next call (see `Local::carry`).
-    pub(super) pending: Option<Pending>,
 }
 
 /// A lease in hand.
@@ -95,7 +95,6 @@ impl Entry {
                     blocked: None,
                     asking_until: 0,
                     returning_until: 0,
-                    pending: None,
                 });
                 self.windows.len() - 1
             }
@@ -127,11 +126,11 @@ impl Entry {
 
     pub(super) fn idle(&self, now: u64) -> bool {
         now.saturating_sub(self.touched) > IDLE_MS
-            && self.windows.iter().all(|s| {
-                s.leases.is_empty()
-                    && s.pending.is_none()
-                    && s.blocked.is_none_or(|b| b.until <= now)
-            })
+            && self.held.is_empty()
+            && self
+                .windows
+                .iter()
+                .all(|s| s.leases.is_empty() && s.blocked.is_none_or(|b| b.until <= now))
     }
 }
 

@@ -1,7 +1,7 @@
 //! Tests of settles held back to go with the identity's next call.
 
 use super::super::*;
-use super::{FLUSH_MS, HORIZON_MS};
+use super::{FLUSH_MS, HORIZON_MS, MAX_HELD};
 use crate::limiter::{Algorithm, Decision, OnFailure, ScopeLimits, Window};
 use crate::store::redis::wire::Carried;
 
@@ -213,14 +213,13 @@ fn a_counters_settle_is_held_only_well_inside_its_window() {
     }
 }
 
-/// One settle held a window: debts add up; a counter's refunds of one window add up
-/// (each gives its own tokens back there); a bucket's or a log's refunds do not (each
-/// depends on its charge's time), so a second one is sent at once, unless the one held
-/// is worth nothing by then (dropped, the new one held). A refund never gives back more
-/// than the reserve.
+/// Debts held for a window add up; a counter's refunds of one window add up (each gives
+/// its own tokens back there); a bucket's or a log's refunds do not (each depends on its
+/// charge's time), nor a debt and a refund: they wait beside each other, oldest carried
+/// first, one a call. A refund never gives back more than the reserve.
 #[test]
 fn held_settles_merge_only_when_exact() {
-    let held = |alg, first: (u32, i64, u64), second: (u32, i64, u64), now| {
+    let held = |alg, first: (u32, i64, u64), second: (u32, i64, u64)| {
         let local = Local::new(1_000);
         let l = limits(alg, Window::Second, Admission::Auto);
         let c = check(&l, 2);
@@ -229,46 +228,55 @@ fn held_settles_merge_only_when_exact() {
         let (cost, delta, at) = first;
         assert_eq!(local.carry(s, 1, &[at], (cost, delta), 10_000), 1);
         let (cost, delta, at) = second;
-        let again = local.carry(s, 1, &[at], (cost, delta), now);
-        (again, next_call(&local, &c, now))
+        assert_eq!(local.carry(s, 1, &[at], (cost, delta), 10_001), 1);
+        let calls = [10_002, 10_003, 10_004].map(|now| next_call(&local, &c, now));
+        calls
+            .into_iter()
+            .filter(|s| s.delta != 0)
+            .collect::<Vec<_>>()
     };
     let carried = |cost, delta, at| Carried { cost, delta, at };
-    // Debts, any algorithm.
     for alg in ALGORITHMS {
-        let got = held(alg, (2, 3, T + 100), (1, 4, T + 90), 10_001);
-        assert_eq!(got, (1, carried(2, 7, T + 90)), "{alg:?}");
+        let got = held(alg, (2, 3, T + 100), (1, 4, T + 90));
+        assert_eq!(got, [carried(2, 7, T + 90)], "{alg:?}: debts add up");
+        let got = held(alg, (2, 3, T + 100), (2, -1, T + 100));
+        let both = [carried(2, 3, T + 100), carried(2, -1, T + 100)];
+        assert_eq!(got, both, "{alg:?}: a debt and a refund");
     }
     // A counter's refunds of one window (one of 5 with a reserve of 3: 3 back).
     for alg in [Algorithm::FixedWindow, Algorithm::SlidingWindow] {
-        let got = held(alg, (2, -1, T + 100), (3, -5, T + 150), 10_001);
-        assert_eq!(got, (1, carried(5, -4, T + 100)), "{alg:?}");
+        let got = held(alg, (2, -1, T + 100), (3, -5, T + 150));
+        assert_eq!(got, [carried(5, -4, T + 100)], "{alg:?}");
     }
-    // Refunds of a bucket or a log: the second is sent now.
     for alg in [
         Algorithm::TokenBucket,
         Algorithm::LeakyBucket,
         Algorithm::SlidingLog,
     ] {
-        let got = held(alg, (2, -1, T + 100), (2, -1, T + 110), 10_001);
-        assert_eq!(got, (0, carried(2, -1, T + 100)), "{alg:?}");
+        let got = held(alg, (2, -1, T + 100), (2, -1, T + 101));
+        let both = [carried(2, -1, T + 100), carried(2, -1, T + 101)];
+        assert_eq!(got, both, "{alg:?}: refunds wait beside each other");
     }
-    // ... unless the one held is worth nothing by then (100 a second, 1 of 2 back:
-    // nothing from T + 120 on; Redis is at T + 130 at least).
-    let got = held(
-        Algorithm::TokenBucket,
-        (2, -1, T + 100),
-        (2, -1, T + 125),
-        10_030,
-    );
-    assert_eq!(got, (1, carried(2, -1, T + 125)));
-    // A debt and a refund: never one settle.
-    let got = held(
-        Algorithm::FixedWindow,
-        (2, 3, T + 100),
-        (2, -1, T + 100),
-        10_001,
-    );
-    assert_eq!(got, (0, carried(2, 3, T + 100)));
+}
+
+/// At most `MAX_HELD` settles wait for one window: the next one is sent now, unless a
+/// refund held is worth nothing by then (dropped to make room).
+#[test]
+fn a_window_holds_a_few_settles() {
+    let local = Local::new(1_000);
+    // 100 a second: a refund of 1 of 2 is worth nothing 20 ms after its charge.
+    let l = limits(Algorithm::TokenBucket, Window::Second, Admission::Auto);
+    let c = check(&l, 2);
+    called(&local, &c, T + 100, 10_000, 0);
+    let s = &c.scopes[0];
+    for k in 0..MAX_HELD as u64 {
+        assert_eq!(local.carry(s, 1, &[T + 100 + k], (2, -1), 10_000), 1, "{k}");
+    }
+    assert_eq!(local.carry(s, 1, &[T + 105], (2, -1), 10_001), 0, "full");
+    // 30 ms on: the four held are worth nothing; a debt takes their place.
+    assert_eq!(local.carry(s, 1, &[T + 130], (2, 5), 10_030), 1);
+    assert_eq!(next_call(&local, &c, 10_031).delta, 5);
+    assert_eq!(next_call(&local, &c, 10_032), Carried::default());
 }
 
 /// A debt held when no lease was in hand is paid from the lease a call already in flight
