@@ -11,14 +11,15 @@
 --           lease what was asked for (below).
 --           'peek': decide every window, charge nothing.
 --           'refund': give back a charge made at ARGV[1] (Cluster: another scope rejected).
---           'return': only give back leased tokens (below); no decision.
+--           'return': only give back leased tokens (below), and apply carried settles; no
+--           decision.
 --           'settle': a request admitted with the reserved cost ARGV[2] at `current`
 --           (below) learnt its true cost: charge or refund the difference, ARGV[4].
 -- ARGV[4]   lease_ms: the longest lease (each window's is at most a quarter of its
 --           period; fixed and sliding windows end theirs at the window's end); 0: none.
 --           'settle': delta = true cost - reserved cost instead (signed; > 0 a debt
 --           charged at now past the limit if need be, < 0 a refund).
--- Then 18 values per window i (all integers, times in ms):
+-- Then 21 values per window i (all integers, times in ms):
 --           algorithm (1 token_bucket, 2 sliding_window, 3 fixed_window, 4 sliding_log,
 --           5 leaky_bucket), window (1 s, 2 min, 3 h, 4 d, 5 mo, and the rate-limit
 --           service's 6 week, 7 30 days, 8 365 days: all but 5, the calendar month,
@@ -32,7 +33,12 @@
 --           the gateway's now (see `bounds` in prelude.lua; all 0: no calendar),
 --           regions, allot: a `fleet = "regions"` fixed window's number of regions R
 --           and this region's allotment of its limit (regions 0: not a regions window;
---           see fixed_window.lua).
+--           see fixed_window.lua),
+--           s_cost, s_delta, s_at: an earlier request's settle of this window carried by
+--           this call (s_delta 0: none; the gateway sends them with 'check' and 'return'
+--           calls): applied after the give-backs, before anything is decided, as that
+--           request's 'settle' call would be (reserved cost s_cost, delta s_delta, the
+--           window charged at s_at).
 --
 -- Reply: one string of integers separated by spaces: now, all_allowed, then per window:
 --          allowed, remaining, current, reset_after_ms, retry_after_ms, granted,
@@ -40,10 +46,10 @@
 --          taken (granted 0: none). 'return', 'refund' and 'settle': "now 1".
 -- Leases: a window leases min(want, remaining / 2) tokens, none below 2, charged at once,
 -- so a fleet never admits more than the limit; unused tokens come back through `ret`.
--- Writes: only when every window allows ('check'), or a settle's (a debt charges past the
--- limit), and a regions window's demand on every 'check', admitted or not; each key
--- with a TTL that ends when its state is back to the initial value, so idle state
--- expires by itself.
+-- Writes: only when every window allows ('check'), or a settle's, carried or not (a
+-- debt charges past the limit), and a regions window's demand on every 'check', admitted
+-- or not; each key with a TTL that ends when its state is back to the initial value, so
+-- idle state expires by itself.
 
 local now = now_ms()
 local cost = tonumber(ARGV[2])
@@ -51,7 +57,7 @@ local mode = ARGV[3]
 local lease_ms = tonumber(ARGV[4])
 local ws = {}
 for i = 1, #KEYS do
-  local b = 5 + (i - 1) * 18
+  local b = 5 + (i - 1) * 21
   ws[i] = {
     alg = tonumber(ARGV[b]), window = tonumber(ARGV[b + 1]), limit = tonumber(ARGV[b + 2]),
     capacity = tonumber(ARGV[b + 3]), period = tonumber(ARGV[b + 4]), offset = tonumber(ARGV[b + 5]),
@@ -60,6 +66,8 @@ for i = 1, #KEYS do
     cal_prev = tonumber(ARGV[b + 12]), cal_start = tonumber(ARGV[b + 13]),
     cal_end = tonumber(ARGV[b + 14]), cal_next = tonumber(ARGV[b + 15]),
     regions = tonumber(ARGV[b + 16]), allot = tonumber(ARGV[b + 17]),
+    s_cost = tonumber(ARGV[b + 18]), s_delta = tonumber(ARGV[b + 19]),
+    s_at = tonumber(ARGV[b + 20]),
   }
 end
 
@@ -68,6 +76,14 @@ end
 for i = 1, #KEYS do
   if ws[i].size > 0 then
     ALG[ws[i].alg].give_back(KEYS[i], ws[i], now, ws[i].ret, ws[i].tag1, ws[i].tag2, ws[i].size)
+  end
+end
+-- Settles carried over from earlier requests: the decisions below see them, as they
+-- would have seen each request's own 'settle' call sent before this one.
+for i = 1, #KEYS do
+  local w = ws[i]
+  if w.s_delta ~= 0 then
+    ALG[w.alg].settle(KEYS[i], w, now, w.s_cost, w.s_delta, w.s_at)
   end
 end
 if mode == 'return' then

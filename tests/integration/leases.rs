@@ -791,3 +791,107 @@ async fn a_lease_in_hand_serves_through_a_redis_outage() {
     );
     assert_eq!(leased, served as f64, "each was a lease decision");
 }
+
+/// Redis's own count of EVALSHA calls since the last `CONFIG RESETSTAT`.
+async fn evalsha_calls(c: &mut redis::aio::MultiplexedConnection) -> u64 {
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(c)
+        .await
+        .unwrap();
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|v| v.split(',').next())
+        .map_or(0, |v| v.parse().unwrap())
+}
+
+/// Settles no lease takes ride on the identity's next call instead of a call of their
+/// own (`Local::carry`), and that call's decision sees them: the refund of a call's own
+/// charge (a token bucket: no lease paid it) and a debt with no lease in hand (a fixed
+/// window). A second refund, held with no call to follow, goes with the expiry pass; a
+/// second debt is paid from the lease the second call took. An `exact` window's settles
+/// are calls of their own, at once. Counted as store calls when sent, and by Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn settles_ride_on_the_identitys_next_call() {
+    use throttle::clock::ManualClock;
+    use throttle::limiter::{
+        Admission, Algorithm, Check, Ident, OnFailure, Scope, ScopeLimits, Window, WindowLimit,
+    };
+    use throttle::metrics::Metrics;
+    use throttle::store::redis::Target;
+    use throttle::store::{LimitStore, RedisStore};
+
+    let redis = RedisServer::start().await;
+    let mut conn = redis.client().await;
+    // 100 ms into a minute: its fixed window lasts.
+    let clock = Arc::new(ManualClock::at(1_764_000_060_100));
+    let metrics = Arc::new(Metrics::new().unwrap());
+    let store = RedisStore::new(Target::Single(redis.url()), Duration::from_secs(2), "carry")
+        .with_local_admission(1_000)
+        .with_clock(clock.clone())
+        .with_metrics(metrics.clone());
+    // Loaded first, so no call is answered NOSCRIPT and sent again.
+    let _: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(throttle::store::redis::CHECK_LUA)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    // (algorithm, admission, the two settles, remaining after the second request, the
+    // store calls of it all: 2 requests, 2 settles, then the expiry pass).
+    let cases = [
+        (Algorithm::TokenBucket, Admission::Auto, -1, Some(599), 3),
+        (Algorithm::FixedWindow, Admission::Auto, 3, Some(595), 2),
+        (Algorithm::TokenBucket, Admission::Exact, -1, None, 4),
+        (Algorithm::FixedWindow, Admission::Exact, 3, None, 4),
+    ];
+    for (n, (alg, admission, delta, remaining, calls)) in cases.into_iter().enumerate() {
+        let what = format!("{alg:?} {admission:?}, settles of {delta}");
+        let l = ScopeLimits {
+            concurrent: None,
+            ban: None,
+            windows: vec![
+                WindowLimit::with_algorithm(Window::Minute, 600, alg).with_admission(admission)
+            ],
+            on_failure: OnFailure::Closed,
+            message: None,
+            count_on: None,
+        };
+        let mut check = Check::new(1);
+        check.push(Scope::Key, Ident::Name(format!("k{n}").into()), &l);
+        let before = metrics.store_calls.get();
+        // Two requests, each settled when it ends; neither paid from a lease (the first
+        // is too little rate to lease for).
+        let mut seen = None;
+        for _ in 0..2 {
+            assert!(store.decide_locally(&check).is_none(), "{what}");
+            let v = store.check(&check).await.unwrap();
+            assert!(v.allowed, "{what}");
+            seen = v.governing.map(|g| g.decision.remaining);
+            store.settle(&check, delta, v.decided_at);
+        }
+        if let Some(r) = remaining {
+            assert_eq!(
+                seen,
+                Some(r),
+                "{what}: the second decision saw the first settle"
+            );
+        }
+        clock.advance(Duration::from_millis(50));
+        store.return_expired().await;
+        assert_eq!(metrics.store_calls.get() - before, calls, "{what}");
+    }
+    // Every call counted reached Redis (an exact window's settles are spawned).
+    let sent = metrics.store_calls.get();
+    crate::support::eventually(Duration::from_secs(5), "Redis to count every call", || {
+        let mut conn = conn.clone();
+        async move { (evalsha_calls(&mut conn).await == sent).then_some(()) }
+    })
+    .await;
+}

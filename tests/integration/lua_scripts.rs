@@ -255,9 +255,9 @@ fn want(n: u64) -> LeaseArgs {
 
 fn ret(k: u64, from: Grant) -> LeaseArgs {
     LeaseArgs {
-        want: 0,
         ret: k,
         from,
+        ..LeaseArgs::default()
     }
 }
 
@@ -553,4 +553,116 @@ async fn calendar_edges_survive_a_skewed_clock() {
     let r = wire::parse_reply(&wire::ints(&raw).unwrap(), &ch.scopes).unwrap();
     assert!(r.all_allowed, "a new day: {r:?}");
     assert_eq!(r.decisions[0].decision.reset_after_ms, DAY - 10);
+}
+
+/// A key's value (a string, or a sorted set's members and scores) and PTTL.
+async fn state(c: &mut redis::aio::MultiplexedConnection, key: &str) -> (Vec<String>, i64) {
+    let kind: String = redis::cmd("TYPE").arg(key).query_async(c).await.unwrap();
+    let value: Vec<String> = match kind.as_str() {
+        "zset" => redis::cmd("ZRANGE")
+            .arg(key)
+            .arg(0)
+            .arg(-1)
+            .arg("WITHSCORES")
+            .query_async(c)
+            .await
+            .unwrap(),
+        _ => {
+            let v: Option<String> = redis::cmd("GET").arg(key).query_async(c).await.unwrap();
+            v.into_iter().collect()
+        }
+    };
+    let ttl: i64 = redis::cmd("PTTL").arg(key).query_async(c).await.unwrap();
+    (value, ttl)
+}
+
+/// A settle carried by a later call (`wire::Carried`, see `Local::carry`) is applied
+/// before that call decides, as the request's own 'settle' call sent just before it would
+/// be: the same reply and the same state, for every algorithm, a debt and a refund, in a
+/// 'check' call and in a 'return' call (the expiry pass's).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_carried_settle_is_the_settle_call_before() {
+    use throttle::store::redis::wire::Carried;
+    let redis = RedisServer::start().await;
+    let mut c = redis.client().await;
+    let _: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(CHECK_LUA)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let sha = redis::Script::new(CHECK_LUA).get_hash().to_string();
+    let mut n = 0;
+    for alg in ALGORITHMS {
+        let l = limits(vec![WindowLimit::with_algorithm(Window::Minute, 10, alg)]);
+        let check = |cost| {
+            let mut ch = Check::new(cost);
+            ch.push(Scope::Key, Ident::Name("k".into()), &l);
+            ch
+        };
+        // A debt of 5, and a refund of 1 of 2 (the charge 200 ms before).
+        for (delta, mode) in [(5, Mode::Check), (-1, Mode::Check), (3, Mode::Return)] {
+            n += 1;
+            let (sent, carried) = (format!("cs{n}"), format!("cc{n}"));
+            let reserve = check(2);
+            for prefix in [&sent, &carried] {
+                call(
+                    &mut c,
+                    prefix,
+                    &reserve,
+                    T + 100,
+                    Mode::Check,
+                    0,
+                    &[want(0)],
+                )
+                .await;
+            }
+            let next = check(1);
+            let cmd = wire::settle_command(
+                &sha,
+                &(T + 300).to_string(),
+                2,
+                delta,
+                (T + 100).into(),
+                &sent,
+                &reserve.scopes,
+            );
+            let raw: Vec<u8> = cmd.query_async(&mut c).await.unwrap();
+            assert_eq!(wire::ints(&raw).unwrap(), [(T + 300) as i64, 1]);
+            let before = call(&mut c, &sent, &next, T + 300, mode, 0, &[want(0)]).await;
+            let with = LeaseArgs {
+                settle: Carried {
+                    cost: 2,
+                    delta,
+                    at: T + 100,
+                },
+                ..LeaseArgs::default()
+            };
+            let after = call(&mut c, &carried, &next, T + 300, mode, 0, &[with]).await;
+            let what = format!("{alg:?}, delta {delta}, {mode:?}");
+            assert_eq!(before, after, "{what}: the reply");
+            let key = |prefix: &str| format!("{prefix}:{{key:k}}:1m");
+            let (a, b) = (
+                state(&mut c, &key(&sent)).await,
+                state(&mut c, &key(&carried)).await,
+            );
+            assert_eq!(a.0, b.0, "{what}: the state");
+            // The TTLs were set a few ms apart on the real clock.
+            assert!(a.1.abs_diff(b.1) < 1_000, "{what}: PTTL {} vs {}", a.1, b.1);
+            // The settle did something: without it, the state differs.
+            let plain = format!("cp{n}");
+            call(
+                &mut c,
+                &plain,
+                &reserve,
+                T + 100,
+                Mode::Check,
+                0,
+                &[want(0)],
+            )
+            .await;
+            call(&mut c, &plain, &next, T + 300, mode, 0, &[want(0)]).await;
+            assert_ne!(state(&mut c, &key(&plain)).await.0, b.0, "{what}: settled");
+        }
+    }
 }

@@ -66,9 +66,9 @@ impl RedisStore {
                             ident: s.ident.clone(),
                             limit: *w,
                             lease: LeaseArgs {
-                                want: 0,
                                 ret: g.granted,
                                 from: *g,
+                                ..LeaseArgs::default()
                             },
                         });
                     }

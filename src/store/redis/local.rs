@@ -17,8 +17,10 @@
 //!   from a lease in hand goes back to it, and one Redis would provably ignore sends
 //!   nothing (`refund`); a debt (a settled cost above the reserve) is spent from the
 //!   leases in hand when they hold it, else ends them in the settle call (`debit`), and
-//!   counts in the rate leases are sized from: `count_on` and `cost_from` cost no round
-//!   trip while the leases last. The size follows the identity's local rate over the
+//!   counts in the rate leases are sized from. What is left of an `auto` window (the
+//!   refund of a call's own charge, a debt with no lease in hand) is held back and
+//!   carried by the identity's next call, or flushed by the expiry pass (`carry`):
+//!   `count_on` and `cost_from` cost no round trip while the leases last. The size follows the identity's local rate over the
 //!   lease length. Unused tokens go back when a lease expires (`expired`) or at shutdown
 //!   (`drain`), or with the next call for that window.
 //!
@@ -53,6 +55,7 @@ use crate::limiter::{
 };
 use crate::sharded::Sharded;
 
+mod carry;
 mod entry;
 mod settle;
 
@@ -131,7 +134,8 @@ pub enum WindowPlan {
     Remote(LeaseArgs),
 }
 
-/// Unused tokens to give back to one window.
+/// Unused tokens to give back to one window, or a settle held back for it (see
+/// `Local::carry`).
 #[derive(Debug, Clone)]
 pub struct Return {
     /// The scope.
@@ -140,7 +144,7 @@ pub struct Return {
     pub ident: Ident,
     /// The window's limit (for the script's arguments).
     pub limit: WindowLimit,
-    /// What goes back.
+    /// What goes back (and the settle the call carries).
     pub lease: LeaseArgs,
 }
 
@@ -216,6 +220,7 @@ impl Local {
                     }
                 }
             }
+            returns.extend(e.held.iter().map(|p| p.returned(key.0, &key.1)));
             if !returns.is_empty() {
                 self.evicted
                     .lock()
@@ -378,6 +383,9 @@ impl Local {
                         slot.asking_until = now.saturating_add(ASKING_MS);
                     }
                 }
+                if !check.peek {
+                    a.settle = e.take_carried(w);
+                }
                 plans.push(WindowPlan::Remote(a));
             }
             out.push(plans);
@@ -476,6 +484,7 @@ impl Local {
                     };
                     due = due.min(held.due());
                     slot.leases.push(held);
+                    e.pay_held(w, s.ident.offset_ms(w));
                 }
             }
             m.next_due = m.next_due.min(due);
@@ -483,7 +492,7 @@ impl Local {
     }
 
     /// Leases that ended with tokens left (taken out of the table to be given back), and
-    /// forgets idle entries.
+    /// settles held long enough (see `Local::carry`); forgets idle entries.
     pub fn expired(&self, now: u64) -> Vec<Return> {
         let mut out =
             std::mem::take(&mut *self.evicted.lock().unwrap_or_else(PoisonError::into_inner));
@@ -494,7 +503,7 @@ impl Local {
         out
     }
 
-    /// Every lease with tokens left (shutdown).
+    /// Every lease with tokens left, and every settle held (shutdown).
     pub fn drain(&self) -> Vec<Return> {
         let mut out =
             std::mem::take(&mut *self.evicted.lock().unwrap_or_else(PoisonError::into_inner));
@@ -531,6 +540,7 @@ impl Local {
                         slot.returning_until = now.saturating_add(RETURN_GRACE_MS);
                     }
                 }
+                next_due = next_due.min(e.flush((*scope, ident), prune_at, out));
             }
             m.next_due = next_due;
             if let Some(now) = prune_at.filter(|now| *now >= m.next_prune) {

@@ -11,13 +11,22 @@ fn all(n: usize) -> u32 {
     (1u64 << n.min(32)).wrapping_sub(1) as u32
 }
 
+/// When each window of `check`'s scope `i` was charged.
+fn times(check: &Check<'_>, decided_at: DecidedAt, i: usize) -> SmallVec<[u64; 4]> {
+    let n = check.scopes.get(i).map_or(0, |s| s.limits.windows.len());
+    (0..n)
+        .map(|j| decided_at.of_window(&check.scopes, i, j))
+        .collect()
+}
+
 // === impl RedisStore ===
 
 impl RedisStore {
     /// Settles a refund (`delta < 0`): each window of each scope paid from a lease still
     /// in hand gives it back to that lease, so what the lease reports counts it, and a
     /// window whose refund Redis would provably ignore sends nothing (`Local::refund`);
-    /// the other windows are settled in Redis, with their times.
+    /// of the other windows, an `auto` one's refund goes with the identity's next call
+    /// (`Local::carry`), the rest are settled in Redis now, with their times.
     pub(super) fn settle_refund(&self, check: &Check<'_>, delta: i64, decided_at: DecidedAt) {
         let Some(local) = self.local.as_ref() else {
             return self.spawn_settle(check, delta, decided_at, None);
@@ -26,18 +35,17 @@ impl RedisStore {
         let now = self.local_now();
         let mut missed = [0; MAX_SCOPES];
         for (i, s) in check.scopes.iter().enumerate() {
-            let n = s.limits.windows.len();
-            let at: SmallVec<[u64; 4]> = (0..n)
-                .map(|j| decided_at.of_window(&check.scopes, i, j))
-                .collect();
-            missed[i] = all(n) & !local.refund(s, &at, (check.cost, back), now);
+            let at = times(check, decided_at, i);
+            let left = all(s.limits.windows.len()) & !local.refund(s, &at, (check.cost, back), now);
+            missed[i] = left & !local.carry(s, left, &at, (check.cost, delta), now);
         }
         self.settle_windows(check, delta, decided_at, &missed, None);
     }
 
     /// A debt's windows whose leases in hand hold it are charged there (`Local::debit`);
-    /// the others are settled in Redis (with their times), each giving its ended lease
-    /// back in the same call.
+    /// an `auto` window with no lease in hand carries it on the identity's next call
+    /// (`Local::carry`); the others are settled in Redis now (with their times), each
+    /// giving its ended lease back in the same call.
     pub(super) fn settle_debt(&self, check: &Check<'_>, delta: i64, decided_at: DecidedAt) {
         let Some(local) = self.local.as_ref() else {
             return self.spawn_settle(check, delta, decided_at, None);
@@ -47,8 +55,13 @@ impl RedisStore {
         let mut returns = Vec::new();
         for (i, s) in check.scopes.iter().enumerate() {
             if let Err(unpaid) = local.debit(s, debt, now) {
-                missed[i] = unpaid.windows;
-                returns.push(unpaid.ended);
+                let at = times(check, decided_at, i);
+                let carried = local.carry(s, unpaid.free(), &at, (check.cost, delta), now);
+                let unpaid = (*unpaid).without(carried);
+                if unpaid.windows != 0 {
+                    missed[i] = unpaid.windows;
+                    returns.push(unpaid.ended);
+                }
             }
         }
         self.settle_windows(check, delta, decided_at, &missed, Some(&returns));

@@ -16,8 +16,12 @@ pub const HEADER_ARGS: usize = 4;
 /// current (refunds; settles: the admission time), want, then the lease to give back:
 /// ret, tag1, tag2, size, and a calendar window's edges around the gateway's now:
 /// prev_start, start, end, next_end (all 0: no calendar; see `algorithm::edges`), then a
-/// `fleet = "regions"` window's regions and allot (see [`RegionArgs`]; 0 0: not one).
-pub const ARGS_PER_WINDOW: usize = 18;
+/// `fleet = "regions"` window's regions and allot (see [`RegionArgs`]; 0 0: not one),
+/// then a settle carried by the call: its reserved cost, delta and charge time (see
+/// [`Carried`]; 0 0 0: none).
+pub const ARGS_PER_WINDOW: usize = 21;
+/// The values of [`ARGS_PER_WINDOW`] before the carried settle's.
+const WINDOW_ARGS: usize = ARGS_PER_WINDOW - 3;
 /// Reply values before the windows: now, all_allowed.
 pub const REPLY_HEADER: usize = 2;
 /// Reply values per window: allowed, remaining, current, reset_after_ms, retry_after_ms,
@@ -54,7 +58,8 @@ pub struct Grant {
     pub tag2: u64,
 }
 
-/// Lease arguments of one window: tokens wanted, and a lease to give back.
+/// Lease arguments of one window: tokens wanted, a lease to give back, and a settle
+/// the call carries.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LeaseArgs {
     /// Tokens to lease after an admitted check (0: none).
@@ -63,6 +68,34 @@ pub struct LeaseArgs {
     pub ret: u64,
     /// The lease they come from (its grant) ...
     pub from: Grant,
+    /// A request's settle of this window, held back to go with this call (delta 0:
+    /// none); the script applies it after the give-back, before deciding.
+    pub settle: Carried,
+}
+
+/// An earlier request's settle of one window, carried by a later call of the same
+/// identity (a 'check', or a 'return' of the expiry pass: see `Local::carry`). The script
+/// applies it as a 'settle' call of that request would: `delta` (true cost - reserved
+/// `cost`) at the call's `now`, a refund of the charge made at `at`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Carried {
+    /// The request's reserved cost.
+    pub cost: u32,
+    /// True cost - reserved cost (0: nothing carried).
+    pub delta: i64,
+    /// When the window was charged (the script's clock).
+    pub at: u64,
+}
+
+impl Carried {
+    /// The values sent after the window's others.
+    fn args(&self) -> [i64; 3] {
+        let at = i64::try_from(self.at).unwrap_or(i64::MAX);
+        match self.delta {
+            0 => [0; 3],
+            d => [i64::from(self.cost), d, at],
+        }
+    }
 }
 
 /// This gateway's place among `[regions]`, for the regions windows of a call: a
@@ -164,7 +197,7 @@ pub fn window_args(
     lease: &LeaseArgs,
     at: u64,
     region: Option<RegionArgs>,
-) -> [u64; ARGS_PER_WINDOW] {
+) -> [u64; WINDOW_ARGS] {
     let offset = ident.offset_ms(w);
     let [prev_start, start, end, next_end] = match w.calendar {
         Some(cal) => edges(w.window, at, offset, Some(cal)),
@@ -209,6 +242,9 @@ pub fn push_scope(
         let current = currents.and_then(|c| c.get(i)).copied().unwrap_or(0);
         let lease = leases.and_then(|l| l.get(i)).copied().unwrap_or_default();
         for v in window_args(w, &s.ident, current, &lease, now, None) {
+            inv.arg(v);
+        }
+        for v in lease.settle.args() {
             inv.arg(v);
         }
     }
@@ -300,6 +336,9 @@ pub fn evalsha_in<'a>(
     };
     for w in windows {
         for v in window_args(w.limit, w.ident, w.current, &w.lease, at, region) {
+            cmd.arg(v);
+        }
+        for v in w.lease.settle.args() {
             cmd.arg(v);
         }
     }
@@ -506,13 +545,39 @@ mod tests {
             ARGS_PER_WINDOW
         );
         assert!(lua.contains(&argv), "check.lua does not read `{argv}`");
-        // The last two values: a regions window's R and allotment.
-        let last = format!(
+        // A regions window's R and allotment, then the carried settle (the last three).
+        let regions = format!(
             "regions = tonumber(ARGV[b + {}]), allot = tonumber(ARGV[b + {}])",
+            WINDOW_ARGS - 2,
+            WINDOW_ARGS - 1
+        );
+        assert!(
+            lua.contains(&regions),
+            "check.lua does not read `{regions}`"
+        );
+        let carried = format!(
+            "s_cost = tonumber(ARGV[b + {}]), s_delta = tonumber(ARGV[b + {}]),\n    s_at = tonumber(ARGV[b + {}])",
+            ARGS_PER_WINDOW - 3,
             ARGS_PER_WINDOW - 2,
             ARGS_PER_WINDOW - 1
         );
-        assert!(lua.contains(&last), "check.lua does not read `{last}`");
+        assert!(
+            lua.contains(&carried),
+            "check.lua does not read `{carried}`"
+        );
+        assert_eq!(Carried::default().args(), [0; 3], "none carried: zeros");
+        let debt = Carried {
+            cost: 2,
+            delta: 5,
+            at: 9,
+        };
+        assert_eq!(debt.args(), [2, 5, 9]);
+        let refund = Carried {
+            cost: 2,
+            delta: -1,
+            at: 9,
+        };
+        assert_eq!(refund.args(), [2, -1, 9], "signed");
         assert!(lua.contains(&format!("Then {ARGS_PER_WINDOW} values per window")));
         for m in [
             Mode::Check,

@@ -4,6 +4,7 @@
 use smallvec::SmallVec;
 
 use super::super::wire::{Grant, LeaseArgs};
+use super::carry::Pending;
 use super::{Return, IDLE_MS};
 use crate::limiter::{
     Algorithm, Check, Decision, Ident, Scope, Window, WindowDecision, WindowLimit,
@@ -21,6 +22,8 @@ pub(super) struct Entry {
     /// The script's `now` of the latest call recorded for this identity, and the
     /// gateway's clock when its reply was recorded (see `Entry::redis_now`).
     pub(super) seen: (u64, u64),
+    /// Settles held back to go with the next call, oldest first (see `Local::carry`).
+    pub(super) held: Vec<Pending>,
 }
 
 #[derive(Debug, Clone)]
@@ -123,6 +126,7 @@ impl Entry {
 
     pub(super) fn idle(&self, now: u64) -> bool {
         now.saturating_sub(self.touched) > IDLE_MS
+            && self.held.is_empty()
             && self
                 .windows
                 .iter()
@@ -170,9 +174,9 @@ impl Held {
             ident: ident.clone(),
             limit: self.limit,
             lease: LeaseArgs {
-                want: 0,
                 ret: self.tokens,
                 from: self.grant,
+                ..LeaseArgs::default()
             },
         })
     }

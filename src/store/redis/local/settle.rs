@@ -22,6 +22,33 @@ pub struct Unpaid {
     pub ended: SmallVec<[LeaseArgs; 2]>,
 }
 
+// === impl Unpaid ===
+
+impl Unpaid {
+    /// The windows whose debt ended no lease (none in hand held any of it, nothing to
+    /// give back): they may carry it on the next call (`Local::carry`).
+    pub fn free(&self) -> Windows {
+        let mut named = self.ended.iter();
+        (0..Windows::BITS)
+            .filter(|j| self.windows & (1 << j) != 0)
+            .filter(|_| named.next().is_some_and(|a| *a == LeaseArgs::default()))
+            .fold(0, |out, j| out | (1 << j))
+    }
+
+    /// What is left once the `carried` windows are taken out.
+    pub fn without(self, carried: Windows) -> Unpaid {
+        let sent = (0..Windows::BITS).filter(|j| self.windows & (1 << j) != 0);
+        let ended = (sent.zip(self.ended))
+            .filter(|(j, _)| carried & (1 << j) == 0)
+            .map(|(_, a)| a)
+            .collect();
+        Unpaid {
+            windows: self.windows & !carried,
+            ended,
+        }
+    }
+}
+
 // === impl Local ===
 
 impl Local {
@@ -102,10 +129,10 @@ impl Local {
     /// such debt for a while (`Entry::need`): a lease that could pay the request but not its debt is
     /// renewed with a check call instead of ended by a settle call and renewed by the
     /// next check.
-    pub fn debit(&self, s: &ScopeCheck<'_>, debt: u64, now: u64) -> Result<(), Unpaid> {
+    pub fn debit(&self, s: &ScopeCheck<'_>, debt: u64, now: u64) -> Result<(), Box<Unpaid>> {
         let mut m = self.shard(s.scope, &s.ident);
         let Some(e) = m.map.get_mut(&(s.scope, s.ident.clone())) else {
-            return Err(Unpaid {
+            return Err(Box::new(Unpaid {
                 windows: all(s),
                 ended: s
                     .limits
@@ -113,7 +140,7 @@ impl Local {
                     .iter()
                     .map(|_| LeaseArgs::default())
                     .collect(),
-            });
+            }));
         };
         let units = u32::try_from(debt).unwrap_or(u32::MAX);
         e.meter.add(now, units);
@@ -153,7 +180,7 @@ impl Local {
         }
         match unpaid.windows {
             0 => Ok(()),
-            _ => Err(unpaid),
+            _ => Err(Box::new(unpaid)),
         }
     }
 }
@@ -164,7 +191,7 @@ impl Entry {
     /// A time Redis's clock has provably reached by the gateway's `now`: the latest
     /// script time recorded for this identity, plus the gateway's time since that
     /// call's reply (its script ran before the reply arrived). 0: none known.
-    fn redis_now(&self, now: u64) -> u64 {
+    pub(super) fn redis_now(&self, now: u64) -> u64 {
         let (script, reply) = self.seen;
         match script {
             0 => 0,
@@ -173,7 +200,7 @@ impl Entry {
     }
 }
 
-fn counter(w: &WindowLimit) -> bool {
+pub(super) fn counter(w: &WindowLimit) -> bool {
     matches!(
         w.algorithm,
         Algorithm::FixedWindow | Algorithm::SlidingWindow
@@ -197,7 +224,13 @@ fn all(s: &ScopeCheck<'_>) -> Windows {
 /// - token and leaky buckets: the refund is `refund_units`, none once the bucket has
 ///   refilled (or drained) the whole cost since the charge;
 /// - sliding log: the entry is rewritten (never skipped).
-fn ignored(w: &WindowLimit, off: u64, at: u64, (cost, back): (u32, u32), redis_now: u64) -> bool {
+pub(super) fn ignored(
+    w: &WindowLimit,
+    off: u64,
+    at: u64,
+    (cost, back): (u32, u32),
+    redis_now: u64,
+) -> bool {
     if redis_now == 0 {
         return false;
     }
