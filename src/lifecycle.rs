@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -26,6 +26,7 @@ pub struct Lifecycle {
     per_ip: Mutex<HashMap<IpAddr, u32>>,
     finishing: AtomicUsize,
     refusing: AtomicUsize,
+    draining: AtomicBool,
 }
 
 /// Why a connection was refused.
@@ -164,6 +165,19 @@ impl Lifecycle {
             lifecycle: self.clone(),
         };
         (before < MAX_REFUSING).then_some(permit)
+    }
+
+    /// From the stop or upgrade signal on, every answer carries `Connection: close`, so
+    /// clients move to the new process (or away) while this one still serves, instead of
+    /// holding an idle keep-alive connection that Pingora closes when the grace period
+    /// starts: a request sent on it just then would be lost.
+    pub fn drain(&self) {
+        self.draining.store(true, Ordering::Release);
+    }
+
+    /// True once [`Lifecycle::drain`] was called.
+    pub fn draining(&self) -> bool {
+        self.draining.load(Ordering::Acquire)
     }
 
     /// True when no connection is open and no shutdown work is pending.

@@ -31,6 +31,7 @@ pub use self::respond::write;
 use crate::access_log::AccessLog;
 use crate::admission::{self, Admission, Core};
 use crate::edge::request_id;
+use crate::lifecycle::Lifecycle;
 use crate::listener::peer_ip;
 use crate::metrics::RouteCounters;
 use crate::otlp::{self, Tracer};
@@ -45,6 +46,8 @@ pub struct Gateway {
     access_log: Option<AccessLog>,
     /// `[tracing]` (None: off).
     tracer: Option<Tracer>,
+    /// Whether the process is stopping (answers then close their connection).
+    lifecycle: Arc<Lifecycle>,
 }
 
 // === impl Gateway ===
@@ -57,7 +60,14 @@ impl Gateway {
             core,
             access_log: None,
             tracer: None,
+            lifecycle: Arc::default(),
         }
+    }
+
+    /// The gateway answering with `Connection: close` once `lifecycle` drains.
+    pub fn with_lifecycle(mut self, lifecycle: Arc<Lifecycle>) -> Self {
+        self.lifecycle = lifecycle;
+        self
     }
 
     /// The gateway with its tracer (`[tracing]`; None: off).
@@ -104,6 +114,12 @@ impl ProxyHttp for Gateway {
         ctx: &mut Box<RequestCtx>,
     ) -> pingora::Result<bool> {
         timeouts::arm(session, ctx, &self.core);
+        if self.lifecycle.draining() {
+            // Pingora reads the client's keep-alive wish with the request head; this
+            // answer closes the connection so the client reconnects to the process that
+            // stays (or, stopping, to another gateway).
+            session.set_keepalive(None);
+        }
         if self.access_log.is_some() {
             ctx.started = Some(tokio::time::Instant::now());
         }

@@ -326,7 +326,8 @@ fn add_listeners(
     };
     let proxy = Gateway::new(core.clone())
         .with_access_log(log)
-        .with_tracer(tracer);
+        .with_tracer(tracer)
+        .with_lifecycle(lifecycle.clone());
     let gateway = pingora::proxy::http_proxy(&server.configuration, proxy);
     // TLS is accepted by the edge itself (after the connection takes its slot, within
     // `header_timeout_secs`), so the listener is plain TCP either way.
@@ -472,7 +473,13 @@ fn watch_shutdown(
                 Ok(
                     ExecutionPhase::GracefulTerminate
                     | ExecutionPhase::GracefulUpgradeTransferringFds,
-                ) => break,
+                ) => {
+                    tracing::info!(
+                        "graceful shutdown: answering with `Connection: close` from now on"
+                    );
+                    lifecycle.drain();
+                    break;
+                }
                 Ok(_) => {}
                 Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
                 Err(tokio::sync::broadcast::error::RecvError::Closed) => return,

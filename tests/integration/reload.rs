@@ -222,6 +222,10 @@ async fn upgrade_hands_over_listeners_without_refusing_requests() {
         .unwrap();
     let c = client();
     let mut statuses = Vec::new();
+    // `Connection: close` answers before and after SIGQUIT: the old process drains its
+    // keep-alive connections from the signal on, so no client holds an idle one when
+    // Pingora closes them at the end of the upgrade's close timeout.
+    let (mut closed_before, mut closed_after) = (0, 0);
     let started = Instant::now();
     let mut signalled = false;
     while started.elapsed() < Duration::from_secs(15) {
@@ -229,13 +233,19 @@ async fn upgrade_hands_over_listeners_without_refusing_requests() {
             old.signal("QUIT"); // the new process is polling the upgrade socket by now
             signalled = true;
         }
-        statuses.push(
-            c.get(&url)
-                .send()
-                .await
-                .map(|r| r.status().as_u16())
-                .unwrap_or(0),
-        );
+        let answer = c.get(&url).send().await;
+        if let Ok(r) = &answer {
+            let close = r
+                .headers()
+                .get("connection")
+                .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"close"));
+            match (close, signalled) {
+                (true, false) => closed_before += 1,
+                (true, true) => closed_after += 1,
+                _ => {}
+            }
+        }
+        statuses.push(answer.map(|r| r.status().as_u16()).unwrap_or(0));
         if signalled && old.wait_exit(Duration::from_millis(1)).await.is_some() {
             break;
         }
@@ -260,8 +270,14 @@ async fn upgrade_hands_over_listeners_without_refusing_requests() {
         statuses.iter().all(|s| *s == 200),
         "requests refused or failed during the upgrade: {statuses:?}"
     );
+    assert_eq!(closed_before, 0, "keep-alive refused before the upgrade");
+    assert!(
+        closed_after > 0,
+        "the old process kept its keep-alive connections open after SIGQUIT"
+    );
     eprintln!(
-        "upgrade: {} requests, all 200, old process gone after {:?}",
+        "upgrade: {} requests, all 200, {closed_after} answered `Connection: close` while \
+         the old process drained, old process gone after {:?}",
         statuses.len(),
         started.elapsed()
     );
