@@ -56,6 +56,8 @@ pub struct Guarded {
     quiet_timeout: Option<Duration>,
     /// HTTP/2: the request bodies under way and their deadlines.
     bodies: Option<H2Bodies>,
+    /// Reads that found nothing to read (the client had not sent yet).
+    waits: u64,
     _slot: ConnSlot,
 }
 
@@ -74,6 +76,7 @@ impl Guarded {
             h2: None,
             quiet_timeout: None,
             bodies: None,
+            waits: 0,
             _slot: slot,
         }
     }
@@ -103,6 +106,12 @@ impl Guarded {
     pub(crate) fn idle_after_requests(mut self, idle: Duration) -> Self {
         self.idle_timeout = Some(idle);
         self
+    }
+
+    /// How many reads so far found nothing to read. A request served without one came
+    /// from bytes the client had sent ahead (pipelined, or a flood's next request).
+    pub(crate) fn waits(&self) -> u64 {
+        self.waits
     }
 
     /// The previous request is done: the next byte read starts a new one.
@@ -179,6 +188,7 @@ impl AsyncRead for Guarded {
             }
             Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
             Poll::Pending => {
+                this.waits = this.waits.wrapping_add(1);
                 if this.phase == Phase::Headers && this.deadline.as_mut().poll(cx).is_ready() {
                     return Poll::Ready(Err(io::Error::new(
                         io::ErrorKind::TimedOut,

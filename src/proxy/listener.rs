@@ -104,6 +104,21 @@ impl ProxyListener {
     }
 }
 
+/// Turns of the connections that keep the worker busy (see `serve_http1`), one per stripe
+/// of client addresses (keyed per process, so a client cannot aim at another's stripe).
+static TURNS: [tokio::sync::Mutex<()>; 256] = [const { tokio::sync::Mutex::const_new(()) }; 256];
+
+/// The turn of `peer`'s busy connections: an IPv4 address or an IPv6 /64 is one client,
+/// as the connection caps count them.
+fn turn_of(peer: IpAddr) -> &'static tokio::sync::Mutex<()> {
+    use std::hash::BuildHasher;
+    static KEYS: std::sync::OnceLock<std::collections::hash_map::RandomState> =
+        std::sync::OnceLock::new();
+    let keys = KEYS.get_or_init(Default::default);
+    let at = keys.hash_one(lifecycle::conn_key(peer)) as usize % TURNS.len();
+    &TURNS[at]
+}
+
 /// Runs Pingora's HTTP/1 request loop of `app` on a guarded stream, re-arming the
 /// header deadline before every request and applying the idle timeout between requests.
 /// The guard enforces the idle timeout; Pingora is asked to keep the connection alive
@@ -114,6 +129,7 @@ pub(crate) async fn serve_http1<A>(
     stream: Guarded,
     idle_secs: u64,
     shutdown: &ShutdownWatch,
+    turn: Option<&'static tokio::sync::Mutex<()>>,
 ) where
     A: HttpServerApp + Send + Sync + 'static,
 {
@@ -127,14 +143,31 @@ pub(crate) async fn serve_http1<A>(
     // setting travels with the connection to each next session.
     session.set_pipelining_enabled(true);
     let mut result = app.process_new_http(session, shutdown).await;
+    let mut waits = None;
     while let Some((stream, settings)) = result.map(|r| r.consume()) {
-        let guarded = match stream.as_any().downcast_ref::<Guarded>() {
+        let (guarded, now) = match stream.as_any().downcast_ref::<Guarded>() {
             Some(g) => {
                 g.await_next_request();
-                true
+                (true, Some(g.waits()))
             }
-            None => false,
+            None => (false, None),
         };
+        // One request per turn when the client keeps the connection busy: a request
+        // served without waiting for a byte (pipelined, or a flood's next request already
+        // buffered) gives the worker to the other connections before the next one, which
+        // would otherwise wait until the runtime's budget for this task runs out (a
+        // flood's 64 connections x 128 requests each ahead of one polite request). The
+        // busy connections of one address queue for one turn (`turn`), so an address
+        // takes one turn between everyone else's however many connections it opens.
+        // A client that sends one request at a time waits for its next one anyway.
+        if now.is_some() && now == waits {
+            let _turn = match turn {
+                Some(t) => Some(t.lock().await),
+                None => None,
+            };
+            tokio::task::yield_now().await;
+        }
+        waits = now;
         let mut session = ServerSession::new_http1(stream);
         if let Some(s) = settings {
             s.apply_to_session(&mut session);
@@ -159,9 +192,11 @@ impl ServerApp for ProxyListener {
         let body_timeout = server.body_timeout;
         let peer = stream_peer(&stream);
         // A trusted proxy's connections carry many clients: not capped per address.
+        let trusted = rt.resolver.is_trusted(peer);
         let per_ip = Some(server.max_connections_per_ip)
-            .filter(|_| !rt.resolver.is_trusted(peer))
+            .filter(|_| !trusted)
             .map(|n| n.unwrap_or_else(|| lifecycle::default_per_ip(self.max_connections)));
+        let turn = (!trusted).then(|| turn_of(peer));
         // The connection may outlive a reload. The slot is taken before the TLS
         // handshake: a half-open handshake counts.
         drop(rt);
@@ -189,6 +224,7 @@ impl ServerApp for ProxyListener {
             guarded,
             idle_timeout.as_secs().max(1),
             shutdown,
+            turn,
         )
         .await;
         None
@@ -294,7 +330,7 @@ where
             }
         };
         let guarded = Guarded::new(stream, header_timeout, slot);
-        serve_http1(&self.app, guarded, idle.as_secs().max(1), shutdown).await;
+        serve_http1(&self.app, guarded, idle.as_secs().max(1), shutdown, None).await;
         None
     }
 

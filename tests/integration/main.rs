@@ -30,6 +30,7 @@ mod edge;
 mod edge_round2;
 mod edge_round3;
 mod events;
+mod flood;
 mod hardening;
 mod health;
 mod jwt;
