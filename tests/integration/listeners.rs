@@ -141,9 +141,10 @@ async fn probes_are_answered_when_every_admin_slot_is_held() {
     }
     let other = loopback(30);
     let (code, body) = eventually(Duration::from_secs(30), "the admin slots full", || async {
-        exchange(other, gw.admin, &get("/v1/openapi.json", ""))
-            .await
-            .filter(|(s, _)| *s == 503)
+        let answer = exchange(other, gw.admin, &get("/v1/openapi.json", "")).await;
+        // Shown when the test fails: a 200 (the slots not full), or None (no answer).
+        eprintln!("other address: {:?}", answer.as_ref().map(|(s, _)| s));
+        answer.filter(|(s, _)| *s == 503)
     })
     .await;
     assert_eq!(
