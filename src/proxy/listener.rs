@@ -145,13 +145,11 @@ pub(crate) async fn serve_http1<A>(
     let mut result = app.process_new_http(session, shutdown).await;
     let mut waits = None;
     while let Some((stream, settings)) = result.map(|r| r.consume()) {
-        let (guarded, now) = match stream.as_any().downcast_ref::<Guarded>() {
-            Some(g) => {
-                g.await_next_request();
-                (true, Some(g.waits()))
-            }
-            None => (false, None),
-        };
+        let now = stream.as_any().downcast_ref::<Guarded>().map(|g| {
+            g.await_next_request();
+            g.waits()
+        });
+        let guarded = now.is_some();
         // One request per turn when the client keeps the connection busy: a request
         // served without waiting for a byte (pipelined, or a flood's next request already
         // buffered) gives the worker to the other connections before the next one, which
