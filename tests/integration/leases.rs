@@ -895,3 +895,81 @@ async fn settles_ride_on_the_identitys_next_call() {
     })
     .await;
 }
+
+/// A clock that moves `step` ms at every reading.
+struct SteppingClock {
+    at: std::sync::atomic::AtomicU64,
+    step: std::sync::atomic::AtomicU64,
+}
+
+impl Clock for SteppingClock {
+    fn now_ms(&self) -> u64 {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.at.fetch_add(self.step.load(SeqCst), SeqCst)
+    }
+}
+
+/// A rejection cached on the gateway (and a lease's view) ends where the window ends, to
+/// the millisecond: the gateway's clock is read once per call, and that reading is both
+/// the script's `now` and the instant the reply's `reset_after_ms` is kept from. Read
+/// twice, a clock that moved between the readings put the cached end a millisecond past
+/// the window's, and the headers and `/v1/usage` (rounded up) named the second after
+/// midnight (`calendar::tenants_reset_at_their_own_midnights_redis` failed so on a loaded
+/// CI machine). Here the clock moves 1 ms at every reading while the day is spent, then
+/// stands still for the read-back.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cached_rejection_ends_with_its_window() {
+    use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+    use throttle::limiter::{
+        Admission, Algorithm, Check, Ident, OnFailure, Scope, ScopeLimits, Window, WindowLimit,
+    };
+    use throttle::store::redis::Target;
+    use throttle::store::{LimitStore, RedisStore};
+
+    let redis = RedisServer::start().await;
+    // 100 ms into a minute; the minute ends at `end`.
+    let (start, end) = (1_764_000_060_100, 1_764_000_120_000);
+    let clock = Arc::new(SteppingClock {
+        at: AtomicU64::new(start),
+        step: AtomicU64::new(1),
+    });
+    for (n, admission) in [Admission::Auto, Admission::Exact].into_iter().enumerate() {
+        let store = RedisStore::new(Target::Single(redis.url()), Duration::from_secs(2), "ends")
+            .with_local_admission(1_000)
+            .with_clock(clock.clone());
+        let l = ScopeLimits {
+            concurrent: None,
+            ban: None,
+            windows: vec![
+                WindowLimit::with_algorithm(Window::Minute, 3, Algorithm::FixedWindow)
+                    .with_admission(admission),
+            ],
+            on_failure: OnFailure::Closed,
+            message: None,
+            count_on: None,
+        };
+        let mut check = Check::new(1);
+        check.push(Scope::Tenant, Ident::Name(format!("t{n}").into()), &l);
+        clock.step.store(1, SeqCst);
+        let mut refused = false;
+        for _ in 0..10 {
+            if !store.check(&check).await.unwrap().allowed {
+                refused = true;
+                break;
+            }
+        }
+        assert!(refused, "{admission:?}: the minute of 3 was spent");
+        clock.step.store(0, SeqCst);
+        let now = clock.now_ms();
+        let cached = store
+            .decide_locally(&check)
+            .unwrap_or_else(|| panic!("{admission:?}: the rejection is cached"));
+        let d = cached.governing.unwrap().decision;
+        assert!(!cached.allowed);
+        assert_eq!(
+            (now + d.reset_after_ms, now + d.retry_after_ms),
+            (end, end),
+            "{admission:?}: the cached rejection's end (now {now})"
+        );
+    }
+}

@@ -182,11 +182,18 @@ impl RedisStore {
     }
 
     fn now_arg(&self) -> String {
-        match &self.clock {
-            Some(c) => c.now_ms().to_string(),
-            // A moved clock (`THROTTLE_CLOCK_START_MS`) is sent: Redis `TIME` is not it.
-            None if crate::clock::shifted() => SystemClock.now_ms().to_string(),
-            None => String::new(),
+        self.now_arg_at(self.local_now())
+    }
+
+    /// `ARGV[1]` for a call made at the gateway's `local` time: that time when a clock is
+    /// injected or moved (`THROTTLE_CLOCK_START_MS`: Redis `TIME` is not it), else ''
+    /// (the server's clock). One read serves both, so an instant the gateway keeps from
+    /// the reply (`local + reset_after_ms`) is the script's, not a millisecond later.
+    fn now_arg_at(&self, local: u64) -> String {
+        if self.clock.is_some() || crate::clock::shifted() {
+            local.to_string()
+        } else {
+            String::new()
         }
     }
 
@@ -253,8 +260,8 @@ impl RedisStore {
         let mut conn = tokio::time::timeout(self.timeout, self.conn())
             .await
             .map_err(|_| StoreError::Timeout(self.timeout.as_millis() as u64))??;
-        let now = self.now_arg();
         let local_now = self.local_now();
+        let now = self.now_arg_at(local_now);
         let plan = match &self.local {
             Some(l) => l.prepare(check, local_now),
             None => Plan::default(),
