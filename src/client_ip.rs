@@ -15,10 +15,13 @@
 
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
-use http::HeaderMap;
+use http::{HeaderMap, HeaderName};
 use ipnet::IpNet;
 
 use crate::config::ClientIpHeader;
+
+/// `X-Forwarded-For`, made once (a lookup by a `&str` parses and checks the name each time).
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 pub use crate::limiter::canonical;
 
 /// Resolves the client address of a request.
@@ -50,9 +53,14 @@ impl ClientIpResolver {
 
     /// The client address of a request from `peer` with `headers`.
     pub fn resolve_headers(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
+        // An untrusted peer is the client: its headers are not looked up.
+        let client = canonical(peer);
+        if !self.is_trusted(client) {
+            return client;
+        }
         match self.header {
             ClientIpHeader::XForwardedFor => {
-                let values = headers.get_all("x-forwarded-for").iter();
+                let values = headers.get_all(&X_FORWARDED_FOR).iter();
                 self.resolve(peer, values.map(|v| v.as_bytes()))
             }
             ClientIpHeader::Forwarded => {

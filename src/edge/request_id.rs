@@ -4,7 +4,7 @@
 //! request). Every value from an untrusted peer is replaced. The id goes to the next hop
 //! (replacing the client's) and back in every answer.
 
-use http::{HeaderMap, HeaderValue};
+use http::{HeaderMap, HeaderName, HeaderValue};
 
 /// The longest id kept from a trusted proxy.
 pub const MAX_LEN: usize = 128;
@@ -12,9 +12,16 @@ pub const MAX_LEN: usize = 128;
 /// The header's name.
 pub const NAME: &str = "x-request-id";
 
-/// The request's id: the trusted proxy's `headers` value if `trusted` and sane, else new.
+/// The header's name, made once: a lookup by a `&str` parses and checks it each time.
+const HEADER: HeaderName = HeaderName::from_static(NAME);
+
+/// The request's id: the trusted proxy's `headers` value if `trusted` and sane, else new
+/// (an untrusted peer's headers are not looked at).
 pub fn choose(headers: &HeaderMap, trusted: bool) -> HeaderValue {
-    let mut sent = headers.get_all(NAME).iter();
+    if !trusted {
+        return generate();
+    }
+    let mut sent = headers.get_all(&HEADER).iter();
     match (trusted, sent.next(), sent.next()) {
         (true, Some(v), None) if sane(v.as_bytes()) => v.clone(),
         _ => generate(),

@@ -77,38 +77,23 @@ impl RateHeaders {
         }
     }
 
-    /// `(name, value)` pairs, in order (`Retry-After` only when set). The values share
-    /// one buffer: one allocation for all of them (a `HeaderValue` of its own each would
-    /// cost one apiece).
+    /// `(name, value)` pairs, in order (`Retry-After` only when set). Numbers below 1,024
+    /// are values made once (`number`): only the reset (Unix seconds) is formatted, one
+    /// allocation.
     pub fn pairs(&self) -> impl Iterator<Item = (&'static str, HeaderValue)> {
         self.slots().into_iter().flatten()
     }
 
     /// `pairs` in fixed slots: limit, remaining, reset, retry-after.
     fn slots(&self) -> [Option<(&'static str, HeaderValue)>; 4] {
-        let mut buf = itoa::Buffer::new();
-        let mut out = bytes::BytesMut::with_capacity(48);
-        let mut ends = [0usize; 4];
         let numbers = [
             Some(u64::from(self.limit)),
             Some(u64::from(self.remaining)),
             Some(self.reset),
             self.retry_after,
         ];
-        for (i, n) in numbers.iter().enumerate() {
-            if let Some(n) = n {
-                out.extend_from_slice(buf.format(*n).as_bytes());
-            }
-            ends[i] = out.len();
-        }
-        let all = out.freeze();
         let names = [LIMIT, REMAINING, RESET, RETRY_AFTER];
-        std::array::from_fn(|i| {
-            numbers[i]?;
-            let start = if i == 0 { 0 } else { ends[i - 1] };
-            let v = HeaderValue::from_maybe_shared(all.slice(start..ends[i])).ok()?;
-            Some((names[i], v))
-        })
+        std::array::from_fn(|i| Some((names[i], number(numbers[i]?))))
     }
 }
 
@@ -198,6 +183,30 @@ pub fn ietf_limit(wd: &WindowDecision, rejected: bool) -> Option<HeaderValue> {
     HeaderValue::from_str(&out).ok()
 }
 
+/// Numbers below this have a header value made once (`number`).
+const SMALL: u64 = 1024;
+
+/// The header values of 0..`SMALL`, made at the first use: a limit, a remaining count and
+/// a `Retry-After` are mostly small. Each is a static string (leaked once, about 3 KB in
+/// all), so a clone is a pointer copy: no formatting, no allocation, no reference count.
+static SMALL_VALUES: std::sync::LazyLock<Box<[HeaderValue]>> = std::sync::LazyLock::new(|| {
+    (0..SMALL)
+        .map(|n| HeaderValue::from_static(Box::leak(n.to_string().into_boxed_str())))
+        .collect()
+});
+
+/// `n` as a header value: a small one from `SMALL_VALUES`, a larger one formatted into
+/// one allocation of its length (`HeaderValue::from(u64)` makes more).
+fn number(n: u64) -> HeaderValue {
+    if let Some(v) = usize::try_from(n).ok().and_then(|i| SMALL_VALUES.get(i)) {
+        return v.clone();
+    }
+    let mut buf = itoa::Buffer::new();
+    let digits = bytes::Bytes::copy_from_slice(buf.format(n).as_bytes());
+    // Digits are always a valid value; the fallback is never taken.
+    HeaderValue::from_maybe_shared(digits).unwrap_or_else(|_| HeaderValue::from(n))
+}
+
 /// Whole seconds for `Retry-After`: rounded up, at least 1.
 pub fn retry_after_secs(retry_after_ms: u64) -> u64 {
     retry_after_ms.div_ceil(1000).max(1)
@@ -207,6 +216,15 @@ pub fn retry_after_secs(retry_after_ms: u64) -> u64 {
 mod tests {
     use super::*;
     use crate::limiter::{Decision, Scope, Window};
+
+    /// A number's header value is its decimal digits, from the table or formatted.
+    #[test]
+    fn numbers_are_their_digits() {
+        for n in [0, 1, 9, 10, 999, 1_023, 1_024, 1_764_000_060, u64::MAX] {
+            assert_eq!(number(n), HeaderValue::from(n), "{n}");
+            assert_eq!(number(n).to_str().unwrap(), n.to_string());
+        }
+    }
 
     /// (allowed, remaining after, cost, limit, unspent).
     #[test]
