@@ -240,9 +240,22 @@ fn rate_limited_body(code: &str, g: &WindowDecision, template: &str) -> Vec<u8> 
         retry_after_secs(d.retry_after_ms),
         g.scope,
     );
-    fill_with(template, values, |part| escape_json(&mut out, part));
+    // A template with nothing to escape (the default one always) is copied as it is: no
+    // placeholder's value needs escaping (numbers, a window's noun, a scope's name).
+    if template == DEFAULT_MESSAGE || !needs_escape(template) {
+        fill_with(template, values, |part| {
+            out.extend_from_slice(part.as_bytes())
+        });
+    } else {
+        fill_with(template, values, |part| escape_json(&mut out, part));
+    }
     out.extend_from_slice(br#""}"#);
     out
+}
+
+/// Whether `s` holds a byte a JSON string escapes (`"`, `\`, a control character).
+fn needs_escape(s: &str) -> bool {
+    s.bytes().any(|b| b < 0x20 || b == b'"' || b == b'\\')
 }
 
 /// Appends `s` as the inside of a JSON string, escaped as `serde_json` escapes it
