@@ -118,13 +118,14 @@ pub fn scrubbed(n: &str, trusted: bool, underscores: bool, reads_forwarded: bool
 }
 
 /// The address header values of a request, written into one buffer: the peer (the
-/// `X-Forwarded-For` of an untrusted peer), `for=<peer>` (IPv6 as `for="[v6]"`) and the
-/// client (`X-Real-IP`), one allocation for the three.
+/// `X-Forwarded-For` of an untrusted peer), `for=<peer>` (IPv6 as `for="[v6]"`, only when
+/// asked for: the gateway reads `Forwarded`) and the client (`X-Real-IP`), one allocation
+/// for the three.
 pub struct AddressValues {
     /// The peer, as an untrusted peer's `X-Forwarded-For`.
     pub peer: HeaderValue,
-    /// `for=<peer>`: this hop's `Forwarded` element.
-    pub forwarded: HeaderValue,
+    /// `for=<peer>`: this hop's `Forwarded` element, when asked for.
+    pub forwarded: Option<HeaderValue>,
     /// The client, as `X-Real-IP`.
     pub client: HeaderValue,
 }
@@ -132,19 +133,22 @@ pub struct AddressValues {
 // === impl AddressValues ===
 
 impl AddressValues {
-    /// The values for a request from `peer` whose client is `client`.
-    pub fn new(peer: IpAddr, client: IpAddr) -> Self {
+    /// The values for a request from `peer` whose client is `client`; `with_forwarded`:
+    /// this hop's `Forwarded` element too.
+    pub fn new(peer: IpAddr, client: IpAddr, with_forwarded: bool) -> Self {
         let mut buf = Vec::with_capacity(128);
         push_ip(&mut buf, peer);
         let p = buf.len();
+        // The peer's text again, copied rather than formatted twice.
         match peer {
+            _ if !with_forwarded => {}
             IpAddr::V4(_) => {
                 buf.extend_from_slice(b"for=");
-                push_ip(&mut buf, peer);
+                buf.extend_from_within(..p);
             }
             IpAddr::V6(_) => {
                 buf.extend_from_slice(b"for=\"[");
-                push_ip(&mut buf, peer);
+                buf.extend_from_within(..p);
                 buf.extend_from_slice(b"]\"");
             }
         }
@@ -160,7 +164,7 @@ impl AddressValues {
         };
         let peer_v = value(0..p);
         Self {
-            forwarded: value(p..f),
+            forwarded: with_forwarded.then(|| value(p..f)),
             client: if same {
                 peer_v.clone()
             } else {
@@ -197,16 +201,16 @@ impl AddressHeaders {
         trusted: bool,
     ) -> Self {
         let reads_forwarded = reads_forwarded(rt);
-        let ips = AddressValues::new(peer, client);
+        let ips = AddressValues::new(peer, client, reads_forwarded);
         let forwarded_for = if trusted && !reads_forwarded {
             forwarded_for(headers, peer)
         } else {
             ips.peer.clone()
         };
-        let forwarded = match (reads_forwarded, trusted) {
-            (false, _) => None,
-            (true, true) => Some(forwarded(headers, &ips.forwarded)),
-            (true, false) => Some(ips.forwarded),
+        let forwarded = match (ips.forwarded, trusted) {
+            (None, _) => None,
+            (Some(element), true) => Some(forwarded(headers, &element)),
+            (Some(element), false) => Some(element),
         };
         Self {
             forwarded_for,
@@ -328,6 +332,34 @@ mod tests {
             );
             assert_eq!(got, (xff, fwd), "{header} trusted={trusted}");
             assert_eq!(chain.real_ip, "1.2.3.4");
+        }
+    }
+
+    /// The three values of one buffer: the peer, its `Forwarded` element (IPv6 quoted in
+    /// brackets) and the client, for IPv4 and IPv6 peers, the client the peer or not.
+    #[test]
+    fn address_values_name_the_peer_and_the_client() {
+        let cases = [
+            ("10.0.0.1", "10.0.0.1", "for=10.0.0.1"),
+            ("10.0.0.1", "1.2.3.4", "for=10.0.0.1"),
+            ("2001:db8::1", "2001:db8::1", "for=\"[2001:db8::1]\""),
+            ("2001:db8::1", "192.0.2.9", "for=\"[2001:db8::1]\""),
+            ("::ffff:10.0.0.1", "::1", "for=\"[::ffff:10.0.0.1]\""),
+        ];
+        for (peer, client, forwarded) in cases {
+            for with in [true, false] {
+                let v = AddressValues::new(peer.parse().unwrap(), client.parse().unwrap(), with);
+                let got = (
+                    v.peer.to_str().unwrap(),
+                    text(&v.forwarded),
+                    v.client.to_str().unwrap(),
+                );
+                assert_eq!(
+                    got,
+                    (peer, with.then_some(forwarded), client),
+                    "{peer} {client}"
+                );
+            }
         }
     }
 }
