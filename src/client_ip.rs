@@ -21,7 +21,7 @@ use ipnet::IpNet;
 use crate::config::ClientIpHeader;
 
 /// `X-Forwarded-For`, made once (a lookup by a `&str` parses and checks the name each time).
-const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+pub(crate) const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 pub use crate::limiter::canonical;
 
 /// Resolves the client address of a request.

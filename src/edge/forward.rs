@@ -139,16 +139,12 @@ impl AddressValues {
         let mut buf = Vec::with_capacity(128);
         push_ip(&mut buf, peer);
         let p = buf.len();
-        // The peer's text again, copied rather than formatted twice.
-        match peer {
-            _ if !with_forwarded => {}
-            IpAddr::V4(_) => {
-                buf.extend_from_slice(b"for=");
-                buf.extend_from_within(..p);
-            }
-            IpAddr::V6(_) => {
-                buf.extend_from_slice(b"for=\"[");
-                buf.extend_from_within(..p);
+        if with_forwarded {
+            // The peer's text again, copied rather than formatted twice.
+            let v6 = peer.is_ipv6();
+            buf.extend_from_slice(if v6 { b"for=\"[" } else { b"for=" });
+            buf.extend_from_within(..p);
+            if v6 {
                 buf.extend_from_slice(b"]\"");
             }
         }
@@ -260,7 +256,7 @@ pub fn forwarded(headers: &HeaderMap, element: &HeaderValue) -> HeaderValue {
 pub fn forwarded_for(headers: &HeaderMap, peer: IpAddr) -> HeaderValue {
     let peer_s = peer.to_string();
     let mut chain: Vec<&[u8]> = headers
-        .get_all("x-forwarded-for")
+        .get_all(&crate::client_ip::X_FORWARDED_FOR)
         .iter()
         .map(|v| v.as_bytes())
         .collect();

@@ -12,8 +12,9 @@ pub const MAX_LEN: usize = 128;
 /// The header's name.
 pub const NAME: &str = "x-request-id";
 
-/// The header's name, made once: a lookup by a `&str` parses and checks it each time.
-const HEADER: HeaderName = HeaderName::from_static(NAME);
+/// The header's name, made once: a lookup or insert by a `&str` parses and checks it
+/// each time.
+pub const HEADER: HeaderName = HeaderName::from_static(NAME);
 
 /// The request's id: the trusted proxy's `headers` value if `trusted` and sane, else new
 /// (an untrusted peer's headers are not looked at).
@@ -22,8 +23,8 @@ pub fn choose(headers: &HeaderMap, trusted: bool) -> HeaderValue {
         return generate();
     }
     let mut sent = headers.get_all(&HEADER).iter();
-    match (trusted, sent.next(), sent.next()) {
-        (true, Some(v), None) if sane(v.as_bytes()) => v.clone(),
+    match (sent.next(), sent.next()) {
+        (Some(v), None) if sane(v.as_bytes()) => v.clone(),
         _ => generate(),
     }
 }

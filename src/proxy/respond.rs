@@ -59,7 +59,7 @@ fn head(
     let map: &mut HeaderMap = &mut parts.headers;
     map.try_reserve(4 + headers.len()).map_err(|_| too_many())?;
     if let Some(id) = request_id {
-        map.try_insert(REQUEST_ID, id.clone())
+        map.try_insert(crate::edge::request_id::HEADER, id.clone())
             .map_err(|_| too_many())?;
     }
     let own = [
@@ -80,7 +80,6 @@ fn head(
     Ok(ResponseHeader::from(parts))
 }
 
-const REQUEST_ID: HeaderName = HeaderName::from_static(crate::edge::request_id::NAME);
 const X_LIMIT: HeaderName = HeaderName::from_static(rate::LIMIT);
 const X_REMAINING: HeaderName = HeaderName::from_static(rate::REMAINING);
 const X_RESET: HeaderName = HeaderName::from_static(rate::RESET);
