@@ -33,7 +33,7 @@ const ROUTES: &str = r#"
 key_query = "apikey"
 
 [limits.ip]
-per_minute = 1000
+per_hour = 1000
 
 [tiers.free]
 key = { per_minute = 500 }
