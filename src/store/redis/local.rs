@@ -378,7 +378,10 @@ impl Local {
                 }
                 if auto && slot.asking_until <= now {
                     let len = lease_len(self.lease_ms, w.window.period_ms());
-                    a.want = want(rate, len, w);
+                    // With room for the debt this request is likely to settle: else it
+                    // would take tokens sized for the requests after it, and the lease
+                    // would run dry a request early.
+                    a.want = want(rate, len, w, need - check.cost);
                     if a.want > 0 {
                         slot.asking_until = now.saturating_add(ASKING_MS);
                     }
@@ -565,14 +568,16 @@ impl Local {
 /// gateways lease (a lease ends, and its leftovers go back, within 1.5 lease lengths).
 const RECHECK_LEASES: u64 = 3;
 
-/// Tokens to ask for: the identity's rate over the lease length (the script grants at
-/// most half of what remains); none under 2.
-fn want(per_second: u64, len_ms: u64, limit: &WindowLimit) -> u64 {
+/// Tokens to ask for: the identity's rate over the lease length, and the `debt` the
+/// calling request is likely to settle (the script grants at most half of what
+/// remains); none when the rate alone is under 2.
+fn want(per_second: u64, len_ms: u64, limit: &WindowLimit, debt: u32) -> u64 {
     let w = per_second.saturating_mul(len_ms).div_ceil(1000);
     if w < 2 {
         return 0;
     }
-    w.min(u64::from(limit.limit) / 2)
+    w.saturating_add(u64::from(debt))
+        .min(u64::from(limit.limit) / 2)
 }
 
 fn scopes_bits(check: &Check<'_>) -> u8 {

@@ -42,8 +42,9 @@ impl RedisStore {
         self.settle_windows(check, delta, decided_at, &missed, None);
     }
 
-    /// A debt's windows whose leases in hand hold it are charged there (`Local::debit`);
-    /// an `auto` window with no lease in hand carries it on the identity's next call
+    /// A debt's windows whose leases in hand hold it are charged there, those whose
+    /// leases hold part of it spend that part and carry the rest on the identity's next
+    /// call (`Local::debit`); an `auto` window with no lease in hand carries it all
     /// (`Local::carry`); the others are settled in Redis now (with their times), each
     /// giving its ended lease back in the same call.
     pub(super) fn settle_debt(&self, check: &Check<'_>, delta: i64, decided_at: DecidedAt) {
@@ -54,8 +55,8 @@ impl RedisStore {
         let mut missed = [0; MAX_SCOPES];
         let mut returns = Vec::new();
         for (i, s) in check.scopes.iter().enumerate() {
-            if let Err(unpaid) = local.debit(s, debt, now) {
-                let at = times(check, decided_at, i);
+            let at = times(check, decided_at, i);
+            if let Err(unpaid) = local.debit(s, debt, (check.cost, &at), now) {
                 let carried = local.carry(s, unpaid.free(), &at, (check.cost, delta), now);
                 let unpaid = (*unpaid).without(carried);
                 if unpaid.windows != 0 {

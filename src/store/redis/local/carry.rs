@@ -67,7 +67,7 @@ impl Local {
         (cost, delta): (u32, i64),
         now: u64,
     ) -> Windows {
-        if self.lease_ms == 0 || windows == 0 || delta == 0 {
+        if windows == 0 || delta == 0 {
             return 0;
         }
         // A refund gives back at most the reserve.
@@ -85,11 +85,8 @@ impl Local {
         let mut done = 0;
         for (j, w) in s.limits.windows.iter().enumerate() {
             let at = at.get(j).copied().unwrap_or(0);
-            if windows & (1 << j) == 0 || w.admission != Admission::Auto || at == 0 {
-                continue;
-            }
             let off = s.ident.offset_ms(w);
-            if counter(w) && !lasts(w, off, redis_at) {
+            if windows & (1 << j) == 0 || !self.holdable(w, off, at, redis_at) {
                 continue;
             }
             let new = Pending {
@@ -107,6 +104,17 @@ impl Local {
         }
         done
     }
+
+    /// Whether a settle of a window of `w` (offset `off`) charged at `at` may be held
+    /// back (see `carry`), Redis's clock having reached `redis_at` (a lower bound; 0:
+    /// unknown): an `auto` window with leases on, a counter only while its window lasts
+    /// `HORIZON_MS` more.
+    pub(super) fn holdable(&self, w: &WindowLimit, off: u64, at: u64, redis_at: u64) -> bool {
+        self.lease_ms > 0
+            && w.admission == Admission::Auto
+            && at > 0
+            && (!counter(w) || lasts(w, off, redis_at))
+    }
 }
 
 // === impl Entry ===
@@ -114,7 +122,7 @@ impl Local {
 impl Entry {
     /// Holds `new` (see `Local::carry`): merged into one held for its window when that
     /// is exact, else beside them while there is room; false: not held.
-    fn hold(&mut self, new: Pending, off: u64, redis_now: u64) -> bool {
+    pub(super) fn hold(&mut self, new: Pending, off: u64, redis_now: u64) -> bool {
         let w = new.limit;
         // Refunds Redis would now ignore make room.
         self.held

@@ -4,11 +4,12 @@
 
 use smallvec::SmallVec;
 
+use super::carry::{Pending, FLUSH_MS};
 use super::entry::{Entry, Held};
 use super::{Local, Return};
 use crate::limiter::algorithm::refund_units;
 use crate::limiter::{Algorithm, ScopeCheck, WindowLimit};
-use crate::store::redis::wire::LeaseArgs;
+use crate::store::redis::wire::{Carried, LeaseArgs};
 
 /// Windows of a scope, bit `1 << j` for its window `j`.
 pub(super) type Windows = u32;
@@ -113,25 +114,38 @@ impl Local {
         done
     }
 
-    /// Charges a debt of `debt` units of a request of `s` (its true cost above its
-    /// reserve) at `now`, window by window: a window holding a live lease of its limit
-    /// with that many tokens pays from it (they were charged in Redis when granted:
-    /// spending them is an admission of `debt` more on the lease, which the lease rule
-    /// allows for every algorithm). The others (`Err`) are Redis's: their live leases
-    /// end and the settle call gives back, per window, the one named in `Unpaid::ended`
-    /// before it charges the whole debt there (a second lease of a window goes back with
-    /// the next expiry pass), so no gateway keeps admitting on tokens of a window the
-    /// debt has spent, and a check racing the settle sees less spent, not more (the
-    /// leftovers are below the debt).
+    /// Charges a debt of `debt` units of a request of `s` of reserved `cost` (its true
+    /// cost above its reserve) at `now`, each window `j` charged at `at[j]` (the
+    /// script's clock), window by window:
+    /// - a window holding a live lease of its limit with that many tokens pays from it
+    ///   (they were charged in Redis when granted: spending them is an admission of
+    ///   `debt` more on the lease, which the lease rule allows for every algorithm);
+    /// - a window whose settle may be held back (`Local::holdable`) spends what its live
+    ///   leases hold (none, or less than the debt each) and holds the rest back for the
+    ///   identity's next call (`Local::carry`), which its emptied lease makes come soon:
+    ///   the debt costs no call of its own;
+    /// - the others (`Err`) are Redis's: their live leases end and the settle call gives
+    ///   back, per window, the one named in `Unpaid::ended` before it charges the whole
+    ///   debt there (a second lease of a window goes back with the next expiry pass), so
+    ///   no gateway keeps admitting on tokens of a window the debt has spent, and a check
+    ///   racing the settle sees less spent, not more (the leftovers are below the debt).
     ///
     /// The debt counts in the identity's rate (leases are sized for what it spends, not
-    /// what it reserves), and the next admissions on a lease keep room for one more
-    /// such debt for a while (`Entry::need`): a lease that could pay the request but not its debt is
-    /// renewed with a check call instead of ended by a settle call and renewed by the
-    /// next check.
-    pub fn debit(&self, s: &ScopeCheck<'_>, debt: u64, now: u64) -> Result<(), Box<Unpaid>> {
+    /// what it reserves), and for a while the next admissions on a lease keep room for
+    /// one more such debt (`Entry::need`): a lease that could pay the request but not
+    /// its debt is renewed with that request's check call, which asks for room for the
+    /// debt too, so the debt is paid from the new lease rather than held for the next
+    /// call (or, where it may not be held, sent in a settle call of its own).
+    pub fn debit(
+        &self,
+        s: &ScopeCheck<'_>,
+        debt: u64,
+        (cost, at): (u32, &[u64]),
+        now: u64,
+    ) -> Result<(), Box<Unpaid>> {
         let mut m = self.shard(s.scope, &s.ident);
-        let Some(e) = m.map.get_mut(&(s.scope, s.ident.clone())) else {
+        let shard = &mut *m;
+        let Some(e) = shard.map.get_mut(&(s.scope, s.ident.clone())) else {
             return Err(Box::new(Unpaid {
                 windows: all(s),
                 ended: s
@@ -146,9 +160,11 @@ impl Local {
         e.meter.add(now, units);
         let recent = e.need(0, now);
         e.debt = (units.max(recent - recent / 4), now);
+        let redis_at = e.redis_now(now);
         let live = |l: &Held, w: &WindowLimit| now < l.until && l.limit == *w;
         let mut unpaid = Unpaid::default();
         let mut later = Vec::new();
+        let mut held = false;
         for (j, w) in s.limits.windows.iter().enumerate() {
             let slot = e.slot(w.window);
             let paying = (slot.leases.iter_mut())
@@ -159,6 +175,42 @@ impl Local {
                 l.visible = l.visible.saturating_sub(units);
                 continue;
             }
+            let off = s.ident.offset_ms(w);
+            let at_j = at.get(j).copied().unwrap_or(0);
+            if self.holdable(w, off, at_j, redis_at) {
+                // What the live leases hold (each less than the debt) is spent, the rest
+                // held back; not when the window holds its most settles already (then
+                // the leases end as below).
+                let avail: u64 = (slot.leases.iter().filter(|l| live(l, w)))
+                    .map(|l| l.tokens)
+                    .sum();
+                let rest = Pending {
+                    settle: Carried {
+                        cost,
+                        delta: i64::try_from(debt.saturating_sub(avail)).unwrap_or(i64::MAX),
+                        at: at_j,
+                    },
+                    limit: *w,
+                    since: now,
+                    redis_at,
+                };
+                if avail >= debt || e.hold(rest, off, redis_at) {
+                    held |= avail < debt;
+                    let slot = e.slot(w.window);
+                    let mut leases: SmallVec<[&mut Held; 2]> =
+                        (slot.leases.iter_mut()).filter(|l| live(l, w)).collect();
+                    leases.sort_by_key(|l| l.until);
+                    let mut left = debt;
+                    for l in leases {
+                        let take = l.tokens.min(left);
+                        l.tokens -= take;
+                        l.visible = l.visible.saturating_sub(units);
+                        left -= take;
+                    }
+                    continue;
+                }
+            }
+            let slot = e.slot(w.window);
             let mut ended: SmallVec<[Return; 2]> = SmallVec::new();
             slot.leases.retain(|l| {
                 if !live(l, w) {
@@ -173,6 +225,9 @@ impl Local {
             unpaid.windows |= 1 << j;
             unpaid.ended.push(named);
             later.extend(ended);
+        }
+        if held {
+            shard.next_due = shard.next_due.min(now.saturating_add(FLUSH_MS));
         }
         drop(m);
         if !later.is_empty() {

@@ -546,7 +546,8 @@ fn the_expiry_pass_collects_what_is_due_only() {
 /// A debt is charged to the lease in hand when it holds it (the next admissions see
 /// fewer tokens, and keep room for another such debt); a debt it cannot hold ends the
 /// lease and names its leftovers for the settle call to give back, so nothing more is
-/// admitted on it.
+/// admitted on it. (No charge times: the debt may not be held back; see
+/// `a_debt_beyond_the_lease_spends_it_and_rides_the_rest` for one that may.)
 #[test]
 fn a_debt_spends_the_lease_or_ends_it() {
     let local = Local::new(1_000);
@@ -563,7 +564,7 @@ fn a_debt_spends_the_lease_or_ends_it() {
         10_000,
     );
     let s = &c.scopes[0];
-    assert_eq!(local.debit(s, 4, 10_100), Ok(()), "held");
+    assert_eq!(local.debit(s, 4, (1, &[]), 10_100), Ok(()), "held");
     // 6 tokens left: a request of 1 and a debt of 4 fit while 5 are.
     for remaining in [45, 44] {
         let Outcome::Leased(v) = local.decide(&c, 10_200) else {
@@ -590,7 +591,7 @@ fn a_debt_spends_the_lease_or_ends_it() {
         500,
         10_000,
     );
-    let unpaid = local.debit(s, 11, 10_300).unwrap_err();
+    let unpaid = local.debit(s, 11, (1, &[]), 10_300).unwrap_err();
     assert_eq!(unpaid.windows, 1, "the window's debt is Redis's");
     assert_eq!(
         (unpaid.ended[0].ret, unpaid.ended[0].from),
@@ -603,11 +604,12 @@ fn a_debt_spends_the_lease_or_ends_it() {
         "nothing admitted on it"
     );
     // No lease in hand: the whole debt is Redis's, nothing to give back.
-    let none = local.debit(s, 3, 10_400).unwrap_err();
+    let none = local.debit(s, 3, (1, &[]), 10_400).unwrap_err();
     assert!(none.ended.iter().all(|a| a.from.granted == 0 && a.ret == 0));
 }
 
-/// Leases are sized from what an identity spends: its debts count in its rate.
+/// Leases are sized from what an identity spends: its debts count in its rate, and the
+/// renewing request's likely debt is asked for on top.
 #[test]
 fn debts_count_in_the_rate_leases_are_sized_from() {
     let local = Local::new(1_000);
@@ -627,14 +629,14 @@ fn debts_count_in_the_rate_leases_are_sized_from() {
         10_000,
     );
     for _ in 0..9 {
-        let _ = local.debit(&c.scopes[0], 10, 10_000);
+        let _ = local.debit(&c.scopes[0], 10, (1, &[]), 10_000);
     }
     // The lease ends with the first debt it cannot hold: asked for again.
     let a = remote(&local.prepare(&c, 10_001));
     assert_eq!(
         (alone, a.want),
-        (0, 91),
-        "1 request and 90 units of debt in a second"
+        (0, 101),
+        "1 request and 90 units of debt in a second, and room for the request's own debt"
     );
 }
 

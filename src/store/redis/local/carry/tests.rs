@@ -332,7 +332,8 @@ fn a_held_settle_outlives_the_idle_sweep() {
 
 /// Of a debt's windows the leases in hand cannot hold, only those that ended no lease
 /// (`Unpaid::free`) may be held: one whose lease the debt ended names it for the settle
-/// call, sent now, which gives it back before charging.
+/// call, sent now, which gives it back before charging. (No charge times: the debt may
+/// not be held back, so the lease it exceeds ends.)
 #[test]
 fn only_a_debt_that_ended_no_lease_is_held() {
     let local = Local::new(1_000);
@@ -353,11 +354,100 @@ fn only_a_debt_that_ended_no_lease_is_held() {
     let both = [allowed(Window::Second), allowed(Window::Minute)];
     let grants = [Grant::default(), minute];
     local.record(&c.scopes, 1, &both, &grants, 10_000, T + 500, 10_000);
-    let unpaid = local.debit(&c.scopes[0], 3, 10_001).unwrap_err();
+    let unpaid = local.debit(&c.scopes[0], 3, (1, &[]), 10_001).unwrap_err();
     assert_eq!(unpaid.windows, 0b11);
     assert_eq!(unpaid.free(), 0b01, "the second's: no lease ended");
     let left = (*unpaid).without(0b01);
     assert_eq!(left.windows, 0b10);
     assert_eq!(left.ended.len(), 1);
     assert_eq!((left.ended[0].ret, left.ended[0].from), (2, minute));
+}
+
+/// A debt the leases in hand hold only part of spends that part and holds the rest back
+/// for the identity's next call (its emptied lease makes that call come), for every
+/// algorithm: no settle call of its own, no lease ended.
+#[test]
+fn a_debt_beyond_the_lease_spends_it_and_rides_the_rest() {
+    for alg in ALGORITHMS {
+        let local = Local::new(1_000);
+        let l = limits(alg, Window::Minute, Admission::Auto);
+        let c = check(&l, 1);
+        called(&local, &c, T + 500, 10_000, 5);
+        let s = &c.scopes[0];
+        assert_eq!(
+            local.debit(s, 8, (1, &[T + 500]), 10_001),
+            Ok(()),
+            "{alg:?}"
+        );
+        assert_eq!(
+            local.decide(&c, 10_002),
+            Outcome::Remote,
+            "{alg:?}: the lease is spent"
+        );
+        let rest = Carried {
+            cost: 1,
+            delta: 3,
+            at: T + 500,
+        };
+        assert_eq!(next_call(&local, &c, 10_003), rest, "{alg:?}");
+        assert!(
+            (local.expired(10_001 + 10 * FLUSH_MS).iter())
+                .all(|r| r.lease.settle == Carried::default()),
+            "{alg:?}: carried once"
+        );
+    }
+}
+
+/// A counter's debt beyond its lease in the window's last `HORIZON_MS` is not held (a
+/// later call could land it in the next window): the lease ends and the settle call,
+/// sent now, gives its leftovers back before charging.
+#[test]
+fn a_debt_beyond_the_lease_near_a_counters_end_ends_it() {
+    for alg in [Algorithm::FixedWindow, Algorithm::SlidingWindow] {
+        let local = Local::new(1_000);
+        let l = limits(alg, Window::Minute, Admission::Auto);
+        let c = check(&l, 1);
+        let late = T + 60_000 - HORIZON_MS / 2;
+        called(&local, &c, late, 10_000, 5);
+        let unpaid = (local.debit(&c.scopes[0], 8, (1, &[late]), 10_001)).unwrap_err();
+        assert_eq!((unpaid.windows, unpaid.ended[0].ret), (1, 5), "{alg:?}");
+        assert_eq!(
+            unpaid.free(),
+            0,
+            "{alg:?}: a lease ended, the settle goes now"
+        );
+    }
+}
+
+/// Two leases of a window, neither holding a debt alone, pay it together (ending first
+/// first): nothing held, nothing sent.
+#[test]
+fn two_leases_pay_a_debt_together() {
+    let local = Local::new(1_000);
+    let l = limits(Algorithm::TokenBucket, Window::Minute, Admission::Auto);
+    let c = check(&l, 1);
+    called(&local, &c, T + 500, 10_000, 5);
+    // A concurrent call's grant, recorded beside the first.
+    let grant = Grant {
+        granted: 5,
+        until: T + 1_600,
+        tag1: 8,
+        tag2: 0,
+    };
+    let w = allowed(Window::Minute);
+    local.record(&c.scopes, 1, &[w], &[grant], 10_100, T + 600, 10_100);
+    let s = &c.scopes[0];
+    assert_eq!(local.debit(s, 8, (1, &[T + 500]), 10_101), Ok(()));
+    let left = local.drain();
+    assert_eq!(
+        left.iter()
+            .map(|r| (r.lease.from.tag1, r.lease.ret))
+            .collect::<Vec<_>>(),
+        vec![(7, 0), (8, 2)],
+        "the lease ending first spent out (a bucket's named even so), 3 of the other's"
+    );
+    assert!(
+        left.iter().all(|r| r.lease.settle == Carried::default()),
+        "nothing held"
+    );
 }
