@@ -178,35 +178,13 @@ impl Local {
             let off = s.ident.offset_ms(w);
             let at_j = at.get(j).copied().unwrap_or(0);
             if self.holdable(w, off, at_j, redis_at) {
-                // What the live leases hold (each less than the debt) is spent, the rest
-                // held back; not when the window holds its most settles already (then
-                // the leases end as below).
-                let avail: u64 = (slot.leases.iter().filter(|l| live(l, w)))
-                    .map(|l| l.tokens)
-                    .sum();
-                let rest = Pending {
-                    settle: Carried {
-                        cost,
-                        delta: i64::try_from(debt.saturating_sub(avail)).unwrap_or(i64::MAX),
-                        at: at_j,
-                    },
-                    limit: *w,
-                    since: now,
-                    redis_at,
+                let rest = Carried {
+                    cost,
+                    delta: 0,
+                    at: at_j,
                 };
-                if avail >= debt || e.hold(rest, off, redis_at) {
-                    held |= avail < debt;
-                    let slot = e.slot(w.window);
-                    let mut leases: SmallVec<[&mut Held; 2]> =
-                        (slot.leases.iter_mut()).filter(|l| live(l, w)).collect();
-                    leases.sort_by_key(|l| l.until);
-                    let mut left = debt;
-                    for l in leases {
-                        let take = l.tokens.min(left);
-                        l.tokens -= take;
-                        l.visible = l.visible.saturating_sub(units);
-                        left -= take;
-                    }
+                if let Some(h) = e.spend_and_hold(w, off, (debt, rest), now, redis_at) {
+                    held |= h;
                     continue;
                 }
             }
@@ -243,6 +221,53 @@ impl Local {
 // === impl Entry ===
 
 impl Entry {
+    /// Spends on a `debt` of a window of `w` (offset `off`) what its live leases hold
+    /// (each less than the debt), ending first first, and holds the rest back as `rest`
+    /// (its delta set here): whether something was held; None (nothing spent or held)
+    /// when the window holds its most settles already (see `Local::debit`).
+    fn spend_and_hold(
+        &mut self,
+        w: &WindowLimit,
+        off: u64,
+        (debt, rest): (u64, Carried),
+        now: u64,
+        redis_at: u64,
+    ) -> Option<bool> {
+        let live = |l: &Held| now < l.until && l.limit == *w;
+        let slot = self.slot(w.window);
+        let avail: u64 = slot
+            .leases
+            .iter()
+            .filter(|l| live(l))
+            .map(|l| l.tokens)
+            .sum();
+        let rest = Pending {
+            settle: Carried {
+                delta: i64::try_from(debt.saturating_sub(avail)).unwrap_or(i64::MAX),
+                ..rest
+            },
+            limit: *w,
+            since: now,
+            redis_at,
+        };
+        if avail < debt && !self.hold(rest, off, redis_at) {
+            return None;
+        }
+        let units = u32::try_from(debt).unwrap_or(u32::MAX);
+        let slot = self.slot(w.window);
+        let mut leases: SmallVec<[&mut Held; 2]> =
+            slot.leases.iter_mut().filter(|l| live(l)).collect();
+        leases.sort_by_key(|l| l.until);
+        let mut left = debt;
+        for l in leases {
+            let take = l.tokens.min(left);
+            l.tokens -= take;
+            l.visible = l.visible.saturating_sub(units);
+            left -= take;
+        }
+        Some(avail < debt)
+    }
+
     /// A time Redis's clock has provably reached by the gateway's `now`: the latest
     /// script time recorded for this identity, plus the gateway's time since that
     /// call's reply (its script ran before the reply arrived). 0: none known.
