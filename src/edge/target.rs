@@ -93,7 +93,7 @@ impl<'a> Target<'a> {
         }
         let (host_header, uri) = match wire.hop {
             Hop::Origin => {
-                let host_header = if in_target || needs_rewrite(wire.headers, &host, port) {
+                let host_header = if in_target || needs_rewrite(authority, &host, port) {
                     Some(host_value(&host, port)?)
                 } else {
                     None
@@ -144,9 +144,9 @@ fn host_value(host: &str, port: Option<u16>) -> Result<HeaderValue, Rejection> {
     HeaderValue::from_str(&value).map_err(|_| Rejection::InvalidHost)
 }
 
-/// Whether the client's `Host` differs from the normalized host (case, trailing dot).
-fn needs_rewrite(headers: &HeaderMap, host: &str, port: Option<u16>) -> bool {
-    let sent = headers.get(HOST).map_or(&b""[..], |v| v.as_bytes());
+/// Whether the client's `Host` (`sent`) differs from the normalized host (case, trailing
+/// dot).
+fn needs_rewrite(sent: &[u8], host: &str, port: Option<u16>) -> bool {
     let plain = sent.len() == host.len() + port.map_or(0, |p| 1 + digits(p));
     !(plain && sent.starts_with(host.as_bytes()))
 }
@@ -223,63 +223,76 @@ pub fn method_allowed(m: &http::Method) -> bool {
 
 /// `host[:port]` or `[v6][:port]` -> (lower-case host without one trailing dot, port).
 pub fn parse_authority(raw: &[u8]) -> Option<(Cow<'_, str>, Option<u16>)> {
-    let s = std::str::from_utf8(raw).ok()?;
-    if s.contains('@') {
-        return None; // userinfo has no place in a request target
+    if raw.first() == Some(&b'[') {
+        return bracketed(raw);
     }
-    let (host, port) = if let Some(rest) = s.strip_prefix('[') {
-        let (v6, after) = rest.split_once(']')?;
-        v6.parse::<std::net::Ipv6Addr>().ok()?;
-        let port = match after {
-            "" => None,
-            p => Some(p.strip_prefix(':')?),
-        };
-        (&s[..v6.len() + 2], port)
-    } else {
-        match s.rsplit_once(':') {
-            Some((h, p)) => (h, Some(p)),
-            None => (s, None),
-        }
+    // A reg-name cannot hold ':' and a port is digits: the first ':' splits them (a
+    // second one fails either way).
+    let (host, port) = match raw.iter().position(|&b| b == b':') {
+        Some(i) => (&raw[..i], Some(port(&raw[i + 1..])?)),
+        None => (raw, None),
     };
-    let port = match port {
-        None => None,
-        Some(p) if !p.is_empty() && p.len() <= 5 && p.bytes().all(|b| b.is_ascii_digit()) => {
-            Some(p.parse::<u16>().ok()?)
-        }
-        Some(_) => return None,
-    };
-    let host = host.strip_suffix('.').unwrap_or(host);
-    if host.is_empty() || host.len() > MAX_HOST || !valid_host(host) {
+    let host = host.strip_suffix(b".").unwrap_or(host);
+    if host.is_empty() || host.len() > MAX_HOST {
         return None;
     }
-    let host = if host.bytes().any(|b| b.is_ascii_uppercase()) {
-        Cow::Owned(host.to_ascii_lowercase())
-    } else {
-        Cow::Borrowed(host)
+    let upper = reg_name(host)?;
+    // ASCII by now.
+    let host = std::str::from_utf8(host).ok()?;
+    let host = match upper {
+        true => Cow::Owned(host.to_ascii_lowercase()),
+        false => Cow::Borrowed(host),
     };
     Some((host, port))
 }
 
-/// A reg-name of letters, digits, `-`, `_` and non-empty dot-separated labels, or an
-/// IPv6 literal in brackets (already checked).
-fn valid_host(h: &str) -> bool {
-    if h.starts_with('[') {
-        return true;
+/// `[v6][:port]` -> (the literal in brackets, lower case; port).
+fn bracketed(raw: &[u8]) -> Option<(Cow<'_, str>, Option<u16>)> {
+    let s = std::str::from_utf8(raw).ok()?;
+    let (v6, after) = s.strip_prefix('[')?.split_once(']')?;
+    v6.parse::<std::net::Ipv6Addr>().ok()?;
+    let port = match after {
+        "" => None,
+        p => Some(port(p.strip_prefix(':')?.as_bytes())?),
+    };
+    let host = &s[..v6.len() + 2];
+    let host = match host.bytes().any(|b| b.is_ascii_uppercase()) {
+        true => Cow::Owned(host.to_ascii_lowercase()),
+        false => Cow::Borrowed(host),
+    };
+    Some((host, port))
+}
+
+/// A port: 1 to 5 digits, at most 65535.
+fn port(p: &[u8]) -> Option<u16> {
+    if p.is_empty() || p.len() > 5 {
+        return None;
     }
-    // One pass: allowed bytes only, and no empty label (no leading, trailing or double dot).
-    let mut prev = b'.';
-    for &b in h.as_bytes() {
-        let ok = match b {
-            b'.' => prev != b'.',
-            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'-' | b'_' => true,
-            _ => false,
-        };
-        if !ok {
-            return false;
+    let mut n = 0u32;
+    for &b in p {
+        if !b.is_ascii_digit() {
+            return None;
+        }
+        n = n * 10 + u32::from(b - b'0');
+    }
+    u16::try_from(n).ok()
+}
+
+/// A reg-name of letters, digits, `-`, `_` and non-empty dot-separated labels (no
+/// leading, trailing or double dot), in one pass: whether it has upper-case letters;
+/// None: not a reg-name.
+fn reg_name(h: &[u8]) -> Option<bool> {
+    let (mut prev, mut upper) = (b'.', false);
+    for &b in h {
+        match b {
+            b'.' if prev == b'.' => return None,
+            b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' => {}
+            b'A'..=b'Z' => upper = true,
+            _ => return None,
         }
         prev = b;
     }
-    prev != b'.'
+    (prev != b'.').then_some(upper)
 }
 
 #[cfg(test)]
