@@ -16,13 +16,15 @@
 //!   the time its window was charged (`Verdict::decided_at`): a refund of a request paid
 //!   from a lease in hand goes back to it, and one Redis would provably ignore sends
 //!   nothing (`refund`); a debt (a settled cost above the reserve) is spent from the
-//!   leases in hand when they hold it, else ends them in the settle call (`debit`), and
-//!   counts in the rate leases are sized from. What is left of an `auto` window (the
-//!   refund of a call's own charge, a debt with no lease in hand) is held back and
-//!   carried by the identity's next call, or flushed by the expiry pass (`carry`):
-//!   `count_on` and `cost_from` cost no round trip while the leases last. The size follows the identity's local rate over the
-//!   lease length. Unused tokens go back when a lease expires (`expired`) or at shutdown
-//!   (`drain`), or with the next call for that window.
+//!   leases in hand, as far as they hold it (`debit`), and counts in the rate leases are
+//!   sized from. What is left of an `auto` window (the refund of a call's own charge, the
+//!   rest of a debt) is held back and carried by the identity's next call, or flushed by
+//!   the expiry pass (`carry`); a counter's debt in its window's last moments ends the
+//!   leases in the settle call instead: `count_on` and `cost_from` cost no round trip
+//!   while the leases last. The size follows the identity's local rate over the lease
+//!   length (and the debt the renewing request is likely to settle). Unused tokens go
+//!   back when a lease expires (`expired`) or at shutdown (`drain`), or with the next
+//!   call for that window.
 //!
 //! Both are keyed to the limit they were decided at: a cached rejection or a lease
 //! serves only a request whose window has exactly that limit (limit, capacity,
