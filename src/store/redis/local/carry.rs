@@ -67,7 +67,7 @@ impl Local {
         (cost, delta): (u32, i64),
         now: u64,
     ) -> Windows {
-        if windows == 0 || delta == 0 {
+        if self.lease_ms == 0 || windows == 0 || delta == 0 {
             return 0;
         }
         // A refund gives back at most the reserve.

@@ -142,7 +142,7 @@ impl Slot {
         self.leases
             .iter()
             .enumerate()
-            .filter(|(_, l)| now < l.until && l.tokens >= u64::from(cost) && l.limit == *limit)
+            .filter(|(_, l)| l.live(limit, now) && l.tokens >= u64::from(cost))
             .min_by_key(|(_, l)| l.until)
             .map(|(i, _)| i)
     }
@@ -151,6 +151,11 @@ impl Slot {
 // === impl Held ===
 
 impl Held {
+    /// Whether it can pay for requests of a window of `limit` at `now`.
+    pub(super) fn live(&self, limit: &WindowLimit, now: u64) -> bool {
+        now < self.until && self.limit == *limit
+    }
+
     /// Past half its life: renewed with the next call that goes to Redis anyway.
     pub(super) fn aging(&self, now: u64) -> bool {
         self.until.saturating_sub(now) < self.len / 2

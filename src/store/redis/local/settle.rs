@@ -161,14 +161,13 @@ impl Local {
         let recent = e.need(0, now);
         e.debt = (units.max(recent - recent / 4), now);
         let redis_at = e.redis_now(now);
-        let live = |l: &Held, w: &WindowLimit| now < l.until && l.limit == *w;
         let mut unpaid = Unpaid::default();
         let mut later = Vec::new();
         let mut held = false;
         for (j, w) in s.limits.windows.iter().enumerate() {
             let slot = e.slot(w.window);
             let paying = (slot.leases.iter_mut())
-                .filter(|l| live(l, w) && l.tokens >= debt)
+                .filter(|l| l.live(w, now) && l.tokens >= debt)
                 .min_by_key(|l| l.until);
             if let Some(l) = paying {
                 l.tokens -= debt;
@@ -191,7 +190,7 @@ impl Local {
             let slot = e.slot(w.window);
             let mut ended: SmallVec<[Return; 2]> = SmallVec::new();
             slot.leases.retain(|l| {
-                if !live(l, w) {
+                if !l.live(w, now) {
                     return true;
                 }
                 ended.extend(l.returned(s.scope, &s.ident));
@@ -233,12 +232,11 @@ impl Entry {
         now: u64,
         redis_at: u64,
     ) -> Option<bool> {
-        let live = |l: &Held| now < l.until && l.limit == *w;
         let slot = self.slot(w.window);
         let avail: u64 = slot
             .leases
             .iter()
-            .filter(|l| live(l))
+            .filter(|l| l.live(w, now))
             .map(|l| l.tokens)
             .sum();
         let rest = Pending {
@@ -256,7 +254,7 @@ impl Entry {
         let units = u32::try_from(debt).unwrap_or(u32::MAX);
         let slot = self.slot(w.window);
         let mut leases: SmallVec<[&mut Held; 2]> =
-            slot.leases.iter_mut().filter(|l| live(l)).collect();
+            slot.leases.iter_mut().filter(|l| l.live(w, now)).collect();
         leases.sort_by_key(|l| l.until);
         let mut left = debt;
         for l in leases {
