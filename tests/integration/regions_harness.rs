@@ -142,3 +142,57 @@ async fn chunks_keep_their_order_through_the_delay() {
         String::from_utf8_lossy(&expected)
     );
 }
+
+/// A connection closed during a cut delivers what it sent at the heal (the kernel goes on
+/// retransmitting it); one reset during a cut (`SO_LINGER` 0) delivers nothing, as a
+/// reset discards the kernel's send queue.
+#[tokio::test]
+async fn a_reset_during_a_cut_drops_what_the_cut_held_and_a_close_does_not() {
+    let (redis, proxy) = redis_behind(5).await;
+    let (mut closed, mut reset) = (
+        TcpStream::connect(proxy.addr).await.unwrap(),
+        TcpStream::connect(proxy.addr).await.unwrap(),
+    );
+    for s in [&mut closed, &mut reset] {
+        send_ping(s).await;
+        assert_eq!(&read_pong(s).await, b"+PONG\r\n");
+    }
+    proxy.cut();
+    // A connection opened during the cut is held as well.
+    let mut fresh = TcpStream::connect(proxy.addr).await.unwrap();
+    closed.write_all(b"INCR closed\r\n").await.unwrap();
+    reset.write_all(b"INCR reset\r\n").await.unwrap();
+    fresh.write_all(b"INCR reset\r\n").await.unwrap();
+    // Past the delay, so the proxy holds the commands for the heal.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    drop(closed);
+    for s in [reset, fresh] {
+        redis::io::tcp::socket2::SockRef::from(&s)
+            .set_linger(Some(Duration::ZERO))
+            .unwrap();
+        drop(s);
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    proxy.heal();
+    let mut c = redis.client().await;
+    crate::support::eventually(Duration::from_secs(5), "the closed one's INCR", || {
+        let mut c = c.clone();
+        async move {
+            let n: Option<i64> = redis::cmd("GET")
+                .arg("closed")
+                .query_async(&mut c)
+                .await
+                .ok()?;
+            (n == Some(1)).then_some(())
+        }
+    })
+    .await;
+    // The reset ones' INCRs, held alongside, did not come.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let n: Option<i64> = redis::cmd("GET")
+        .arg("reset")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(n, None, "a reset connection's held command was delivered");
+}

@@ -724,11 +724,15 @@ async fn evalsha_calls(redis: &RedisServer) -> u64 {
         .unwrap_or(0)
 }
 
-/// Writes keep going to a cut peer every tick (they are idempotent maxima): at the heal
-/// the peer receives the writes the cut held, the last of them at most a tick old, rather
-/// than one write per `partition_secs` that then waits for its reply before the next.
+/// Writes keep going to a cut peer every tick (they are idempotent maxima), so the heal
+/// delivers one at most a tick old; and when a connection is replaced in the cut (its
+/// first write missed `partition_secs`), the writes waiting on it are given up and it
+/// closes with a reset, which drops what the cut held of it. So at the heal the peer runs
+/// the writes of about one connection (`partition_secs / sync_ms` from each peer), not
+/// every write of the cut (a plain close leaves them to the kernel, which delivers them
+/// at the heal: 2 peers x 80 ticks here, 200 calls measured).
 #[tokio::test(flavor = "multi_thread")]
-async fn writes_keep_going_into_a_cut_so_the_heal_delivers_a_fresh_one() {
+async fn writes_keep_going_into_a_cut_and_the_heal_delivers_a_bounded_backlog() {
     let fleet = Fleet3::start("rgc", 5).await;
     fleet.run();
     let linked = until(Duration::from_secs(5), || async {
@@ -738,7 +742,7 @@ async fn writes_keep_going_into_a_cut_so_the_heal_delivers_a_fresh_one() {
     .await;
     assert!(linked, "the links came up");
     fleet.cut(2);
-    let cut_ms = 2_000;
+    let cut_ms = 4_000;
     tokio::time::sleep(Duration::from_millis(cut_ms)).await;
     let before = evalsha_calls(&fleet.redis[2]).await;
     fleet.heal(2);
@@ -749,12 +753,12 @@ async fn writes_keep_going_into_a_cut_so_the_heal_delivers_a_fresh_one() {
     .await;
     assert!(back, "the links came back");
     let delivered = evalsha_calls(&fleet.redis[2]).await - before;
-    // Two peers wrote once a tick for the length of the cut (region 3's own loop adds a
-    // few calls of its own meanwhile).
     let ticks = cut_ms / SYNC_MS;
+    let per_connection = 1_000 / SYNC_MS;
     eprintln!("at the heal region 3 ran {delivered} script calls; the cut lasted {ticks} ticks");
+    // Two peers, with room for a connection and a tick or two each more (74 measured).
     assert!(
-        delivered >= ticks,
+        delivered >= 2 && delivered <= 2 * 2 * per_connection + 20,
         "{delivered} calls for a cut of {ticks} ticks"
     );
 }

@@ -10,6 +10,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, MultiplexedConnection};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
+use redis::io::tcp::TcpSettings;
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{RedisResult, ScriptInvocation};
 
@@ -74,8 +75,8 @@ impl RedisStore {
         };
         let ask = async {
             let mut sentinel = redis::sentinel::Sentinel::build(urls.clone())?;
-            let info = master_tls(urls);
-            let client = sentinel.async_master_for(master, info.as_ref()).await?;
+            let info = master_info(urls);
+            let client = sentinel.async_master_for(master, Some(&info)).await?;
             Ok::<_, redis::RedisError>(client.get_connection_info().addr().to_string())
         };
         let addr = match tokio::time::timeout(self.timeout.max(Duration::from_millis(500)), ask)
@@ -183,6 +184,7 @@ impl RedisStore {
             ),
             Target::Cluster(nodes) => Conn::Cluster(
                 ClusterClient::builder(nodes.clone())
+                    .tcp_settings(self.tcp_settings())
                     .response_timeout(LATE_PATIENCE)
                     .build()?
                     .get_async_connection()
@@ -192,7 +194,7 @@ impl RedisStore {
                 let mut client = SentinelClient::build(
                     urls.clone(),
                     master.clone(),
-                    master_tls(urls),
+                    Some(master_info(urls)),
                     SentinelServerType::Master,
                 )?;
                 let config =
@@ -205,15 +207,34 @@ impl RedisStore {
 
 impl RedisStore {
     /// The client of a single node at `url` (without `CLIENT SETINFO` for a peer region's
-    /// store, `RedisStore::peer`).
-    fn single_client(&self, url: &str) -> RedisResult<redis::Client> {
-        let client = redis::Client::open(url)?;
-        if !self.bare_handshake {
-            return Ok(client);
+    /// store, `RedisStore::peer`), with `tcp_settings`.
+    pub(super) fn single_client(&self, url: &str) -> RedisResult<redis::Client> {
+        let info = redis::Client::open(url)?
+            .get_connection_info()
+            .clone()
+            .set_tcp_settings(self.tcp_settings());
+        if !self.is_peer {
+            return redis::Client::open(info);
         }
-        let info = client.get_connection_info().clone();
         let redis = info.redis_settings().clone().set_skip_set_lib_name();
         redis::Client::open(info.set_redis_settings(redis))
+    }
+
+    /// The sockets' options. `TCP_NODELAY` always: redis-rs leaves Nagle's algorithm on,
+    /// which holds a small command while an earlier one is unacknowledged, so calls
+    /// multiplexed on one connection would wait a round trip for each other (on loopback
+    /// a few microseconds; between regions, a sync write would wait for the previous
+    /// one's reply). A peer region's connection also closes with a reset (`SO_LINGER` 0):
+    /// it is replaced when a write misses its deadline, most often in a partition, and
+    /// the writes still queued on it are stale (merges take maxima, a newer write follows
+    /// on the new connection); a plain close would leave the kernel retransmitting them
+    /// to be delivered at the heal, ahead of the fresh one.
+    pub(super) fn tcp_settings(&self) -> TcpSettings {
+        let settings = TcpSettings::default().set_nodelay(true);
+        match self.is_peer {
+            true => settings.set_linger_time(Duration::ZERO),
+            false => settings,
+        }
     }
 }
 
@@ -265,12 +286,42 @@ async fn query(conn: &mut Conn, cmd: &redis::Cmd) -> RedisResult<Vec<u8>> {
 
 /// TLS to the master when the sentinels are reached over TLS (`rediss://`): one
 /// deployment, one transport.
-fn master_tls(urls: &[String]) -> Option<SentinelNodeConnectionInfo> {
-    urls.iter()
-        .any(|u| u.starts_with("rediss://"))
-        .then(|| SentinelNodeConnectionInfo::default().set_tls_mode(redis::TlsMode::Secure))
+/// How the master named by the sentinels is connected to: TLS when the sentinels' URLs
+/// use it, `TCP_NODELAY` (see `RedisStore::tcp_settings`).
+fn master_info(urls: &[String]) -> SentinelNodeConnectionInfo {
+    let info = SentinelNodeConnectionInfo::default()
+        .set_tcp_settings(TcpSettings::default().set_nodelay(true));
+    match urls.iter().any(|u| u.starts_with("rediss://")) {
+        true => info.set_tls_mode(redis::TlsMode::Secure),
+        false => info,
+    }
 }
 
 pub(super) fn unavailable(e: redis::RedisError) -> StoreError {
     StoreError::Unavailable(e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every connection goes without Nagle's algorithm (redis-rs's default keeps it); a
+    /// peer region's also closes with a reset, and connects without `CLIENT SETINFO`.
+    #[test]
+    fn sockets_go_without_nagle_and_peers_close_with_a_reset() {
+        let url = "redis://127.0.0.1:6379";
+        let local = RedisStore::new(Target::Single(url.into()), Duration::from_millis(25), "t");
+        let peer = RedisStore::peer(Target::Single(url.into()), Duration::from_secs(1), "t");
+        for (store, reset) in [(&local, false), (&peer, true)] {
+            let client = store.single_client(url).unwrap();
+            let info = client.get_connection_info();
+            assert!(info.tcp_settings().nodelay());
+            let linger = format!("{:?}", info.tcp_settings());
+            assert_eq!(linger.contains("linger_time: Some(0ns)"), reset, "{linger}");
+            assert_eq!(info.redis_settings().skip_set_lib_name(), reset);
+        }
+        assert!(local.tcp_settings().nodelay() && peer.tcp_settings().nodelay());
+        let sentinel = format!("{:?}", master_info(&["redis://127.0.0.1:26379".into()]));
+        assert!(sentinel.contains("nodelay: true"), "{sentinel}");
+    }
 }

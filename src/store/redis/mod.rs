@@ -79,9 +79,9 @@ pub struct RedisStore {
     region: Option<wire::RegionArgs>,
     /// The regions windows this gateway decided or leased on, for the sync loop.
     live: Option<Arc<crate::regions::Live>>,
-    /// Connect without the `CLIENT SETINFO` round trip (a peer region's store: see
-    /// `RedisStore::peer`).
-    bare_handshake: bool,
+    /// A peer region's store (`RedisStore::peer`): connects without the `CLIENT
+    /// SETINFO` round trip and closes with a reset.
+    is_peer: bool,
 }
 
 // === impl RedisStore ===
@@ -106,18 +106,19 @@ impl RedisStore {
             master_seen: std::sync::Mutex::new(None),
             region: None,
             live: None,
-            bare_handshake: false,
+            is_peer: false,
         }
     }
 
-    /// A peer region's store at `url` (the sync loop of `fleet = "regions"` writes
+    /// A peer region's store at `target` (the sync loop of `fleet = "regions"` writes
     /// into it): its connection opens without the `CLIENT SETINFO` round trip, so a
     /// connection opened during a partition carries writes as soon as TCP connects
-    /// (with a password in the URL, `AUTH` still takes one round trip).
-    pub fn peer(url: &str, timeout: Duration, prefix: &str) -> Self {
+    /// (with a password in the URL, `AUTH` still takes one round trip), and closes with
+    /// a reset (see `RedisStore::tcp_settings`).
+    pub fn peer(target: Target, timeout: Duration, prefix: &str) -> Self {
         Self {
-            bare_handshake: true,
-            ..Self::new(Target::Single(url.to_string()), timeout, prefix)
+            is_peer: true,
+            ..Self::new(target, timeout, prefix)
         }
     }
 

@@ -10,8 +10,15 @@
 //! back a SYN-ACK), but the proxy connects it to the target only after the heal, so no
 //! request on it is answered before then. Refusing (a RST) would say "the host is up and
 //! nothing listens": what a client sees of a crashed server, not of a partition.
+//!
+//! A side that resets its connection during a cut (a close with `SO_LINGER` 0) loses
+//! what the proxy holds from it: those bytes stand for its kernel's unacknowledged send
+//! queue, which a reset discards, and the connection ends without delivering them. A
+//! reset outside a cut delivers what was sent before it, as the wire would.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -83,42 +90,91 @@ async fn connection(
     delay: Duration,
     mut cut: watch::Receiver<bool>,
 ) {
-    passable(&mut cut).await;
-    let Ok(server) = TcpStream::connect(target).await else {
-        return;
-    };
+    // The client's bytes are read (and held) from the start, so a reset during a cut is
+    // seen; the target is connected once the link passes.
     let (client_read, client_write) = client.into_split();
-    let (server_read, server_write) = server.into_split();
-    tokio::join!(
-        pipe(client_read, server_write, delay, cut.clone()),
-        pipe(server_read, client_write, delay, cut),
-    );
+    let (up, reset, reading) = Held::read(client_read, delay, cut.clone());
+    let forward = async move {
+        passable(&mut cut).await;
+        if reset.load(Ordering::Acquire) {
+            return;
+        }
+        let Ok(server) = TcpStream::connect(target).await else {
+            return;
+        };
+        let (server_read, server_write) = server.into_split();
+        tokio::join!(
+            up.write(server_write, reset, cut.clone()),
+            pipe(server_read, client_write, delay, cut),
+        );
+    };
+    tokio::join!(reading, forward);
 }
 
 /// Copies `from` to `to`, each chunk (and the end of stream) `delay` after it was read,
-/// in order, and nothing while the link is cut.
+/// in order, and nothing while the link is cut; a reset of `from` during a cut drops
+/// what is held (see the module docs).
 async fn pipe(
-    mut from: OwnedReadHalf,
-    mut to: OwnedWriteHalf,
+    from: OwnedReadHalf,
+    to: OwnedWriteHalf,
     delay: Duration,
-    mut cut: watch::Receiver<bool>,
+    cut: watch::Receiver<bool>,
 ) {
-    let (tx, mut rx) = mpsc::unbounded_channel::<(Instant, Option<Vec<u8>>)>();
-    let read = async move {
-        let mut buf = vec![0u8; 16 * 1024];
-        loop {
-            let n = from.read(&mut buf).await.unwrap_or(0);
-            let chunk = (n > 0).then(|| buf[..n].to_vec());
-            let end = chunk.is_none();
-            if tx.send((Instant::now() + delay, chunk)).is_err() || end {
-                return;
+    let (held, reset, reading) = Held::read(from, delay, cut.clone());
+    tokio::join!(reading, held.write(to, reset, cut));
+}
+
+/// What one side sent, held for its delay and while the link is cut: the chunks (`None`
+/// for the end of stream) with the time each is due.
+struct Held(mpsc::UnboundedReceiver<(Instant, Option<Vec<u8>>)>);
+
+impl Held {
+    /// What `from` sends, a flag that turns true when `from` is reset during a cut, and
+    /// the future that reads it until its end (to be polled beside the writing).
+    fn read(
+        mut from: OwnedReadHalf,
+        delay: Duration,
+        cut: watch::Receiver<bool>,
+    ) -> (Self, Arc<AtomicBool>, impl std::future::Future<Output = ()>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let reset = Arc::new(AtomicBool::new(false));
+        let seen = reset.clone();
+        let reading = async move {
+            let mut buf = vec![0u8; 16 * 1024];
+            loop {
+                let n = match from.read(&mut buf).await {
+                    Ok(n) => n,
+                    Err(_) => {
+                        if *cut.borrow() {
+                            seen.store(true, Ordering::Release);
+                        }
+                        0
+                    }
+                };
+                let chunk = (n > 0).then(|| buf[..n].to_vec());
+                let end = chunk.is_none();
+                if tx.send((Instant::now() + delay, chunk)).is_err() || end {
+                    return;
+                }
             }
-        }
-    };
-    let write = async move {
-        while let Some((due, chunk)) = rx.recv().await {
+        };
+        (Self(rx), reset, reading)
+    }
+
+    /// Writes the chunks to `to` as they fall due and the link passes; stops at the end
+    /// of stream, or without writing more once the sender was reset during a cut.
+    async fn write(
+        mut self,
+        mut to: OwnedWriteHalf,
+        reset: Arc<AtomicBool>,
+        mut cut: watch::Receiver<bool>,
+    ) {
+        while let Some((due, chunk)) = self.0.recv().await {
             tokio::time::sleep_until(due).await;
             passable(&mut cut).await;
+            if reset.load(Ordering::Acquire) {
+                return;
+            }
             let Some(chunk) = chunk else {
                 let _ = to.shutdown().await;
                 return;
@@ -127,6 +183,5 @@ async fn pipe(
                 return;
             }
         }
-    };
-    tokio::join!(read, write);
+    }
 }

@@ -2,11 +2,12 @@
 //! Cluster found from the first reply that names one), the writes in flight, and one
 //! write (batched merges; on a Cluster one merge per hash tag and the index apart).
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::AtomicUsize;
 use std::sync::OnceLock;
 use std::time::Duration;
 
 use futures_util::future::join_all;
+use tokio::sync::watch;
 
 use super::{ranges, BATCH};
 use crate::regions::store as wire;
@@ -25,8 +26,9 @@ pub(super) struct PeerLink {
     cluster: OnceLock<RedisStore>,
     /// Writes in flight (see `RegionSync::max_in_flight`).
     pub(super) in_flight: AtomicUsize,
-    /// The connection's generation: bumped when a write on it fails, which replaces it.
-    generation: AtomicU64,
+    /// The connection's generation: bumped when a write on it fails, which replaces it
+    /// and gives up the writes still waiting on it (see `PeerLink::send`).
+    generation: watch::Sender<u64>,
 }
 
 /// What a write is: every live window's state for this peer, from region `from` of `r`.
@@ -50,10 +52,10 @@ impl PeerLink {
             index,
             name: name.to_string(),
             url: url.to_string(),
-            store: RedisStore::peer(url, deadline, prefix),
+            store: RedisStore::peer(Target::Single(url.to_string()), deadline, prefix),
             cluster: OnceLock::new(),
             in_flight: AtomicUsize::new(0),
-            generation: AtomicU64::new(0),
+            generation: watch::Sender::new(0),
         }
     }
 
@@ -63,12 +65,24 @@ impl PeerLink {
 
     /// Sends `write`; whether the peer answered it (any reply renews the link: the peer
     /// is reachable, whether it merged; a window over there is refused, not lost). The
-    /// first write on a connection to fail replaces the connection.
+    /// first write on a connection to fail replaces the connection, and the writes still
+    /// waiting on it are given up: a newer write follows on the new connection, and once
+    /// the last of them lets go the old one closes with a reset, which drops what a
+    /// partition holds of it (`RedisStore::tcp_settings`). So at a heal a peer runs the
+    /// writes of one connection (`partition_secs / sync_ms` at most), not every write
+    /// sent into the cut, and the fresh one does not wait behind them.
     pub(super) async fn send(&self, write: Write) -> bool {
-        let generation = self.generation.load(Ordering::Acquire);
-        let result = match self.cluster.get() {
-            Some(cluster) => self.send_cluster(cluster, &write).await,
-            None => self.send_single(&write).await,
+        let mut replaced = self.generation.subscribe();
+        let generation = *replaced.borrow_and_update();
+        let sent = async {
+            match self.cluster.get() {
+                Some(cluster) => self.send_cluster(cluster, &write).await,
+                None => self.send_single(&write).await,
+            }
+        };
+        let result = tokio::select! {
+            r = sent => r,
+            _ = replaced.changed() => return false,
         };
         match result {
             Ok(()) => true,
@@ -77,23 +91,18 @@ impl PeerLink {
                 if self.cluster.get().is_none() && names_a_cluster(&e) {
                     tracing::info!(peer = %self.name, "regions: the peer is a Redis Cluster");
                     let deadline = self.store.timeout();
-                    let cluster = RedisStore::new(
+                    let cluster = RedisStore::peer(
                         Target::Cluster(vec![self.url.clone()]),
                         deadline,
                         self.store.prefix(),
                     );
                     let _ = self.cluster.set(cluster);
-                } else if self
-                    .generation
-                    .compare_exchange(
-                        generation,
-                        generation + 1,
-                        Ordering::AcqRel,
-                        Ordering::Acquire,
-                    )
-                    .is_ok()
-                {
+                } else if self.generation.send_if_modified(|g| {
                     // Once per connection: the writes sent after it on the same one fail too.
+                    let first = *g == generation;
+                    *g += u64::from(first);
+                    first
+                }) {
                     self.store().reconnect();
                 }
                 false
