@@ -51,6 +51,16 @@ local function rg_demand(key, w, now, cost)
   redis.call('HINCRBY', h, 'demand', cost)
 end
 
+-- Takes k leased tokens given back unused off the demand of the regions window starting
+-- at s (a lease counts as demand when taken): the grant policy forecasts a region's need
+-- from its demand, and tokens nobody asked for are not need.
+local function rg_undemand(key, w, s, k)
+  if w.regions == 0 then return end
+  local h = rg_key(key, s)
+  local d = tonumber(redis.call('HGET', h, 'demand'))
+  if d then redis.call('HSET', h, 'demand', math.max(d - k, 0)) end
+end
+
 ALG[3] = {
   decide = function(key, w, now, cost)
     local s, e = bounds(w, now, w.offset)
@@ -100,6 +110,7 @@ ALG[3] = {
     if count < 0 then count = 0 end
     redis.call('SET', key, fmt(start) .. ':' .. fmt(count), 'KEEPTTL')
     rg_own(key, w, start, count)
+    rg_undemand(key, w, start, k)
   end,
   -- Debt: added to the current window's count, past the limit if need be, to at most
   -- 2 x limit. Refund: off the window the request was charged in (its `admitted` time),

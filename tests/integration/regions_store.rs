@@ -622,6 +622,57 @@ async fn leases_are_admissions_under_the_cap() {
     assert_eq!((live[0].start, live[0].limit), (start, 100));
 }
 
+/// A lease counts as demand when it is taken; what it gives back unused leaves the demand
+/// again, so the grant policy forecasts a region's need from what was asked, not from
+/// tokens nobody used (a light region would keep them from the peers that need them).
+#[tokio::test(flavor = "multi_thread")]
+async fn leased_tokens_given_back_leave_the_demand() {
+    let redis = RedisServer::start().await;
+    let store = RedisStore::new(
+        Target::Single(redis.url()),
+        Duration::from_millis(250),
+        "rgd",
+    )
+    .with_local_admission(60_000)
+    .with_regions(RegionArgs { index: 1, count: R }, Arc::new(Live::new(100)));
+    let mut l = limits(Window::Hour, 100);
+    l.windows[0].admission = Admission::Auto;
+    let mut asked = 0;
+    for _ in 0..4 {
+        let mut check = Check::new(1);
+        check.push(Scope::Key, Ident::Name("d".into()), &l);
+        let v = match store.decide_locally(&check) {
+            Some(v) => v,
+            None => store.check(&check).await.unwrap(),
+        };
+        assert!(v.allowed);
+        asked += 1;
+    }
+    let now = SystemClock.now_ms();
+    let start = now - now % 3_600_000;
+    let hash = |c: redis::aio::MultiplexedConnection| async move {
+        let mut c = c;
+        let h: Vec<(String, i64)> = redis::cmd("HGETALL")
+            .arg(format!("rgd:{{key:d}}:1h:rg:{start}"))
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        (field(&h, "own"), field(&h, "demand"))
+    };
+    let (own, demand) = hash(redis.client().await).await;
+    assert!(
+        own > asked,
+        "a lease was taken: own {own} for {asked} asked"
+    );
+    assert_eq!(demand, own, "the lease counts as demand while it is out");
+    store.return_all().await;
+    assert_eq!(
+        hash(redis.client().await).await,
+        (asked, asked),
+        "after the lease came back: own and demand are what was asked"
+    );
+}
+
 /// With no live window the loops still write (an empty batch): past `partition_secs`
 /// of idleness no link is taken for cut, so grants go out with the first window.
 #[tokio::test(flavor = "multi_thread")]

@@ -31,7 +31,7 @@ impl RedisStore {
             .map(|s| (s.scope, s.ident.clone(), s.limits.clone()))
             .collect();
         let (prefix, script, timeout) = (self.prefix.clone(), self.script.clone(), self.timeout);
-        let local = self.local.clone();
+        let (local, region) = (self.local.clone(), self.region);
         let metrics = self.metrics.clone();
         runtime.spawn(async move {
             let Ok(Ok(raw)) = tokio::time::timeout(LATE_PATIENCE, run).await else {
@@ -85,7 +85,7 @@ impl RedisStore {
             if let Some(local) = local.filter(|_| !returns.is_empty()) {
                 local.queue_returns(returns);
             }
-            let calls = refund_calls(script.get_hash(), &prefix, cost, &charged);
+            let calls = refund_calls((script.get_hash(), &prefix), cost, &charged, region);
             run_refunds(conn, timeout, calls).await;
         });
     }
@@ -98,7 +98,12 @@ impl RedisStore {
         cost: u32,
         charged: Vec<(ScopeCheck<'_>, u64, Vec<u64>)>,
     ) {
-        let calls = refund_calls(self.script.get_hash(), &self.prefix, cost, &charged);
+        let calls = refund_calls(
+            (self.script.get_hash(), &self.prefix),
+            cost,
+            &charged,
+            self.region,
+        );
         tokio::spawn(run_refunds(conn, self.timeout, calls));
     }
 }
@@ -106,14 +111,14 @@ impl RedisStore {
 /// The 'refund' calls giving back `cost` on each of `charged`'s scopes: the scope, the
 /// script's `now` of the charge, and each window's `current` then.
 fn refund_calls(
-    sha: &str,
-    prefix: &str,
+    script: (&str, &str),
     cost: u32,
     charged: &[(ScopeCheck<'_>, u64, Vec<u64>)],
+    region: Option<wire::RegionArgs>,
 ) -> Vec<redis::Cmd> {
     charged
         .iter()
-        .map(|(s, now, currents)| wire::refund_command(sha, prefix, cost, s, *now, currents))
+        .map(|(s, now, currents)| wire::refund_command(script, cost, s, (*now, currents), region))
         .collect()
 }
 

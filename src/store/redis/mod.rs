@@ -457,7 +457,8 @@ impl RedisStore {
                 lease: r.lease,
             });
             let header = (now.as_str(), 1, Mode::Return);
-            let cmd = wire::evalsha(self.script.get_hash(), &self.prefix, header, 0, windows);
+            let sha = self.script.get_hash();
+            let cmd = wire::evalsha_in(sha, &self.prefix, header, 0, windows, self.region);
             self.count_call();
             match tokio::time::timeout(self.timeout, run_script(&mut conn, &cmd)).await {
                 Ok(Ok(_)) => self.count_returned(group.iter().map(|r| &r.lease)),

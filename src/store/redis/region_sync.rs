@@ -13,11 +13,12 @@
 //! heals, the write that crosses first is at most one sync period old, and the regions
 //! agree within `sync_ms` + the one-way delay. A write may take up to `partition_secs`
 //! (a round trip between regions often takes longer than the local `[store]
-//! timeout_ms`); when one misses that deadline the peer's connection is replaced, so a
-//! cut link holds at most `partition_secs / sync_ms` writes per connection, and a
-//! connection TCP has stopped retransmitting on (its backoff grows through a long cut)
-//! does not delay the heal. Calls to this region's own Redis keep `[store] timeout_ms`
-//! and go on a connection of their own.
+//! timeout_ms`); when one misses that deadline the peer's connection is replaced, the
+//! writes waiting on it are given up and it closes with a reset (`PeerLink::send`), so
+//! a heal delivers at most `partition_secs / sync_ms` writes from a peer, not the whole
+//! cut's, and a connection TCP has stopped retransmitting on (its backoff grows through
+//! a long cut) does not delay the heal. Calls to this region's own Redis keep `[store]
+//! timeout_ms` and go on a connection of their own.
 //!
 //! Grants are durable before a peer hears of them: when this region's Redis has
 //! replicas, a tick that granted waits (`WAIT`, within `timeout_ms`) until one holds

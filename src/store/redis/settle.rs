@@ -139,7 +139,7 @@ impl RedisStore {
                 decided_at,
                 &self.prefix,
                 scopes,
-                leases,
+                (leases, self.region),
             )
         };
         let cmds: Vec<redis::Cmd> = if matches!(*conn, Conn::Cluster(_)) {

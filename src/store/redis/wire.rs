@@ -314,8 +314,10 @@ pub fn evalsha<'a>(
     evalsha_in(sha, prefix, header, fourth, windows, None)
 }
 
-/// As [`evalsha`], with this gateway's place among `[regions]` for regions windows (only
-/// decisions need it: gives back, refunds and settles act on the region's own count).
+/// As [`evalsha`], with this gateway's place among `[regions]` for regions windows: a
+/// decision admits under the region's cap and counts demand; gives back, refunds and
+/// settles act on the region's own count and keep the window's hash true to it (its
+/// `own`, and its demand less leased tokens given back unused).
 pub fn evalsha_in<'a>(
     sha: &str,
     prefix: &str,
@@ -413,19 +415,30 @@ pub fn settle_command(
     prefix: &str,
     scopes: &[ScopeCheck<'_>],
 ) -> redis::Cmd {
-    settle_returning(sha, (now, cost, delta), decided_at, prefix, scopes, None)
+    settle_returning(
+        sha,
+        (now, cost, delta),
+        decided_at,
+        prefix,
+        scopes,
+        (None, None),
+    )
 }
 
 /// As [`settle_command`], ending leases in the same call: `leases` (per scope, per
 /// window, like `scopes`) name the leftovers to give back before the settle (a debt
-/// the leases in hand could not hold: see `Local::debit`).
+/// the leases in hand could not hold: see `Local::debit`); `region` this gateway's place
+/// among `[regions]`.
 pub fn settle_returning(
     sha: &str,
     (now, cost, delta): (&str, u32, i64),
     decided_at: DecidedAt,
     prefix: &str,
     scopes: &[ScopeCheck<'_>],
-    leases: Option<&[smallvec::SmallVec<[LeaseArgs; 2]>]>,
+    (leases, region): (
+        Option<&[smallvec::SmallVec<[LeaseArgs; 2]>]>,
+        Option<RegionArgs>,
+    ),
 ) -> redis::Cmd {
     let at = move |i: usize, j: usize| {
         let l = leases.and_then(|l| l.get(i)).and_then(|l| l.get(j));
@@ -433,28 +446,36 @@ pub fn settle_returning(
         (admitted, l.copied().unwrap_or_default())
     };
     let header = (now, cost, Mode::Settle);
-    evalsha(sha, prefix, header, delta, scope_windows(scopes, at))
+    evalsha_in(
+        sha,
+        prefix,
+        header,
+        delta,
+        scope_windows(scopes, at),
+        region,
+    )
 }
 
 /// A 'refund' call giving back `cost` on every window of `s`, charged by a call whose
-/// script `now` was `now`, each window's `current` then in `currents`.
+/// script `now` was `now`, each window's `current` then in `currents`; `region` this
+/// gateway's place among `[regions]`.
 pub fn refund_command(
-    sha: &str,
-    prefix: &str,
+    (sha, prefix): (&str, &str),
     cost: u32,
     s: &ScopeCheck<'_>,
-    now: u64,
-    currents: &[u64],
+    (now, currents): (u64, &[u64]),
+    region: Option<RegionArgs>,
 ) -> redis::Cmd {
     let current = move |_, j: usize| (currents.get(j).copied().unwrap_or(0), LeaseArgs::default());
     let now = now.to_string();
     let header = (now.as_str(), cost, Mode::Refund);
-    evalsha(
+    evalsha_in(
         sha,
         prefix,
         header,
         0,
         scope_windows(std::slice::from_ref(s), current),
+        region,
     )
 }
 
