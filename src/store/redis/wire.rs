@@ -425,6 +425,9 @@ pub fn settle_command(
     )
 }
 
+/// The leases of one scope's windows, in window order.
+pub type ScopeLeases = smallvec::SmallVec<[LeaseArgs; 2]>;
+
 /// As [`settle_command`], ending leases in the same call: `leases` (per scope, per
 /// window, like `scopes`) name the leftovers to give back before the settle (a debt
 /// the leases in hand could not hold: see `Local::debit`); `region` this gateway's place
@@ -435,10 +438,7 @@ pub fn settle_returning(
     decided_at: DecidedAt,
     prefix: &str,
     scopes: &[ScopeCheck<'_>],
-    (leases, region): (
-        Option<&[smallvec::SmallVec<[LeaseArgs; 2]>]>,
-        Option<RegionArgs>,
-    ),
+    (leases, region): (Option<&[ScopeLeases]>, Option<RegionArgs>),
 ) -> redis::Cmd {
     let at = move |i: usize, j: usize| {
         let l = leases.and_then(|l| l.get(i)).and_then(|l| l.get(j));
