@@ -55,7 +55,7 @@ end
 -- at s (a lease counts as demand when taken): the grant policy forecasts a region's need
 -- from its demand, and tokens nobody asked for are not need.
 local function rg_undemand(key, w, s, k)
-  if w.regions == 0 then return end
+  if w.regions == 0 or k < 1 then return end
   local h = rg_key(key, s)
   local d = tonumber(redis.call('HGET', h, 'demand'))
   if d then redis.call('HSET', h, 'demand', math.max(d - k, 0)) end
@@ -105,12 +105,14 @@ ALG[3] = {
   -- state is still that window's; later they are gone with it.
   give_back = function(key, w, now, k, tag1, tag2, size)
     local start, count = split2(redis.call('GET', key))
+    -- The demand of the lease's window, even once it is over: its hash outlives it as
+    -- the next window's prior.
+    rg_undemand(key, w, tag1, k)
     if start ~= tag1 then return end
     count = count - k
     if count < 0 then count = 0 end
     redis.call('SET', key, fmt(start) .. ':' .. fmt(count), 'KEEPTTL')
     rg_own(key, w, start, count)
-    rg_undemand(key, w, start, k)
   end,
   -- Debt: added to the current window's count, past the limit if need be, to at most
   -- 2 x limit. Refund: off the window the request was charged in (its `admitted` time),

@@ -5,7 +5,9 @@
 --   cap, demand                 this region's cap and demand in the window,
 --   given:<j>, heard:<j>        what it granted to region j, what it heard of j's grants,
 --   c:<j>, d:<j>, w:<j>, h:<j>  region j's count, demand and want, and what j heard of
---                               this region's grants to it (as j last wrote them);
+--                               this region's grants to it (as j last wrote them; max-
+--                               merged, so d:<j> keeps the highest demand j reported,
+--                               though j's own demand falls when unused leases return);
 -- <j> is a region's index (its place among the sorted region names).
 --
 -- ARGV[1]  now in Unix ms, or '' for the server clock (only tests pass a time).

@@ -7,7 +7,9 @@
 //! *allotment* `a_i` ([`allotment`]: `floor(L / R)`, plus one for the first `L mod R`
 //! regions, so `sum a_i = L` and every region computes every allotment alike). It keeps,
 //! for one key and one window ([`WindowState`]):
-//! - `own`: what it admitted; `demand`: what it was asked (admitted or not);
+//! - `own`: what it admitted; `demand`: what it was asked (admitted or not), leased
+//!   tokens counted while they are out (given back unused, they leave it; a peer's view
+//!   of it is merged by max, so the peer keeps the highest it heard);
 //! - `given[k]`: what it has granted to peer `k` in this window (it only ever grows);
 //! - `heard[k]`: the highest `given` of `k` toward it that reached it (merged by max);
 //! - its *cap*: `cap_i = a_i + sum_k heard[k] - sum_k given[k]`.

@@ -673,6 +673,98 @@ async fn leased_tokens_given_back_leave_the_demand() {
     );
 }
 
+/// Leased tokens that come back after their window ended leave its demand as well: its
+/// hash outlives it as the next window's prior.
+#[tokio::test(flavor = "multi_thread")]
+async fn leased_tokens_given_back_after_their_window_leave_its_demand() {
+    let redis = RedisServer::start().await;
+    let store = RedisStore::new(
+        Target::Single(redis.url()),
+        Duration::from_millis(250),
+        "rge",
+    )
+    .with_local_admission(60_000)
+    .with_regions(RegionArgs { index: 1, count: R }, Arc::new(Live::new(100)));
+    let mut l = limits(Window::Second, 100);
+    l.windows[0].admission = Admission::Auto;
+    // Early in a second, so the lease is taken and used in one window.
+    let now = SystemClock.now_ms();
+    tokio::time::sleep(Duration::from_millis(1_000 - now % 1_000 + 50)).await;
+    let start = SystemClock.now_ms() / 1_000 * 1_000;
+    let mut asked = 0;
+    while asked < 20 {
+        asked += 1;
+        let mut check = Check::new(1);
+        check.push(Scope::Key, Ident::Name("e".into()), &l);
+        let v = match store.decide_locally(&check) {
+            Some(v) => v,
+            None => store.check(&check).await.unwrap(),
+        };
+        assert!(v.allowed);
+    }
+    let demand = || async {
+        let mut c = redis.client().await;
+        let h: Vec<(String, i64)> = redis::cmd("HGETALL")
+            .arg(format!("rge:{{key:e}}:1s:rg:{start}"))
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        field(&h, "demand")
+    };
+    let d = demand().await;
+    assert!(d > asked, "a lease was taken: demand {d}");
+    // The window ends; the lease comes back in the next one.
+    let wait = (start + 1_100).saturating_sub(SystemClock.now_ms());
+    tokio::time::sleep(Duration::from_millis(wait)).await;
+    store.return_all().await;
+    assert_eq!(
+        demand().await,
+        asked,
+        "the ended window's demand is what was asked"
+    );
+}
+
+/// A settle that refunds part of a charge (a request that cost less than it reserved)
+/// lowers the region's count, and the window's hash (`own`, what operators and these
+/// tests read) follows it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_settled_refund_keeps_the_hash_true_to_the_count() {
+    let redis = RedisServer::start().await;
+    let store = RedisStore::new(
+        Target::Single(redis.url()),
+        Duration::from_millis(250),
+        "rgs",
+    )
+    .with_regions(RegionArgs { index: 1, count: R }, Arc::new(Live::new(100)));
+    let l = limits(Window::Hour, 100);
+    let mut check = Check::new(3);
+    check.push(Scope::Key, Ident::Name("s".into()), &l);
+    let v = store.check(&check).await.unwrap();
+    assert!(v.allowed);
+    store.settle(&check, -2, v.decided_at);
+    let now = SystemClock.now_ms();
+    let start = now - now % 3_600_000;
+    let settled = until(Duration::from_secs(5), || async {
+        let mut c = redis.client().await;
+        let count: String = redis::cmd("GET")
+            .arg("rgs:{key:s}:1h")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        let h: Vec<(String, i64)> = redis::cmd("HGETALL")
+            .arg(format!("rgs:{{key:s}}:1h:rg:{start}"))
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        count == format!("{start}:1") && field(&h, "own") == 1
+    })
+    .await;
+    assert!(
+        settled,
+        "the count and the hash's own are 1 after the refund of 2"
+    );
+}
+
 /// With no live window the loops still write (an empty batch): past `partition_secs`
 /// of idleness no link is taken for cut, so grants go out with the first window.
 #[tokio::test(flavor = "multi_thread")]

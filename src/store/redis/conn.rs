@@ -208,7 +208,7 @@ impl RedisStore {
 impl RedisStore {
     /// The client of a single node at `url` (without `CLIENT SETINFO` for a peer region's
     /// store, `RedisStore::peer`), with `tcp_settings`.
-    pub(super) fn single_client(&self, url: &str) -> RedisResult<redis::Client> {
+    fn single_client(&self, url: &str) -> RedisResult<redis::Client> {
         let info = redis::Client::open(url)?
             .get_connection_info()
             .clone()
@@ -228,11 +228,18 @@ impl RedisStore {
     /// it is replaced when a write misses its deadline, most often in a partition, and
     /// the writes still queued on it are stale (merges take maxima, a newer write follows
     /// on the new connection); a plain close would leave the kernel retransmitting them
-    /// to be delivered at the heal, ahead of the fresh one.
-    pub(super) fn tcp_settings(&self) -> TcpSettings {
+    /// to be delivered at the heal, ahead of the fresh one. And the kernel aborts it when
+    /// what it sent stays unacknowledged for the peer's deadline (`TCP_USER_TIMEOUT`):
+    /// redis-rs closes a connection only once its requests in flight are answered, which
+    /// a partition can hold off until the heal. The cost: a write not yet acknowledged
+    /// when the gateway exits is lost (a later tick of the region's gateways sends it
+    /// again; until then grants it carried go unused, never spent twice).
+    fn tcp_settings(&self) -> TcpSettings {
         let settings = TcpSettings::default().set_nodelay(true);
         match self.is_peer {
-            true => settings.set_linger_time(Duration::ZERO),
+            true => settings
+                .set_linger_time(Duration::ZERO)
+                .set_user_timeout(self.timeout),
             false => settings,
         }
     }
@@ -284,8 +291,6 @@ async fn query(conn: &mut Conn, cmd: &redis::Cmd) -> RedisResult<Vec<u8>> {
     }
 }
 
-/// TLS to the master when the sentinels are reached over TLS (`rediss://`): one
-/// deployment, one transport.
 /// How the master named by the sentinels is connected to: TLS when the sentinels' URLs
 /// use it, `TCP_NODELAY` (see `RedisStore::tcp_settings`).
 fn master_info(urls: &[String]) -> SentinelNodeConnectionInfo {
@@ -306,7 +311,9 @@ mod tests {
     use super::*;
 
     /// Every connection goes without Nagle's algorithm (redis-rs's default keeps it); a
-    /// peer region's also closes with a reset, and connects without `CLIENT SETINFO`.
+    /// peer region's also closes with a reset, is aborted by the kernel when what it sent
+    /// stays unacknowledged for its deadline, and connects without `CLIENT SETINFO`. (The
+    /// linger has no getter: read from the settings' `Debug`.)
     #[test]
     fn sockets_go_without_nagle_and_peers_close_with_a_reset() {
         let url = "redis://127.0.0.1:6379";
@@ -318,6 +325,8 @@ mod tests {
             assert!(info.tcp_settings().nodelay());
             let linger = format!("{:?}", info.tcp_settings());
             assert_eq!(linger.contains("linger_time: Some(0ns)"), reset, "{linger}");
+            let abort = reset.then_some(Duration::from_secs(1));
+            assert_eq!(info.tcp_settings().user_timeout(), abort);
             assert_eq!(info.redis_settings().skip_set_lib_name(), reset);
         }
         assert!(local.tcp_settings().nodelay() && peer.tcp_settings().nodelay());

@@ -79,8 +79,8 @@ pub struct RedisStore {
     region: Option<wire::RegionArgs>,
     /// The regions windows this gateway decided or leased on, for the sync loop.
     live: Option<Arc<crate::regions::Live>>,
-    /// A peer region's store (`RedisStore::peer`): connects without the `CLIENT
-    /// SETINFO` round trip and closes with a reset.
+    /// A peer region's store (`RedisStore::peer`): a single node's connection opens
+    /// without the `CLIENT SETINFO` round trip; every connection closes with a reset.
     is_peer: bool,
 }
 
@@ -111,10 +111,11 @@ impl RedisStore {
     }
 
     /// A peer region's store at `target` (the sync loop of `fleet = "regions"` writes
-    /// into it): its connection opens without the `CLIENT SETINFO` round trip, so a
-    /// connection opened during a partition carries writes as soon as TCP connects
-    /// (with a password in the URL, `AUTH` still takes one round trip), and closes with
-    /// a reset (see `RedisStore::tcp_settings`).
+    /// into it): a single node's connection opens without the `CLIENT SETINFO` round
+    /// trip, so a connection opened during a partition carries writes as soon as TCP
+    /// connects (with a password in the URL, `AUTH` still takes one round trip; a
+    /// Cluster's connections are redis-rs's own), and every connection closes with a
+    /// reset (see `RedisStore::tcp_settings`).
     pub fn peer(target: Target, timeout: Duration, prefix: &str) -> Self {
         Self {
             is_peer: true,
@@ -123,7 +124,8 @@ impl RedisStore {
     }
 
     /// Drops the connection: the next call opens a new one (calls in flight on the old
-    /// one finish or miss their deadline there).
+    /// one finish or miss their deadline there, unless their caller gives them up, as
+    /// the sync loop's writes to a peer do).
     pub fn reconnect(&self) {
         self.conn.store(None);
     }

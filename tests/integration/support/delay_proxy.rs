@@ -14,7 +14,8 @@
 //! A side that resets its connection during a cut (a close with `SO_LINGER` 0) loses
 //! what the proxy holds from it: those bytes stand for its kernel's unacknowledged send
 //! queue, which a reset discards, and the connection ends without delivering them. A
-//! reset outside a cut delivers what was sent before it, as the wire would.
+//! reset outside a cut delivers what was sent before it, as the wire would. (A reset is
+//! judged by whether the link is cut when the proxy reads it, a moment after it came.)
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -81,6 +81,8 @@ impl PeerLink {
             }
         };
         let result = tokio::select! {
+            // A reply that came with the replacement still counts.
+            biased;
             r = sent => r,
             _ = replaced.changed() => return false,
         };
@@ -97,13 +99,18 @@ impl PeerLink {
                         self.store.prefix(),
                     );
                     let _ = self.cluster.set(cluster);
-                } else if self.generation.send_if_modified(|g| {
-                    // Once per connection: the writes sent after it on the same one fail too.
-                    let first = *g == generation;
-                    *g += u64::from(first);
-                    first
-                }) {
-                    self.store().reconnect();
+                } else {
+                    self.generation.send_if_modified(|g| {
+                        // Once per connection: the writes sent after it on the same one fail
+                        // too. Dropped under the watch's lock, so a write that reads the new
+                        // generation cannot still find the old connection.
+                        let first = *g == generation;
+                        if first {
+                            *g += 1;
+                            self.store().reconnect();
+                        }
+                        first
+                    });
                 }
                 false
             }
