@@ -582,29 +582,45 @@ async fn with_region_3_cut_off_the_bound_holds_and_after_the_heal_they_agree() {
     assert!(agreed, "regions 1 and 2 did not see region 3's count");
 }
 
+/// Region 2's store on `redis` with leases of `lease_ms` (admission `auto` where a
+/// window asks for it).
+fn leasing_store(redis: &RedisServer, prefix: &str, lease_ms: u64) -> RedisStore {
+    RedisStore::new(
+        Target::Single(redis.url()),
+        Duration::from_millis(250),
+        prefix,
+    )
+    .with_local_admission(lease_ms)
+    .with_regions(RegionArgs { index: 1, count: R }, Arc::new(Live::new(100)))
+}
+
+/// `limits` with admission `auto` (leases).
+fn leased_limits(window: Window, limit: u32) -> ScopeLimits {
+    let mut l = limits(window, limit);
+    l.windows[0].admission = Admission::Auto;
+    l
+}
+
+/// One request of cost 1 for `key`: decided from the leases in hand, else by Redis.
+async fn ask_leased(store: &RedisStore, key: &str, l: &ScopeLimits) -> bool {
+    let mut check = Check::new(1);
+    check.push(Scope::Key, Ident::Name(key.into()), l);
+    match store.decide_locally(&check) {
+        Some(v) => v.allowed,
+        None => store.check(&check).await.unwrap().allowed,
+    }
+}
+
 /// A lease on a regions window is an admission of its tokens: leased and single
 /// admissions together never pass the region's cap.
 #[tokio::test(flavor = "multi_thread")]
 async fn leases_are_admissions_under_the_cap() {
     let redis = RedisServer::start().await;
-    let store = RedisStore::new(
-        Target::Single(redis.url()),
-        Duration::from_millis(250),
-        "rgl",
-    )
-    .with_local_admission(1_000)
-    .with_regions(RegionArgs { index: 1, count: R }, Arc::new(Live::new(100)));
-    let mut l = limits(Window::Hour, 100);
-    l.windows[0].admission = Admission::Auto;
+    let store = leasing_store(&redis, "rgl", 1_000);
+    let l = leased_limits(Window::Hour, 100);
     let mut admitted = 0;
     for _ in 0..200 {
-        let mut check = Check::new(1);
-        check.push(Scope::Key, Ident::Name("l".into()), &l);
-        let v = match store.decide_locally(&check) {
-            Some(v) => v,
-            None => store.check(&check).await.unwrap(),
-        };
-        admitted += u32::from(v.allowed);
+        admitted += u32::from(ask_leased(&store, "l", &l).await);
     }
     assert_eq!(admitted, 33, "region 2's allotment of 100, leases included");
     let now = SystemClock.now_ms();
@@ -628,25 +644,11 @@ async fn leases_are_admissions_under_the_cap() {
 #[tokio::test(flavor = "multi_thread")]
 async fn leased_tokens_given_back_leave_the_demand() {
     let redis = RedisServer::start().await;
-    let store = RedisStore::new(
-        Target::Single(redis.url()),
-        Duration::from_millis(250),
-        "rgd",
-    )
-    .with_local_admission(60_000)
-    .with_regions(RegionArgs { index: 1, count: R }, Arc::new(Live::new(100)));
-    let mut l = limits(Window::Hour, 100);
-    l.windows[0].admission = Admission::Auto;
-    let mut asked = 0;
-    for _ in 0..4 {
-        let mut check = Check::new(1);
-        check.push(Scope::Key, Ident::Name("d".into()), &l);
-        let v = match store.decide_locally(&check) {
-            Some(v) => v,
-            None => store.check(&check).await.unwrap(),
-        };
-        assert!(v.allowed);
-        asked += 1;
+    let store = leasing_store(&redis, "rgd", 60_000);
+    let l = leased_limits(Window::Hour, 100);
+    let asked = 4;
+    for _ in 0..asked {
+        assert!(ask_leased(&store, "d", &l).await);
     }
     let now = SystemClock.now_ms();
     let start = now - now % 3_600_000;
@@ -678,29 +680,15 @@ async fn leased_tokens_given_back_leave_the_demand() {
 #[tokio::test(flavor = "multi_thread")]
 async fn leased_tokens_given_back_after_their_window_leave_its_demand() {
     let redis = RedisServer::start().await;
-    let store = RedisStore::new(
-        Target::Single(redis.url()),
-        Duration::from_millis(250),
-        "rge",
-    )
-    .with_local_admission(60_000)
-    .with_regions(RegionArgs { index: 1, count: R }, Arc::new(Live::new(100)));
-    let mut l = limits(Window::Second, 100);
-    l.windows[0].admission = Admission::Auto;
+    let store = leasing_store(&redis, "rge", 60_000);
+    let l = leased_limits(Window::Second, 100);
     // Early in a second, so the lease is taken and used in one window.
     let now = SystemClock.now_ms();
     tokio::time::sleep(Duration::from_millis(1_000 - now % 1_000 + 50)).await;
     let start = SystemClock.now_ms() / 1_000 * 1_000;
-    let mut asked = 0;
-    while asked < 20 {
-        asked += 1;
-        let mut check = Check::new(1);
-        check.push(Scope::Key, Ident::Name("e".into()), &l);
-        let v = match store.decide_locally(&check) {
-            Some(v) => v,
-            None => store.check(&check).await.unwrap(),
-        };
-        assert!(v.allowed);
+    let asked = 20;
+    for _ in 0..asked {
+        assert!(ask_leased(&store, "e", &l).await);
     }
     let demand = || async {
         let mut c = redis.client().await;
