@@ -235,7 +235,7 @@ impl RedisStore {
     /// when the gateway exits is lost (a later tick of the region's gateways sends it
     /// again; until then grants it carried go unused, never spent twice).
     fn tcp_settings(&self) -> TcpSettings {
-        let settings = TcpSettings::default().set_nodelay(true);
+        let settings = no_delay();
         match self.is_peer {
             true => settings
                 .set_linger_time(Duration::ZERO)
@@ -294,12 +294,16 @@ async fn query(conn: &mut Conn, cmd: &redis::Cmd) -> RedisResult<Vec<u8>> {
 /// How the master named by the sentinels is connected to: TLS when the sentinels' URLs
 /// use it, `TCP_NODELAY` (see `RedisStore::tcp_settings`).
 fn master_info(urls: &[String]) -> SentinelNodeConnectionInfo {
-    let info = SentinelNodeConnectionInfo::default()
-        .set_tcp_settings(TcpSettings::default().set_nodelay(true));
+    let info = SentinelNodeConnectionInfo::default().set_tcp_settings(no_delay());
     match urls.iter().any(|u| u.starts_with("rediss://")) {
         true => info.set_tls_mode(redis::TlsMode::Secure),
         false => info,
     }
+}
+
+/// Every Redis socket's options: `TCP_NODELAY` (see `RedisStore::tcp_settings`).
+fn no_delay() -> TcpSettings {
+    TcpSettings::default().set_nodelay(true)
 }
 
 pub(super) fn unavailable(e: redis::RedisError) -> StoreError {
