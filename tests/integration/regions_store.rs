@@ -171,16 +171,26 @@ impl Fleet3 {
 
     /// The regions hash of `key`'s window starting at `start` in region `i`.
     async fn hash(&self, i: usize, key: &str, window: &str, start: u64) -> Vec<(String, i64)> {
-        let mut c = self.redis[i].client().await;
-        let h = format!("{}:{{key:{key}}}:{window}:rg:{start}", self.prefix);
-        let mut v: Vec<(String, i64)> = redis::cmd("HGETALL")
-            .arg(h)
-            .query_async(&mut c)
-            .await
-            .unwrap();
-        v.sort();
-        v
+        rg_hash(&self.redis[i], &self.prefix, (key, window), start).await
     }
+}
+
+/// The regions hash (sorted fields) of key table `key`'s `window` window starting at
+/// `start`, under `prefix`, on `redis`.
+async fn rg_hash(
+    redis: &RedisServer,
+    prefix: &str,
+    (key, window): (&str, &str),
+    start: u64,
+) -> Vec<(String, i64)> {
+    let mut c = redis.client().await;
+    let mut v: Vec<(String, i64)> = redis::cmd("HGETALL")
+        .arg(format!("{prefix}:{{key:{key}}}:{window}:rg:{start}"))
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    v.sort();
+    v
 }
 
 impl Fleet3 {
@@ -652,16 +662,11 @@ async fn leased_tokens_given_back_leave_the_demand() {
     }
     let now = SystemClock.now_ms();
     let start = now - now % 3_600_000;
-    let hash = |c: redis::aio::MultiplexedConnection| async move {
-        let mut c = c;
-        let h: Vec<(String, i64)> = redis::cmd("HGETALL")
-            .arg(format!("rgd:{{key:d}}:1h:rg:{start}"))
-            .query_async(&mut c)
-            .await
-            .unwrap();
+    let hash = || async {
+        let h = rg_hash(&redis, "rgd", ("d", "1h"), start).await;
         (field(&h, "own"), field(&h, "demand"))
     };
-    let (own, demand) = hash(redis.client().await).await;
+    let (own, demand) = hash().await;
     assert!(
         own > asked,
         "a lease was taken: own {own} for {asked} asked"
@@ -669,7 +674,7 @@ async fn leased_tokens_given_back_leave_the_demand() {
     assert_eq!(demand, own, "the lease counts as demand while it is out");
     store.return_all().await;
     assert_eq!(
-        hash(redis.client().await).await,
+        hash().await,
         (asked, asked),
         "after the lease came back: own and demand are what was asked"
     );
@@ -690,15 +695,7 @@ async fn leased_tokens_given_back_after_their_window_leave_its_demand() {
     for _ in 0..asked {
         assert!(ask_leased(&store, "e", &l).await);
     }
-    let demand = || async {
-        let mut c = redis.client().await;
-        let h: Vec<(String, i64)> = redis::cmd("HGETALL")
-            .arg(format!("rge:{{key:e}}:1s:rg:{start}"))
-            .query_async(&mut c)
-            .await
-            .unwrap();
-        field(&h, "demand")
-    };
+    let demand = || async { field(&rg_hash(&redis, "rge", ("e", "1s"), start).await, "demand") };
     let d = demand().await;
     assert!(d > asked, "a lease was taken: demand {d}");
     // The window ends; the lease comes back in the next one.
@@ -739,11 +736,7 @@ async fn a_settled_refund_keeps_the_hash_true_to_the_count() {
             .query_async(&mut c)
             .await
             .unwrap();
-        let h: Vec<(String, i64)> = redis::cmd("HGETALL")
-            .arg(format!("rgs:{{key:s}}:1h:rg:{start}"))
-            .query_async(&mut c)
-            .await
-            .unwrap();
+        let h = rg_hash(&redis, "rgs", ("s", "1h"), start).await;
         count == format!("{start}:1") && field(&h, "own") == 1
     })
     .await;
@@ -826,12 +819,7 @@ async fn a_grant_reaches_a_peer_only_after_a_replica_holds_it() {
     })
     .await;
     assert!(heard, "region 2's grants arrived once the replica ran");
-    let mut c = replica.client().await;
-    let held: Vec<(String, i64)> = redis::cmd("HGETALL")
-        .arg(format!("rgw:{{key:k}}:1h:rg:{start}"))
-        .query_async(&mut c)
-        .await
-        .unwrap();
+    let held = rg_hash(&replica, "rgw", ("k", "1h"), start).await;
     let heard = field(&fleet.hash(0, "k", "1h", start).await, "heard:1");
     assert!(
         field(&held, "given:0") >= heard,
